@@ -1,0 +1,23 @@
+"""The G-KL lower bound (papers/000, eq. 7):
+
+    B(m, C) = H[q] + E_q[log N(w | mu, Sigma)] + sum_n E_{z~N(0,1)}[log phi_n(m_n + z s_n)] <= log Z,
+
+with m_n = h_n^T m and s_n^2 = ||C h_n||^2.
+"""
+
+import jax.numpy as jnp
+
+from ._gaussian import Gaussian
+from ._model import Model
+
+
+def bound(model: Model, q: Gaussian):
+    """The G-KL bound B(m, C) on log Z. Jit-able and differentiable in both the model and q."""
+    if q.dim != model.dim:
+        raise ValueError(f"q has dimension {q.dim} but the model has {model.dim}")
+    value = q.entropy()
+    if model.prior is not None:
+        value = value + model.prior.expected_log_density(q)
+    for sites in model.sites:
+        value = value + sites.expected_log_phi(q)
+    return jnp.asarray(value)

@@ -1,0 +1,228 @@
+"""`fit`: maximise the G-KL bound over (m, C) for a given factor structure.
+
+Solvers
+- "fixed-point" (default for the `Full` factor on log-concave models; also for `Diagonal`): alternates a Newton step
+  in m, m <- m + Lambda^{-1} grad_m B, with the closed-form factor of eq. 10, S^{-1} = Lambda =
+  Sigma^{-1} + H^T Gamma H, Gamma_nn = -E[psi_n''] (papers/000 eq. 10 with the sign erratum of the notes),
+  moving (m, C) towards that target with a backtracking step that never lets the bound decrease.
+- "newton" (default for the other concave factors on log-concave models): truncated Newton-CG with Hessian-vector
+  products and a backtracking line search; the bound is concave in (m, C) (Section 3.2).
+- "lbfgs" (default for models with non-log-concave sites and for non-concave factors), or any `optax.GradientTransformation`.
+
+Every solver stops at max |dB/d(m, C)| <= tol. The returned `log_z` is differentiable in the model by the
+envelope theorem (App. F.2) and the returned mean and factor by the implicit function theorem (the
+Hessian solve uses conjugate gradients with Hessian-vector products).
+"""
+
+import warnings
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import optax
+from jax import lax
+from jax.flatten_util import ravel_pytree
+
+from . import _solvers
+from ._bound import bound
+from ._gaussian import Gaussian
+from ._model import Model, Sites
+from ._result import Result
+from ._validate import is_concrete
+from .factors import AbstractFactor, AbstractFixedPointFactor, Full
+from .operators import Dense as DenseOperator
+from .priors import Isotropic
+
+SOLVERS = ("fixed-point", "newton", "lbfgs")
+_MAX_STEPS = {"fixed-point": 500, "newton": 200, "lbfgs": 2000, "optax": 5000}
+TRACE_COUNT = {"fit": 0}
+
+
+def default_tol(dtype) -> float:
+    return 1e-6 if jnp.finfo(dtype).bits >= 64 else 1e-3
+
+
+def fit(model: Model, factor: AbstractFactor | None = None, *, solver=None, q0: Gaussian | None = None,
+        tol: float | None = None, max_steps: int | None = None, whiten: bool = False,
+        max_cg: int = 100) -> Result:
+    """Maximise the G-KL bound of `model` over q = N(m, C^T C) with C structured as `factor` (default Full()).
+
+    `q0` warm-starts the fit (its factor type is used when `factor` is None). With `whiten=True` the fit runs
+    in the basis w = mu + L v, L L^T = Sigma (App. E), and the result is reported in the original basis with a
+    full factor. Returns a `Result`; `converged` is False (and a warning is issued outside of tracing) when the
+    gradient tolerance was not reached.
+    """
+    if not isinstance(model, Model):
+        raise ValueError(f"model must be a gkl_jax.Model, got {type(model).__name__}")
+    if factor is None:
+        factor = q0.factor if q0 is not None else Full()
+    if not isinstance(factor, AbstractFactor):
+        raise ValueError(f"factor must be a gkl_jax.factors factor, got {type(factor).__name__}")
+    if whiten:
+        if model.prior is None:
+            raise ValueError("whiten=True needs a prior")
+        if q0 is not None:
+            raise ValueError("q0 cannot be combined with whiten=True")
+        work_model, L, mu = _whitened(model)
+    else:
+        work_model = model
+    q_init = _initial_q(work_model, factor, q0)
+    name = _solver_name(solver, work_model, q_init.factor)
+    dtype = q_init.mean.dtype
+    tol = default_tol(dtype) if tol is None else float(tol)
+    if tol <= 0:
+        raise ValueError(f"tol must be positive, got {tol}")
+    max_steps = _MAX_STEPS[name] if max_steps is None else int(max_steps)
+    if max_steps < 1:
+        raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+    optimizer = solver if name == "optax" else None
+    q, num_steps, converged, history = _fit_jit(work_model, q_init, name, optimizer, tol, max_steps, max_cg)
+    if whiten:
+        q = Gaussian(mu + L @ q.mean, Full(q.factor.dense() @ L.T))
+    log_z = bound(model, jax.lax.stop_gradient(q))
+    if is_concrete(converged) and not bool(converged):
+        warnings.warn(f"gkl_jax.fit: the {name} solver stopped after {int(num_steps)} steps without reaching "
+                      f"max|grad| <= {tol:g}; the result is a valid bound but not the optimum", stacklevel=2)
+    return Result(q=q, log_z=log_z, converged=converged, num_steps=num_steps, history=history, method="gkl")
+
+
+def _solver_name(solver, model, factor):
+    if solver is None:
+        if not model.log_concave:
+            return "lbfgs"
+        return factor.default_solver
+    if isinstance(solver, optax.GradientTransformation):
+        return "optax"
+    if solver not in SOLVERS:
+        raise ValueError(f"solver must be one of {SOLVERS} or an optax.GradientTransformation, got {solver!r}")
+    if solver == "fixed-point":
+        if not isinstance(factor, AbstractFixedPointFactor):
+            raise ValueError(f"solver='fixed-point' needs a Full or Diagonal factor, got {type(factor).__name__}")
+        if not model.log_concave:
+            raise ValueError("solver='fixed-point' needs log-concave potentials (Gamma_nn >= 0)")
+    return solver
+
+
+def _initial_q(model, factor, q0):
+    if q0 is not None:
+        if not isinstance(q0, Gaussian):
+            raise ValueError(f"q0 must be a gkl_jax.Gaussian, got {type(q0).__name__}")
+        if q0.dim != model.dim:
+            raise ValueError(f"q0 has dimension {q0.dim} but the model has {model.dim}")
+        if type(q0.factor) is not type(factor):
+            raise ValueError(f"q0 has a {type(q0.factor).__name__} factor but factor={type(factor).__name__}")
+        return q0
+    if factor.is_initialised:
+        if factor.dim != model.dim:
+            raise ValueError(f"factor has dimension {factor.dim} but the model has {model.dim}")
+        start = factor
+    else:
+        variances = model.prior.marginal_variances() if model.prior is not None else 1.0
+        start = factor.initialise(model.dim, jnp.minimum(jnp.asarray(variances), 1.0))
+    mean = model.prior.mean if model.prior is not None else jnp.zeros(model.dim)
+    return Gaussian(mean, start)
+
+
+def _whitened(model):
+    """The model in the basis w = mu + L v with L L^T = Sigma (App. E): prior N(0, I), sites H L, offset H mu."""
+    prior = model.prior
+    L = prior.cholesky()
+    mu = prior.mean
+    sites = []
+    for s in model.sites:
+        op = s.operator(model.dim)
+        sites.append(Sites(DenseOperator(op.as_matrix() @ L), s.potential, offset=s.offset + op.mv(mu),
+                           variance_offset=s.variance_offset))
+    return Model(Isotropic(model.dim, jnp.ones((), L.dtype)), sites), L, mu
+
+
+@eqx.filter_jit
+def _fit_jit(model, q_init, name, optimizer, tol, max_steps, max_cg):
+    TRACE_COUNT["fit"] += 1
+    params0, static = eqx.partition(q_init, eqx.is_inexact_array)
+    flat0, unravel = ravel_pytree(params0)
+    to_q = lambda flat: eqx.combine(unravel(flat), static)
+    objective = lambda flat: bound(model, to_q(flat))
+
+    def solve(_, flat_init):
+        if name == "fixed-point":
+            return _fixed_point(model, to_q, flat_init, tol, max_steps)
+        if name == "newton":
+            x, k, ok, hist = _solvers.newton_cg(objective, flat_init, tol=tol, max_steps=max_steps, max_cg=max_cg)
+        elif name == "lbfgs":
+            x, k, ok, hist = _solvers.lbfgs(objective, flat_init, tol=tol, max_steps=max_steps)
+        else:
+            x, k, ok, hist = _solvers.optax_solver(objective, flat_init, optimizer, tol=tol, max_steps=max_steps)
+        return x, (k, ok, hist)
+
+    def tangent_solve(linear, rhs):
+        # linear = Hessian of the bound (negative definite at a strict maximum); solve by CG on -Hessian.
+        x, _ = jax.scipy.sparse.linalg.cg(lambda v: -linear(v), -rhs, maxiter=10 * rhs.shape[0])
+        return x
+
+    flat, (k, ok, hist) = lax.custom_root(jax.grad(objective), flat0, solve, tangent_solve, has_aux=True)
+    return to_q(flat), k, ok, hist
+
+
+def _fixed_point(model, to_q, flat0, tol, max_steps, max_cg=50):
+    """Damped fixed point of eq. 10 with a Newton step in m; monotone in the bound (see the module doc).
+
+    The m step solves Lambda dm = grad_m B by CG preconditioned with the target covariance, which is
+    Lambda^{-1} itself for the full factor (one iteration) and its diagonal for the diagonal factor.
+    """
+    value_and_grad = jax.value_and_grad(lambda flat: bound(model, to_q(flat)))
+    ops = [s.operator(model.dim) for s in model.sites]
+
+    def direction(flat):
+        q = to_q(flat)
+        alphas, gammas = [], []
+        for s in model.sites:
+            m_n, s2_n = s.project(q)
+            a, b = jax.grad(lambda m, v: jnp.sum(s.potential.expected_log_phi(m, v)), argnums=(0, 1))(m_n, s2_n)
+            alphas.append(a)
+            gammas.append(-2 * b)
+        grad_m = sum(op.rmv(a) for op, a in zip(ops, alphas))
+        if model.prior is not None:
+            grad_m = grad_m - model.prior.precision_mv(q.mean - model.prior.mean)
+
+        def precision_mv(v):
+            out = sum(op.rmv(g * op.mv(v)) for op, g in zip(ops, gammas))
+            return out if model.prior is None else out + model.prior.precision_mv(v)
+
+        new_factor = q.factor.fixed_point(model.prior, ops, gammas)
+        step_m, _ = jax.scipy.sparse.linalg.cg(precision_mv, grad_m, M=new_factor.covariance_mv, tol=1e-10,
+                                               maxiter=max_cg)
+        q_target = eqx.tree_at(lambda q: (q.mean, q.factor), q, (q.mean + step_m, new_factor))
+        flat_target, _ = ravel_pytree(eqx.filter(q_target, eqx.is_inexact_array))
+        step = flat_target - flat
+        return jnp.where(jnp.isfinite(step), step, 0.0)
+
+    def cond(state):
+        x, fx, g, k, hist, ok = state
+        return ok & (k < max_steps) & (jnp.max(jnp.abs(g)) > tol)
+
+    def body(state):
+        x, fx, g, k, hist, _ = state
+        step = direction(x)
+
+        def ls_cond(ls):
+            rho, f_new, _, j = ls
+            return ~(jnp.isfinite(f_new) & (f_new >= fx)) & (j < 40)
+
+        def ls_body(ls):
+            rho, _, _, j = ls
+            rho = 0.5 * rho
+            return (rho, *value_and_grad(x + rho * step), j + 1)
+
+        rho, f_new, g_new, _ = lax.while_loop(ls_cond, ls_body, (1.0, *value_and_grad(x + step), 0))
+        ok = jnp.isfinite(f_new) & (f_new >= fx) & jnp.any(step != 0)
+        x_new = jnp.where(ok, x + rho * step, x)
+        f_new = jnp.where(ok, f_new, fx)
+        g_new = jnp.where(ok, g_new, g)
+        return x_new, f_new, g_new, k + 1, hist.at[k + 1].set(f_new), ok
+
+    f0, g0 = value_and_grad(flat0)
+    hist0 = jnp.full((max_steps + 1,), jnp.nan, dtype=f0.dtype).at[0].set(f0)
+    x, fx, g, k, hist, _ = lax.while_loop(cond, body, (flat0, f0, g0, 0, hist0, jnp.array(True)))
+    converged = (jnp.max(jnp.abs(g)) <= tol) & jnp.isfinite(fx)
+    return x, (k, converged, hist)

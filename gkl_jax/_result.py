@@ -1,0 +1,26 @@
+"""The one result currency of every inference method."""
+
+import equinox as eqx
+import jax
+
+from ._gaussian import Gaussian
+
+
+class Result(eqx.Module):
+    """A fitted Gaussian and its evidence estimate.
+
+    - `q`: the Gaussian approximation N(m, C^T C).
+    - `log_z`: the objective at `q` (for G-KL a lower bound on log Z; see `is_bound`).
+    - `converged`: whether the stopping rule (max |gradient| <= tol, or the method's own) was met.
+    - `num_steps`: outer iterations taken.
+    - `history`: the objective after each step, length max_steps + 1; entries past num_steps are NaN.
+    - `method`: the method's name; `is_bound`: whether `log_z` is a guaranteed lower bound on log Z.
+    """
+
+    q: Gaussian
+    log_z: jax.Array
+    converged: jax.Array
+    num_steps: jax.Array
+    history: jax.Array
+    method: str = eqx.field(static=True, default="gkl")
+    is_bound: bool = eqx.field(static=True, default=True)

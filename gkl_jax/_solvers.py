@@ -1,0 +1,126 @@
+"""Maximisers of a smooth objective f: R^P -> R over flat parameter vectors, all in `lax` control flow.
+
+Each returns (x, num_steps, converged, history) with `history[k]` the objective after step k (NaN after the
+last step). They stop when max |grad f| <= tol, after `max_steps`, or when no ascent step can be found
+(then `converged` is False).
+"""
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax import lax
+
+
+def _max_abs(g):
+    return jnp.max(jnp.abs(g))
+
+
+def _history(max_steps, f0):
+    return jnp.full((max_steps + 1,), jnp.nan, dtype=f0.dtype).at[0].set(f0)
+
+
+def truncated_cg(hvp, g, max_iters, forcing):
+    """Approximately solve (-Hess) p = g by conjugate gradients, stopping at negative curvature (Steihaug)
+    or when ||r|| <= forcing * ||g||. Returns the steepest-ascent direction g if the first curvature is <= 0."""
+    gnorm = jnp.linalg.norm(g)
+
+    def cond(state):
+        _, _, _, _, i, done = state
+        return (i < max_iters) & ~done
+
+    def body(state):
+        p, r, d, rr, i, _ = state
+        Ad = -hvp(d)
+        curv = d @ Ad
+        bad = ~(curv > 0)
+        alpha = rr / jnp.where(bad, 1.0, curv)
+        p_new = jnp.where(bad, jnp.where(i == 0, g, p), p + alpha * d)
+        r_new = r - alpha * Ad
+        rr_new = r_new @ r_new
+        small = jnp.sqrt(rr_new) <= forcing * gnorm
+        d_new = r_new + (rr_new / rr) * d
+        return (p_new, jnp.where(bad, r, r_new), jnp.where(bad, d, d_new), jnp.where(bad, rr, rr_new), i + 1,
+                bad | small)
+
+    init = (jnp.zeros_like(g), g, g, g @ g, 0, gnorm == 0)
+    p, *_ = lax.while_loop(cond, body, init)
+    return p
+
+
+def backtracking(f, x, fx, g, p, max_halvings=40, c=1e-4):
+    """Largest t in {1, 1/2, ...} with f(x + t p) >= f(x) + c t g.p and finite. Returns (t, f_new, ok)."""
+    slope = g @ p
+
+    def cond(state):
+        t, fnew, k = state
+        ok = jnp.isfinite(fnew) & (fnew >= fx + c * t * slope)
+        return ~ok & (k < max_halvings)
+
+    def body(state):
+        t, _, k = state
+        t = 0.5 * t
+        return t, f(x + t * p), k + 1
+
+    t0 = jnp.ones((), x.dtype)
+    t, fnew, _ = lax.while_loop(cond, body, (t0, f(x + p), 0))
+    ok = jnp.isfinite(fnew) & (fnew >= fx + c * t * slope)
+    return t, fnew, ok
+
+
+def newton_cg(f, x0, *, tol, max_steps, max_cg=100):
+    """Truncated Newton-CG with Hessian-vector products (forward-over-reverse) and a backtracking line search.
+
+    For a concave objective (log-concave sites, Section 3.2) the CG system is positive definite."""
+    value_and_grad = jax.value_and_grad(f)
+    grad = jax.grad(f)
+    f0, g0 = value_and_grad(x0)
+
+    def cond(state):
+        x, fx, g, k, hist, ok = state
+        return ok & (k < max_steps) & (_max_abs(g) > tol)
+
+    def body(state):
+        x, fx, g, k, hist, _ = state
+        hvp = lambda v: jax.jvp(grad, (x,), (v,))[1]
+        gnorm = jnp.linalg.norm(g)
+        forcing = jnp.minimum(0.5, jnp.sqrt(gnorm))
+        p = truncated_cg(hvp, g, max_cg, forcing)
+        t, _, ok = backtracking(f, x, fx, g, p)
+        x_new = jnp.where(ok, x + t * p, x)
+        f_new, g_new = value_and_grad(x_new)
+        return x_new, f_new, g_new, k + 1, hist.at[k + 1].set(f_new), ok
+
+    x, fx, g, k, hist, _ = lax.while_loop(cond, body, (x0, f0, g0, 0, _history(max_steps, f0), jnp.array(True)))
+    converged = (_max_abs(g) <= tol) & jnp.isfinite(fx)
+    return x, k, converged, hist
+
+
+def lbfgs(f, x0, *, tol, max_steps, memory_size=20):
+    """L-BFGS (optax) with a zoom line search, on -f."""
+    return optax_solver(f, x0, optax.lbfgs(memory_size=memory_size), tol=tol, max_steps=max_steps, linesearch=True)
+
+
+def optax_solver(f, x0, optimizer, *, tol, max_steps, linesearch=False):
+    """Any `optax.GradientTransformation` minimising -f; with `linesearch` it is given the value function."""
+    neg = lambda x: -f(x)
+    value_and_grad = jax.value_and_grad(neg)
+    v0, g0 = value_and_grad(x0)
+
+    def cond(carry):
+        x, state, v, g, k, hist = carry
+        return (k < max_steps) & (_max_abs(g) > tol) & jnp.isfinite(v)
+
+    def body(carry):
+        x, state, v, g, k, hist = carry
+        if linesearch:
+            updates, state = optimizer.update(g, state, x, value=v, grad=g, value_fn=neg)
+        else:
+            updates, state = optimizer.update(g, state, x)
+        x = optax.apply_updates(x, updates)
+        v, g = value_and_grad(x)
+        return x, state, v, g, k + 1, hist.at[k + 1].set(-v)
+
+    init = (x0, optimizer.init(x0), v0, g0, 0, _history(max_steps, -v0))
+    x, _, v, g, k, hist = lax.while_loop(cond, body, init)
+    converged = (_max_abs(g) <= tol) & jnp.isfinite(v)
+    return x, k, converged, hist

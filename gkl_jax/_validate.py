@@ -1,0 +1,66 @@
+"""Input checks at the boundary where data enters (constructors, the CLI).
+
+Every check works on concrete values and is skipped for tracers, so constructors stay usable inside
+`jax.jit`, `jax.grad` and `jax.vmap`; shape checks always run (shapes are static under tracing).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def is_concrete(x) -> bool:
+    """True when `x` holds actual values (not a tracer)."""
+    return not isinstance(x, jax.core.Tracer)
+
+
+def as_float_array(x, name: str, *, dtype=None):
+    """Convert `x` to a floating JAX array, refusing non-numeric input with a ValueError naming `name`."""
+    if isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer):
+        arr = x
+    else:
+        try:
+            arr = np.asarray(x)
+        except Exception as err:  # pragma: no cover - numpy raises many types here
+            raise ValueError(f"{name} must be numeric, got {type(x).__name__}") from err
+        if arr.dtype.kind not in "biuf":
+            raise ValueError(f"{name} must be numeric, got dtype {arr.dtype}")
+    if dtype is None:
+        dtype = arr.dtype if jnp.issubdtype(arr.dtype, jnp.floating) else jnp.result_type(float)
+    return jnp.asarray(arr, dtype=dtype)
+
+
+def check_finite(x, name: str) -> None:
+    """Raise ValueError if a concrete `x` holds NaN or inf."""
+    if is_concrete(x) and not bool(jnp.all(jnp.isfinite(x))):
+        raise ValueError(f"{name} contains NaN or inf")
+
+
+def check_positive(x, name: str) -> None:
+    """Raise ValueError if a concrete `x` has an entry <= 0 (or NaN)."""
+    if is_concrete(x) and not bool(jnp.all(x > 0)):
+        raise ValueError(f"{name} must be positive, got {np.asarray(x).ravel()[:5]}")
+
+
+def check_ndim(x, ndim: int, name: str) -> None:
+    if jnp.ndim(x) != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {jnp.shape(x)}")
+
+
+def site_vector(x, name: str, *, positive: bool = False):
+    """Per-site data: a scalar or a 1-D array of length N, as a float array checked for NaN/inf."""
+    arr = as_float_array(x, name)
+    if arr.ndim > 1:
+        raise ValueError(f"{name} must be a scalar or a 1-D array over sites, got shape {arr.shape}")
+    check_finite(arr, name)
+    if positive:
+        check_positive(arr, name)
+    return arr
+
+
+def site_count(*arrays):
+    """The number of sites implied by per-site data (None when every array is a scalar)."""
+    sizes = {int(a.shape[0]) for a in arrays if jnp.ndim(a) == 1}
+    if len(sizes) > 1:
+        raise ValueError(f"per-site arrays have different lengths {sorted(sizes)}")
+    return sizes.pop() if sizes else None

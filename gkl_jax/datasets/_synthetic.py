@@ -1,0 +1,27 @@
+"""Synthetic generators used by the papers' experiments."""
+
+import numpy as np
+
+
+def synthetic_logistic(dim: int, num_train: int, num_test: int = 0, *, seed: int = 0):
+    """The Bayesian logistic regression generator of papers/000 Section 6.2.1.
+
+    w_tr ~ N(0, I); covariates x = A z with z ~ N(0, I) and A = I + a sparse matrix holding one standard-normal
+    entry per row (at a random column), then each dimension rescaled to unit variance (over train and test
+    together); labels y ~ p(y = 1 | w, x) = sigmoid(w^T x), y in {-1, +1}.
+
+    Returns a dict with X_train (num_train, dim), y_train, X_test, y_test and w_true.
+    """
+    if int(dim) < 1 or int(num_train) < 1 or int(num_test) < 0:
+        raise ValueError(f"dim and num_train must be >= 1 and num_test >= 0, got {dim}, {num_train}, {num_test}")
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal(dim)
+    A = np.eye(dim)
+    A[np.arange(dim), rng.integers(0, dim, size=dim)] += rng.standard_normal(dim)
+    n = num_train + num_test
+    X = rng.standard_normal((n, dim)) @ A.T
+    X /= X.std(axis=0, keepdims=True)
+    p = 1 / (1 + np.exp(-X @ w))
+    y = np.where(rng.uniform(size=n) < p, 1.0, -1.0)
+    return {"X_train": X[:num_train], "y_train": y[:num_train], "X_test": X[num_train:], "y_test": y[num_train:],
+            "w_true": w}

@@ -1,0 +1,91 @@
+"""Cholesky factors C of the G-KL covariance S = C^T C (papers/000, Section 4).
+
+A factor is created as a template (`Full()`, `Diagonal()`, ...) and filled by `initialise(dim, variances)`
+when the fit knows D. Every factor implements the same small interface, so the bound, the solvers,
+prediction and design never branch on the factor type:
+
+- `logdet()`                 log det S
+- `project_variances(op)`    s_n^2 = ||C h_n||^2 for the rows h_n of an operator H (the hot path)
+- `marginal_variances()`     diag(S)
+- `dense()`                  C as a dense matrix (users and tests only)
+- `matvec(v)`, `rmatvec(z)`  C v and C^T z (sampling: w = m + C^T z)
+- `covariance()`             S = C^T C as a dense matrix (users and tests only)
+
+Factors with a closed-form stationary point of eq. 10 (S^{-1} = Sigma^{-1} + H^T Gamma H) implement
+`AbstractFixedPointFactor.fixed_point`, used by the fixed-point solver.
+"""
+
+import abc
+
+import equinox as eqx
+import jax.numpy as jnp
+
+
+class AbstractFactor(eqx.Module):
+    """`concave`: the bound is concave in this parametrisation for log-concave sites (Section 3.2).
+    `default_solver`: the solver `fit` uses for it on log-concave models."""
+
+    concave: eqx.AbstractClassVar[bool]
+    default_solver: eqx.AbstractClassVar[str]
+
+    @abc.abstractmethod
+    def initialise(self, dim: int, variances):
+        """A filled factor of dimension `dim` with S = diag(variances) (or the nearest the structure allows)."""
+
+    @property
+    @abc.abstractmethod
+    def is_initialised(self) -> bool: ...
+
+    @property
+    @abc.abstractmethod
+    def dim(self) -> int: ...
+
+    @abc.abstractmethod
+    def logdet(self):
+        """log det S."""
+
+    @abc.abstractmethod
+    def project_variances(self, op):
+        """s_n^2 = h_n^T S h_n = ||C h_n||^2 for every row h_n of `op`."""
+
+    @abc.abstractmethod
+    def marginal_variances(self):
+        """diag(S)."""
+
+    @abc.abstractmethod
+    def dense(self):
+        """The factor as a dense (D, D) matrix C with S = C^T C."""
+
+    @abc.abstractmethod
+    def matvec(self, v):
+        """C v."""
+
+    @abc.abstractmethod
+    def rmatvec(self, z):
+        """C^T z."""
+
+    def covariance_mv(self, v):
+        """S v = C^T (C v)."""
+        return self.rmatvec(self.matvec(v))
+
+    def covariance(self):
+        C = self.dense()
+        return C.T @ C
+
+
+class AbstractFixedPointFactor(AbstractFactor):
+    """A factor whose optimal value for fixed Gamma (eq. 10) has a closed form."""
+
+    @abc.abstractmethod
+    def fixed_point(self, prior, sites_ops, gammas):
+        """The factor of S = (Sigma^{-1} + sum_sites H^T diag(Gamma) H)^{-1}, within this structure."""
+
+
+def check_initialised(factor):
+    if not factor.is_initialised:
+        raise ValueError(f"{type(factor).__name__} factor is a template; call initialise(dim, variances) first")
+
+
+def signed_log_abs_diag(diag):
+    """sum log|C_ii|: log det S / 2. C and -C give the same S, so the sign of a diagonal entry is irrelevant."""
+    return jnp.sum(jnp.log(jnp.abs(diag)))

@@ -1,0 +1,140 @@
+"""The full upper-triangular Cholesky factor (papers/000, Section 4.1) and the diagonal one."""
+
+from typing import ClassVar, Optional
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.scipy.linalg as jsl
+
+from .._validate import as_float_array, check_finite, check_ndim
+from ._base import AbstractFixedPointFactor, check_initialised, signed_log_abs_diag
+
+
+def _precision(prior, sites_ops, gammas, dim, dtype):
+    """Sigma^{-1} + sum_sites H^T diag(Gamma) H (eq. 10) as a dense matrix."""
+    lam = jnp.zeros((dim, dim), dtype) if prior is None else prior.precision_dense()
+    for op, gamma in zip(sites_ops, gammas):
+        lam = lam + op.weighted_gram(gamma)
+    return lam
+
+
+def upper_factor_of_inverse(precision):
+    """Upper-triangular C with C^T C = precision^{-1}.
+
+    With J the reversal permutation and J P J = U^T U (Cholesky), P = R^T R for the lower-triangular R = J U J,
+    so C = R^{-T} = J U^{-T} J is upper triangular.
+    """
+    flipped = precision[::-1, ::-1]
+    U = jnp.linalg.cholesky(flipped).T
+    Uinv_T = jsl.solve_triangular(U, jnp.eye(U.shape[0], dtype=U.dtype), lower=False, trans="T")
+    return Uinv_T[::-1, ::-1]
+
+
+class Full(AbstractFixedPointFactor):
+    """C upper triangular and dense: O(N D^2) per bound evaluation; the tightest G-KL bound.
+
+    Only the upper triangle of `C` is used (the strictly lower part is masked out and inert).
+    """
+
+    C: Optional[jax.Array]
+    concave: ClassVar[bool] = True
+    default_solver: ClassVar[str] = "fixed-point"
+
+    def __init__(self, C=None):
+        if C is not None:
+            C = as_float_array(C, "C")
+            check_ndim(C, 2, "C")
+            if C.shape[0] != C.shape[1]:
+                raise ValueError(f"C must be square, got shape {C.shape}")
+            check_finite(C, "C")
+        self.C = C
+
+    @property
+    def is_initialised(self):
+        return self.C is not None
+
+    @property
+    def dim(self):
+        check_initialised(self)
+        return int(self.C.shape[0])
+
+    def initialise(self, dim, variances):
+        return Full(jnp.diag(jnp.sqrt(jnp.broadcast_to(variances, (dim,)))))
+
+    def upper(self):
+        return jnp.triu(self.C)
+
+    def logdet(self):
+        return 2 * signed_log_abs_diag(jnp.diag(self.C))
+
+    def project_variances(self, op):
+        return jnp.sum(jnp.square(op.mm(self.upper().T)), axis=1)
+
+    def marginal_variances(self):
+        return jnp.sum(jnp.square(self.upper()), axis=0)
+
+    def dense(self):
+        return self.upper()
+
+    def matvec(self, v):
+        return self.upper() @ v
+
+    def rmatvec(self, z):
+        return self.upper().T @ z
+
+    def fixed_point(self, prior, sites_ops, gammas):
+        lam = _precision(prior, sites_ops, gammas, self.dim, self.C.dtype)
+        return Full(upper_factor_of_inverse(lam))
+
+
+class Diagonal(AbstractFixedPointFactor):
+    """C = diag(d): the mean-field Gaussian. O(N D) per bound evaluation (O(nnz(H)) for sparse H)."""
+
+    d: Optional[jax.Array]
+    concave: ClassVar[bool] = True
+    default_solver: ClassVar[str] = "newton"
+
+    def __init__(self, d=None):
+        if d is not None:
+            d = as_float_array(d, "d")
+            check_ndim(d, 1, "d")
+            check_finite(d, "d")
+        self.d = d
+
+    @property
+    def is_initialised(self):
+        return self.d is not None
+
+    @property
+    def dim(self):
+        check_initialised(self)
+        return int(self.d.shape[0])
+
+    def initialise(self, dim, variances):
+        return Diagonal(jnp.sqrt(jnp.broadcast_to(variances, (dim,))))
+
+    def logdet(self):
+        return 2 * signed_log_abs_diag(self.d)
+
+    def project_variances(self, op):
+        return op.sq_mv(jnp.square(self.d))
+
+    def marginal_variances(self):
+        return jnp.square(self.d)
+
+    def dense(self):
+        return jnp.diag(self.d)
+
+    def matvec(self, v):
+        return self.d * v
+
+    def rmatvec(self, z):
+        return self.d * z
+
+    def fixed_point(self, prior, sites_ops, gammas):
+        """Stationarity of the diagonal factor: 1/d_j - d_j [Sigma^{-1} + H^T Gamma H]_jj = 0."""
+        lam = jnp.zeros_like(self.d) if prior is None else prior.precision_diagonal()
+        for op, gamma in zip(sites_ops, gammas):
+            lam = lam + op.sq_rmv(gamma)
+        return Diagonal(1 / jnp.sqrt(lam))

@@ -1,0 +1,7 @@
+"""Linear operators usable as a `Sites` projection H (rows h_n) and as measurement matrices."""
+
+from ._base import AbstractOperator as AbstractOperator
+from ._base import Dense as Dense
+from ._base import Identity as Identity
+from ._base import Sparse as Sparse
+from ._base import as_operator as as_operator

@@ -1,0 +1,190 @@
+"""Linear maps H: R^D -> R^N whose rows are the site projections h_n (papers/000, eq. 2).
+
+The factors and solvers only talk to H through this interface, so a dense matrix, the identity (GP sites),
+a sparse BCOO matrix and matrix-free operators (finite differences, wavelets) are interchangeable.
+"""
+
+import abc
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jax.experimental import sparse as jsparse
+
+from .._validate import as_float_array, check_finite, check_ndim
+
+
+class AbstractOperator(eqx.Module):
+    """H with rows h_n. Concrete operators implement `shape`, `mv`, `rmv`, `sq_mv`, `sq_rmv`, `as_matrix`.
+
+    `sq_mv(v)` is (H o H) v, i.e. sum_d H_nd^2 v_d: the projected variances of a diagonal covariance.
+    """
+
+    @property
+    @abc.abstractmethod
+    def shape(self) -> tuple[int, int]: ...
+
+    @abc.abstractmethod
+    def mv(self, x):
+        """H x for x of shape (D,)."""
+
+    @abc.abstractmethod
+    def rmv(self, y):
+        """H^T y for y of shape (N,)."""
+
+    @abc.abstractmethod
+    def sq_mv(self, v):
+        """(H o H) v: sum_d H_nd^2 v_d."""
+
+    @abc.abstractmethod
+    def sq_rmv(self, y):
+        """(H o H)^T y: sum_n H_nd^2 y_n."""
+
+    @abc.abstractmethod
+    def as_matrix(self):
+        """The dense (N, D) matrix (for tests, small problems and the dense fixed point)."""
+
+    def mm(self, X):
+        """H X for X of shape (D, K)."""
+        return jax.vmap(self.mv, in_axes=1, out_axes=1)(X)
+
+    def rmm(self, Y):
+        """H^T Y for Y of shape (N, K)."""
+        return jax.vmap(self.rmv, in_axes=1, out_axes=1)(Y)
+
+    def weighted_gram(self, g):
+        """H^T diag(g) H as a dense (D, D) matrix."""
+        Hd = self.as_matrix()
+        return Hd.T @ (g[:, None] * Hd)
+
+
+class Dense(AbstractOperator):
+    """A dense (N, D) matrix."""
+
+    matrix: jax.Array
+
+    def __init__(self, matrix, name: str = "H"):
+        matrix = as_float_array(matrix, name)
+        check_ndim(matrix, 2, name)
+        check_finite(matrix, name)
+        self.matrix = matrix
+
+    @property
+    def shape(self):
+        return tuple(self.matrix.shape)
+
+    def mv(self, x):
+        return self.matrix @ x
+
+    def rmv(self, y):
+        return self.matrix.T @ y
+
+    def mm(self, X):
+        return self.matrix @ X
+
+    def rmm(self, Y):
+        return self.matrix.T @ Y
+
+    def sq_mv(self, v):
+        return jnp.square(self.matrix) @ v
+
+    def sq_rmv(self, y):
+        return jnp.square(self.matrix).T @ y
+
+    def as_matrix(self):
+        return self.matrix
+
+
+class Identity(AbstractOperator):
+    """h_n = e_n: one site per latent variable (Gaussian processes)."""
+
+    dim: int = eqx.field(static=True)
+
+    def __init__(self, dim: int):
+        if int(dim) < 1:
+            raise ValueError(f"Identity(dim={dim}) must have dim >= 1")
+        self.dim = int(dim)
+
+    @property
+    def shape(self):
+        return (self.dim, self.dim)
+
+    def mv(self, x):
+        return x
+
+    def rmv(self, y):
+        return y
+
+    def mm(self, X):
+        return X
+
+    def rmm(self, Y):
+        return Y
+
+    def sq_mv(self, v):
+        return v
+
+    def sq_rmv(self, y):
+        return y
+
+    def as_matrix(self):
+        return jnp.eye(self.dim)
+
+    def weighted_gram(self, g):
+        return jnp.diag(g)
+
+
+class Sparse(AbstractOperator):
+    """A sparse (N, D) matrix in `jax.experimental.sparse.BCOO` format; never densified on the hot path."""
+
+    matrix: jsparse.BCOO
+
+    def __init__(self, matrix, name: str = "H"):
+        if not isinstance(matrix, jsparse.BCOO):
+            raise ValueError(f"{name} must be a jax.experimental.sparse.BCOO matrix")
+        if matrix.ndim != 2:
+            raise ValueError(f"{name} must be 2-D, got shape {matrix.shape}")
+        check_finite(matrix.data, name)
+        self.matrix = matrix
+
+    @property
+    def shape(self):
+        return tuple(self.matrix.shape)
+
+    def _squared(self):
+        return jsparse.BCOO((jnp.square(self.matrix.data), self.matrix.indices), shape=self.matrix.shape)
+
+    def mv(self, x):
+        return self.matrix @ x
+
+    def rmv(self, y):
+        return self.matrix.T @ y
+
+    def mm(self, X):
+        return self.matrix @ X
+
+    def rmm(self, Y):
+        return self.matrix.T @ Y
+
+    def sq_mv(self, v):
+        return self._squared() @ v
+
+    def sq_rmv(self, y):
+        return self._squared().T @ y
+
+    def as_matrix(self):
+        return self.matrix.todense()
+
+    def weighted_gram(self, g):
+        weighted = jsparse.BCOO((self.matrix.data * g[self.matrix.indices[:, 0]], self.matrix.indices),
+                                shape=self.matrix.shape)
+        return (weighted.T @ self.matrix).todense()
+
+
+def as_operator(H, name: str = "H") -> AbstractOperator:
+    """Wrap an array, a BCOO matrix or an operator as an `AbstractOperator`."""
+    if isinstance(H, AbstractOperator):
+        return H
+    if isinstance(H, jsparse.BCOO):
+        return Sparse(H, name)
+    return Dense(H, name)

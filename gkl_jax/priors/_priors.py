@@ -1,0 +1,205 @@
+"""Gaussian priors N(w | mu, Sigma) in structured form.
+
+Each prior gives the expected log density under q = N(m, S) (the second term of papers/000 eq. 7),
+
+    E_q[log N(w | mu, Sigma)] = -1/2 [D log 2 pi + log det Sigma + tr(Sigma^{-1} S) + (m - mu)^T Sigma^{-1} (m - mu)],
+
+using its own structure (isotropic and diagonal: the factor's marginal variances; dense: tr(Sigma^{-1} S) =
+sum_n ||C g_n||^2 over the rows g_n of L^{-1}, Sigma = L L^T, with L computed once at construction), plus the
+precision products the fixed-point solver needs.
+"""
+
+import abc
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.scipy.linalg as jsl
+
+from .._validate import as_float_array, check_finite, check_ndim, check_positive, is_concrete
+from ..operators import Dense as DenseOperator
+
+
+class AbstractPrior(eqx.Module):
+    """N(w | mean, Sigma) over w in R^D."""
+
+    mean: eqx.AbstractVar[jax.Array]
+
+    @property
+    def dim(self) -> int:
+        return int(self.mean.shape[0])
+
+    @abc.abstractmethod
+    def logdet(self):
+        """log det Sigma."""
+
+    @abc.abstractmethod
+    def trace_precision(self, factor):
+        """tr(Sigma^{-1} S) for S = C^T C given by `factor`."""
+
+    @abc.abstractmethod
+    def precision_mv(self, v):
+        """Sigma^{-1} v."""
+
+    @abc.abstractmethod
+    def precision_dense(self):
+        """Sigma^{-1} as a dense (D, D) matrix."""
+
+    @abc.abstractmethod
+    def precision_diagonal(self):
+        """diag(Sigma^{-1})."""
+
+    @abc.abstractmethod
+    def cholesky(self):
+        """Lower-triangular L with L L^T = Sigma (dense; used for whitening and sampling)."""
+
+    @abc.abstractmethod
+    def marginal_variances(self):
+        """diag(Sigma)."""
+
+    def expected_log_density(self, q):
+        """E_{N(m, C^T C)}[log N(w | mu, Sigma)] (papers/000, eq. 7, second term)."""
+        d = q.mean - self.mean
+        return -0.5 * (self.dim * jnp.log(2 * jnp.pi) + self.logdet() + self.trace_precision(q.factor)
+                       + d @ self.precision_mv(d))
+
+    def log_density(self, w):
+        """log N(w | mu, Sigma)."""
+        d = w - self.mean
+        return -0.5 * (self.dim * jnp.log(2 * jnp.pi) + self.logdet() + d @ self.precision_mv(d))
+
+
+def _mean(mean, dim, dtype):
+    if mean is None:
+        return jnp.zeros(dim, dtype)
+    mean = as_float_array(mean, "mean")
+    if mean.ndim == 0:
+        return jnp.full(dim, mean, dtype=mean.dtype)
+    if mean.shape != (dim,):
+        raise ValueError(f"mean must have shape ({dim},), got {mean.shape}")
+    check_finite(mean, "mean")
+    return mean
+
+
+class Isotropic(AbstractPrior):
+    """N(w | mean, variance * I)."""
+
+    mean: jax.Array
+    variance: jax.Array
+
+    def __init__(self, dim: int, variance=1.0, mean=None):
+        if int(dim) != dim or int(dim) < 1:
+            raise ValueError(f"dim must be a positive integer, got {dim}")
+        variance = as_float_array(variance, "variance")
+        if variance.ndim != 0:
+            raise ValueError(f"variance must be a scalar for Isotropic, got shape {variance.shape}")
+        check_positive(variance, "variance")
+        self.variance = variance
+        self.mean = _mean(mean, int(dim), variance.dtype)
+
+    def logdet(self):
+        return self.dim * jnp.log(self.variance)
+
+    def trace_precision(self, factor):
+        return jnp.sum(factor.marginal_variances()) / self.variance
+
+    def precision_mv(self, v):
+        return v / self.variance
+
+    def precision_dense(self):
+        return jnp.eye(self.dim, dtype=self.mean.dtype) / self.variance
+
+    def precision_diagonal(self):
+        return jnp.full(self.dim, 1 / self.variance)
+
+    def cholesky(self):
+        return jnp.sqrt(self.variance) * jnp.eye(self.dim, dtype=self.mean.dtype)
+
+    def marginal_variances(self):
+        return jnp.full(self.dim, self.variance)
+
+
+class Diagonal(AbstractPrior):
+    """N(w | mean, diag(variance))."""
+
+    mean: jax.Array
+    variance: jax.Array
+
+    def __init__(self, variance, mean=None):
+        variance = as_float_array(variance, "variance")
+        check_ndim(variance, 1, "variance")
+        check_positive(variance, "variance")
+        self.variance = variance
+        self.mean = _mean(mean, variance.shape[0], variance.dtype)
+
+    def logdet(self):
+        return jnp.sum(jnp.log(self.variance))
+
+    def trace_precision(self, factor):
+        return jnp.sum(factor.marginal_variances() / self.variance)
+
+    def precision_mv(self, v):
+        return v / self.variance
+
+    def precision_dense(self):
+        return jnp.diag(1 / self.variance)
+
+    def precision_diagonal(self):
+        return 1 / self.variance
+
+    def cholesky(self):
+        return jnp.diag(jnp.sqrt(self.variance))
+
+    def marginal_variances(self):
+        return self.variance
+
+
+def dense_cholesky(covariance, name="covariance"):
+    """Validated lower Cholesky factor L of a symmetric positive-definite matrix and its inverse L^{-1}."""
+    check_ndim(covariance, 2, name)
+    if covariance.shape[0] != covariance.shape[1]:
+        raise ValueError(f"{name} must be square, got shape {covariance.shape}")
+    check_finite(covariance, name)
+    if is_concrete(covariance) and not bool(jnp.allclose(covariance, covariance.T, rtol=1e-6, atol=1e-10)):
+        raise ValueError(f"{name} must be symmetric")
+    L = jnp.linalg.cholesky(covariance)
+    if is_concrete(L) and not bool(jnp.all(jnp.isfinite(L))):
+        raise ValueError(f"{name} must be positive definite (its Cholesky factorisation failed)")
+    Linv = jsl.solve_triangular(L, jnp.eye(L.shape[0], dtype=L.dtype), lower=True)
+    return L, Linv
+
+
+class Dense(AbstractPrior):
+    """N(w | mean, covariance) with a dense covariance; its Cholesky factor is computed once here."""
+
+    mean: jax.Array
+    covariance: jax.Array
+    chol: jax.Array
+    inv_chol: jax.Array
+
+    def __init__(self, covariance, mean=None):
+        covariance = as_float_array(covariance, "covariance")
+        self.chol, self.inv_chol = dense_cholesky(covariance)
+        self.covariance = covariance
+        self.mean = _mean(mean, covariance.shape[0], covariance.dtype)
+
+    def logdet(self):
+        return 2 * jnp.sum(jnp.log(jnp.diag(self.chol)))
+
+    def trace_precision(self, factor):
+        return jnp.sum(factor.project_variances(DenseOperator(self.inv_chol)))
+
+    def precision_mv(self, v):
+        return self.inv_chol.T @ (self.inv_chol @ v)
+
+    def precision_dense(self):
+        return self.inv_chol.T @ self.inv_chol
+
+    def precision_diagonal(self):
+        return jnp.sum(jnp.square(self.inv_chol), axis=0)
+
+    def cholesky(self):
+        return self.chol
+
+    def marginal_variances(self):
+        return jnp.diag(self.covariance)
