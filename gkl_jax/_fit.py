@@ -14,6 +14,7 @@ envelope theorem (App. F.2) and the returned mean and factor by the implicit fun
 Hessian solve uses conjugate gradients with Hessian-vector products).
 """
 
+import functools
 import warnings
 
 import equinox as eqx
@@ -117,10 +118,20 @@ def _initial_q(model, factor, q0):
             raise ValueError(f"factor has dimension {factor.dim} but the model has {model.dim}")
         start = factor
     else:
-        variances = model.prior.marginal_variances() if model.prior is not None else 1.0
-        start = factor.initialise(model.dim, jnp.minimum(jnp.asarray(variances), 1.0))
+        start = factor.initialise(model.dim, initial_variance(model))
     mean = model.prior.mean if model.prior is not None else jnp.zeros(model.dim)
     return Gaussian(mean, start)
+
+
+def initial_variance(model):
+    """Isotropic starting variance v0 = min(prior variances, 1 / max_n ||h_n||^2), so that every starting s_n is
+    at most ~1: the scale on which the quadrature is accurate, and roughly where the posterior shrinks to."""
+    variances = model.prior.marginal_variances() if model.prior is not None else jnp.ones(model.dim)
+    row_norms = [jnp.max(s.operator(model.dim).sq_mv(jnp.ones(model.dim))) for s in model.sites]
+    v0 = jnp.min(variances)
+    for r in row_norms:
+        v0 = jnp.minimum(v0, 1.0 / jnp.maximum(r, jnp.finfo(r.dtype).tiny))
+    return v0
 
 
 def _whitened(model):
@@ -141,27 +152,57 @@ def _fit_jit(model, q_init, name, optimizer, tol, max_steps, max_cg):
     TRACE_COUNT["fit"] += 1
     params0, static = eqx.partition(q_init, eqx.is_inexact_array)
     flat0, unravel = ravel_pytree(params0)
+    flat0 = lax.stop_gradient(flat0)
     to_q = lambda flat: eqx.combine(unravel(flat), static)
-    objective = lambda flat: bound(model, to_q(flat))
+    # The iterations run on a gradient-free copy of the model; derivatives of the optimum come from the
+    # implicit function theorem below, never from differentiating through the loop.
+    frozen = jax.tree.map(lambda x: lax.stop_gradient(x) if eqx.is_inexact_array(x) else x, model)
+    objective = lambda flat: bound(frozen, to_q(flat))
+    if name == "fixed-point":
+        x, k, ok, hist = _fixed_point(frozen, to_q, flat0, tol, max_steps)
+        # The fixed point converges linearly; a few Newton-CG steps finish tight tolerances quadratically.
+        x, k2, ok, hist2 = _solvers.newton_cg(objective, x, tol=tol, max_steps=max_steps, max_cg=max_cg)
+        hist = _splice(hist, hist2, k)
+        k = k + k2
+    elif name == "newton":
+        x, k, ok, hist = _solvers.newton_cg(objective, flat0, tol=tol, max_steps=max_steps, max_cg=max_cg)
+    elif name == "lbfgs":
+        x, k, ok, hist = _solvers.lbfgs(objective, flat0, tol=tol, max_steps=max_steps)
+    else:
+        x, k, ok, hist = _solvers.optax_solver(objective, flat0, optimizer, tol=tol, max_steps=max_steps)
 
-    def solve(_, flat_init):
-        if name == "fixed-point":
-            return _fixed_point(model, to_q, flat_init, tol, max_steps)
-        if name == "newton":
-            x, k, ok, hist = _solvers.newton_cg(objective, flat_init, tol=tol, max_steps=max_steps, max_cg=max_cg)
-        elif name == "lbfgs":
-            x, k, ok, hist = _solvers.lbfgs(objective, flat_init, tol=tol, max_steps=max_steps)
-        else:
-            x, k, ok, hist = _solvers.optax_solver(objective, flat_init, optimizer, tol=tol, max_steps=max_steps)
-        return x, (k, ok, hist)
-
-    def tangent_solve(linear, rhs):
-        # linear = Hessian of the bound (negative definite at a strict maximum); solve by CG on -Hessian.
-        x, _ = jax.scipy.sparse.linalg.cg(lambda v: -linear(v), -rhs, maxiter=10 * rhs.shape[0])
-        return x
-
-    flat, (k, ok, hist) = lax.custom_root(jax.grad(objective), flat0, solve, tangent_solve, has_aux=True)
+    dynamic, static_model = eqx.partition(model, eqx.is_inexact_array)
+    stationarity = lambda dyn, flat: jax.grad(lambda f: bound(eqx.combine(dyn, static_model), to_q(f)))(flat)
+    flat = _implicit_optimum(stationarity, dynamic, x)
     return to_q(flat), k, ok, hist
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _implicit_optimum(stationarity, dynamic, x):
+    """Returns the optimum x (a root of stationarity(dynamic, .)) with the implicit-function derivative
+
+        dx = -(d_x F)^{-1} d_theta F . dtheta,   F = grad_x B,
+
+    where -d_x F (minus the Hessian of the bound) is solved by CG with Hessian-vector products. The solve is a
+    symmetric `lax.custom_linear_solve`, so reverse mode transposes it without differentiating the loop."""
+    return x
+
+
+@_implicit_optimum.defjvp
+def _implicit_optimum_jvp(stationarity, primals, tangents):
+    dynamic, x = primals
+    ddynamic, _ = tangents
+    rhs = jax.jvp(lambda d: stationarity(d, x), (dynamic,), (ddynamic,))[1]
+    neg_hessian = lambda v: -jax.jvp(lambda f: stationarity(dynamic, f), (x,), (v,))[1]
+    solve = lambda matvec, b: _solvers.conjugate_gradient(matvec, b, max_iters=10 * b.shape[0])
+    dx = lax.custom_linear_solve(neg_hessian, rhs, solve, symmetric=True)
+    return x, dx
+
+
+def _splice(hist, hist2, k):
+    """hist[: k + 1] followed by hist2[1:], truncated to len(hist)."""
+    idx = jnp.arange(hist.shape[0])
+    return jnp.where(idx <= k, hist, hist2[jnp.clip(idx - k, 0, hist2.shape[0] - 1)])
 
 
 def _fixed_point(model, to_q, flat0, tol, max_steps, max_cg=50):
@@ -207,7 +248,7 @@ def _fixed_point(model, to_q, flat0, tol, max_steps, max_cg=50):
 
         def ls_cond(ls):
             rho, f_new, _, j = ls
-            return ~(jnp.isfinite(f_new) & (f_new >= fx)) & (j < 40)
+            return ~(jnp.isfinite(f_new) & (f_new > fx)) & (j < 40)
 
         def ls_body(ls):
             rho, _, _, j = ls
@@ -215,7 +256,7 @@ def _fixed_point(model, to_q, flat0, tol, max_steps, max_cg=50):
             return (rho, *value_and_grad(x + rho * step), j + 1)
 
         rho, f_new, g_new, _ = lax.while_loop(ls_cond, ls_body, (1.0, *value_and_grad(x + step), 0))
-        ok = jnp.isfinite(f_new) & (f_new >= fx) & jnp.any(step != 0)
+        ok = jnp.isfinite(f_new) & (f_new > fx)
         x_new = jnp.where(ok, x + rho * step, x)
         f_new = jnp.where(ok, f_new, fx)
         g_new = jnp.where(ok, g_new, g)
@@ -225,4 +266,4 @@ def _fixed_point(model, to_q, flat0, tol, max_steps, max_cg=50):
     hist0 = jnp.full((max_steps + 1,), jnp.nan, dtype=f0.dtype).at[0].set(f0)
     x, fx, g, k, hist, _ = lax.while_loop(cond, body, (flat0, f0, g0, 0, hist0, jnp.array(True)))
     converged = (jnp.max(jnp.abs(g)) <= tol) & jnp.isfinite(fx)
-    return x, (k, converged, hist)
+    return x, k, converged, hist

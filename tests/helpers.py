@@ -31,10 +31,3 @@ def gaussian_log_evidence(H, y, noise_variance, prior_cov, prior_mean=None):
     cov = np.linalg.inv(P)
     mean = cov @ (np.linalg.solve(prior_cov, mu) + H.T @ (y / np.broadcast_to(noise_variance, (H.shape[0],))))
     return log_z, mean, cov
-
-
-def quadrature_log_z(log_joint, lo=-12.0, hi=12.0, num=801):
-    """log of the integral of exp(log_joint(w)) over a 1-D or 2-D grid (log_joint vectorised over rows)."""
-    grid = np.linspace(lo, hi, num)
-    step = grid[1] - grid[0]
-    return grid, step
