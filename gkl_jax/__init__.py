@@ -6,8 +6,13 @@
     res.log_z, res.q.mean, res.q.covariance()
 """
 
+from . import baselines as baselines
 from . import datasets as datasets
+from . import design as design
 from . import factors as factors
+from . import gp as gp
+from . import kernels as kernels
+from . import multiclass as multiclass
 from . import operators as operators
 from . import potentials as potentials
 from . import priors as priors

@@ -1,0 +1,1 @@
+"""Bayesian sequential experimental design driven by any fitted Gaussian."""

@@ -1,0 +1,1 @@
+"""Gaussian-process regression and classification on top of G-KL and the baselines."""

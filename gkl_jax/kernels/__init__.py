@@ -1,0 +1,1 @@
+"""Covariance functions for Gaussian-process priors."""

@@ -1,0 +1,1 @@
+"""Multinomial-logit Gaussian-process classification (Chai, 2012)."""
