@@ -1,1 +1,19 @@
-"""Gaussian-process regression and classification on top of G-KL and the baselines."""
+"""Gaussian-process regression and classification on top of G-KL and the baselines.
+
+- `predict(result, prior, X_new, likelihood=None)`: latent and observation predictives (papers/000 App. F.1).
+- `exact(model)`: exact GP regression (Gaussian likelihood), the oracle for every approximate method.
+- `fit_hyperparameters(build, params, method=...)`: ML-II on any method's evidence (envelope gradients for G-KL).
+- `sparse_model(kernel, X, Z, likelihood)`: the inducing-point GP as an ordinary `Model`.
+- `ppa(...)`: King & Lawrence's PPA for probit GP classification with the standard or the KL-corrected M-step.
+"""
+
+from ._exact import exact as exact
+from ._hyper import HyperResult as HyperResult
+from ._hyper import fit_hyperparameters as fit_hyperparameters
+from ._predict import Prediction as Prediction
+from ._predict import class_probability as class_probability
+from ._predict import latent as latent
+from ._predict import log_predictive_density as log_predictive_density
+from ._predict import predict as predict
+from ._sparse import sparse_model as sparse_model
+from ._sparse import sparse_projection as sparse_projection

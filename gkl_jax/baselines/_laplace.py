@@ -1,0 +1,108 @@
+"""`laplace`: the Laplace approximation (papers/000 Section 5.2.1; thesis Ch. 2.5.6 and 4.3).
+
+The mode w* of log p(w) = log N(w | mu, Sigma) + sum_n log phi_n(h_n^T w + o_n) is found by Newton's method
+(IRLS, thesis Ch. 2.3.1) with a backtracking line search; the covariance is the inverse negative Hessian at the
+mode,
+
+    A = -grad^2 log p(w*) = Sigma^{-1} + H^T W H,   W_nn = -(log phi_n)''(h_n^T w* + o_n)
+
+(thesis Ch. 2.5.6 with the second-derivative erratum of the notes), and the evidence estimate is
+
+    log Z_LA = log N(w* | mu, Sigma) + sum_n log phi_n(h_n^T w* + o_n) + (D/2) log 2 pi - log det A / 2
+
+(thesis eq. 4.15 with the corrected sign; for a GP prior and h_n = e_n this is Rasmussen & Williams Alg. 3.2,
+the number scikit-learn's GaussianProcessClassifier reports). Not a bound (`is_bound=False`).
+
+For non-log-concave sites (Student-t) W can be negative away from the mode; the Newton direction then uses
+max(W, 0) (a positive-definite majoriser of the curvature), and at the end `converged` is False if A is not
+positive definite at the point found. Potentials that are not twice differentiable (Laplace) are refused.
+"""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.scipy.linalg as jsl
+from jax import lax
+
+from .. import potentials as P
+from .. import _solvers
+from .._result import Result
+from . import _common as C
+
+TRACE_COUNT = {"laplace": 0}
+
+
+def laplace(model, *, tol: float | None = None, max_steps: int = 100) -> Result:
+    """The Laplace approximation N(w*, A^{-1}) and its log Z estimate (module docstring).
+
+    Stops when max |grad log p| <= tol (default 1e-8 in float64) or after `max_steps` Newton steps; `history`
+    holds log p(w) at each step. Raises ValueError if a potential is not twice differentiable.
+    """
+    C.check_model(model, "laplace")
+    for s in model.sites:
+        if isinstance(s.potential, P.Laplace):
+            raise ValueError("laplace: the Laplace potential exp(-|y - x| / scale) is not twice differentiable at "
+                             "x = y, so the Laplace approximation (which needs the Hessian at the mode) does not "
+                             "apply; use gk.fit, gk.ep or gk.local")
+    max_steps = C.check_positive_int(max_steps, "max_steps", "laplace")
+    dtype = C.dtype_of(model)
+    tol = C.default_tol(dtype) if tol is None else float(tol)
+    if tol <= 0:
+        raise ValueError(f"laplace: tol must be positive, got {tol}")
+    result = _laplace_jit(model, tol, max_steps)
+    C.warn_if_not_converged(result.converged, "laplace", "Newton's method did not reach max|grad| <= "
+                            f"{tol:g} within max_steps={max_steps}, or the Hessian at the point found is not "
+                            "negative definite")
+    return result
+
+
+def _curvature(model, groups, w, clip):
+    """(gradient of log p, A = -Hessian of log p (with W clipped at 0 when `clip`), dense)."""
+    dtype = w.dtype
+    A = jnp.zeros((model.dim, model.dim), dtype) if model.prior is None else model.prior.precision_dense()
+    grad = -C.prior_precision_mv(model, w - (0 if model.prior is None else model.prior.mean))
+    for op, off, pot in groups:
+        d1, d2 = C.site_derivatives(pot, op.mv(w) + off)
+        W = -d2
+        A = A + op.weighted_gram(jnp.maximum(W, 0) if clip else W)
+        grad = grad + op.rmv(d1)
+    return grad, 0.5 * (A + A.T)
+
+
+@eqx.filter_jit
+def _laplace_jit(model, tol, max_steps):
+    TRACE_COUNT["laplace"] += 1
+    groups = C.operators(model)
+    dtype = C.dtype_of(model)
+    f = lambda w: C.log_joint(model, w)
+    w0 = jnp.zeros(model.dim, dtype) if model.prior is None else model.prior.mean.astype(dtype)
+    f0 = f(w0)
+    g0, _ = _curvature(model, groups, w0, clip=True)
+
+    def cond(state):
+        _, _, g, k, _, ok = state
+        return ok & (k < max_steps) & (jnp.max(jnp.abs(g)) > tol)
+
+    def body(state):
+        w, fw, g, k, hist, _ = state
+        _, A = _curvature(model, groups, w, clip=True)
+        L = jnp.linalg.cholesky(A)
+        good = jnp.all(jnp.isfinite(L))
+        # Without a prior the clipped curvature may be singular; fall back to gradient ascent there.
+        p = jnp.where(good, jsl.cho_solve((jnp.where(good, L, jnp.eye(model.dim, dtype=dtype)), True), g), g)
+        t, _, ok = _solvers.backtracking(f, w, fw, g, p)
+        w_new = jnp.where(ok, w + t * p, w)
+        f_new = f(w_new)
+        g_new, _ = _curvature(model, groups, w_new, clip=True)
+        return w_new, f_new, g_new, k + 1, hist.at[k + 1].set(f_new), ok
+
+    state = (w0, f0, g0, jnp.asarray(0), C.history_buffer(max_steps, f0), jnp.asarray(True))
+    w, fw, g, k, hist, _ = lax.while_loop(cond, body, state)
+    _, A = _curvature(model, groups, w, clip=False)
+    L = jnp.linalg.cholesky(A)
+    pd = jnp.all(jnp.isfinite(L))
+    log_z = fw + 0.5 * model.dim * jnp.log(2 * jnp.pi) - jnp.sum(jnp.log(jnp.diag(L)))
+    converged = pd & (jnp.max(jnp.abs(g)) <= tol) & jnp.isfinite(log_z)
+    q = C.gaussian_of_precision(w, A)
+    return Result(q=q, log_z=log_z, converged=converged, num_steps=k, history=hist, method="laplace",
+                  is_bound=False)

@@ -1,0 +1,197 @@
+"""Bayesian sequential experimental design (papers/000 Section 6.3.2; papers/003 Alg. 5.1).
+
+    for t = 0 .. steps:
+        q_t   = infer(model(M_t, y_t), warm start q_{t-1})          # any method returning a Result
+        if t == steps: stop
+        M*    = the `per_step` rows maximising the information gain under q_t (free design: greedy leading
+                eigenvectors of S by Lanczos; or greedy over a candidate pool; or random unit rows)
+        y*    = measure(M*)                                          # the experiment
+        M_{t+1} = [M_t; M*],  y_{t+1} = [y_t; y*]
+
+The model is `base_model` with the measurements appended as a Gaussian site group N(y | M w, v^2 I).
+
+Jit once: the measurement block is padded to its final size N_0 + steps * per_step with zero rows whose
+Gaussian sites have variance 1/(2 pi). A zero row has h_n^T m = 0 and s_n^2 = 0, so its term
+E[log N(0 | h_n^T w, 1/(2 pi))] = -1/2 log(2 pi / (2 pi)) = 0 exactly: the padded model has the same bound,
+gradient, posterior and log_z as the unpadded one, and every step reuses the same compiled fit.
+"""
+
+import math
+import sys
+import time
+from typing import Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._fit import fit
+from .._gaussian import Gaussian
+from .._model import Model, Sites
+from .._result import Result
+from .._validate import as_float_array, check_finite
+from ..factors import AbstractFactor
+from ..operators import AbstractOperator
+from ..potentials import Gaussian as GaussianPotential
+from ._scores import _candidate_operator, check_noise_variance, greedy_selection, optimal_directions
+
+_PAD_VARIANCE = 1 / (2 * math.pi)
+
+
+class DesignStep(NamedTuple):
+    """One step of the loop: the fit on `num_measurements` rows and the rows designed from it (None at the
+    last step); `gains` are the greedy per-row information gains; times in seconds (fit includes compilation
+    at step 0)."""
+
+    step: int
+    num_measurements: int
+    result: Result
+    rows: Optional[np.ndarray]
+    gains: Optional[np.ndarray]
+    fit_seconds: float
+    design_seconds: float
+
+
+class SequentialDesign(NamedTuple):
+    """The outcome of `sequential`: one `DesignStep` per fit, the final measurement matrix and observations
+    (unpadded), and the last fit."""
+
+    steps: list
+    measurements: np.ndarray
+    observations: np.ndarray
+    result: Result
+
+
+def padded_measurement_sites(M, y, noise_variance, capacity: int) -> Sites:
+    """Sites(M_pad, Gaussian(y_pad, v2_pad)) with `capacity` rows; rows past len(y) are inert (module doc)."""
+    M = np.asarray(M, dtype=float)
+    y = np.asarray(y, dtype=float)
+    n, dim = M.shape
+    if capacity < n:
+        raise ValueError(f"capacity={capacity} is smaller than the {n} measurements")
+    M_pad = np.zeros((capacity, dim))
+    M_pad[:n] = M
+    y_pad = np.zeros(capacity)
+    y_pad[:n] = y
+    var = np.full(capacity, _PAD_VARIANCE)
+    var[:n] = float(noise_variance)
+    return Sites(jnp.asarray(M_pad), GaussianPotential(jnp.asarray(y_pad), jnp.asarray(var)))
+
+
+def _default_infer(factor):
+    def infer(model, q0):
+        return fit(model, factor=factor, q0=q0) if q0 is not None else fit(model, factor=factor)
+    return infer
+
+
+def _random_rows(key, num, dim):
+    R = jax.random.normal(key, (num, dim))
+    return R / jnp.linalg.norm(R, axis=1, keepdims=True)
+
+
+class _Progress:
+    def __init__(self, total, enabled, stream=None):
+        self.total, self.enabled, self.stream = total, enabled, stream or sys.stderr
+
+    def update(self, rec: DesignStep):
+        if not self.enabled:
+            return
+        width = 24
+        done = int(width * (rec.step + 1) / (self.total + 1))
+        ok = "ok" if bool(rec.result.converged) else "NOT converged"
+        gain = "" if rec.gains is None else f"  gain {float(np.sum(rec.gains)):.3g}"
+        line = (f"\r[{'#' * done}{'.' * (width - done)}] step {rec.step}/{self.total}  N={rec.num_measurements}  "
+                f"fit {rec.fit_seconds:.2f}s ({ok}){gain}   ")
+        end = "\n" if rec.step == self.total else ""
+        print(line, end=end, file=self.stream, flush=True)
+
+
+def sequential(base_model: Model, measure: Callable, M0, y0, noise_variance, *, steps: int, per_step: int = 3,
+               infer: Optional[Callable] = None, factor: Optional[AbstractFactor] = None, design="free",
+               q0: Optional[Gaussian] = None, callback: Optional[Callable] = None, progress: bool = True,
+               key=None, num_vectors: Optional[int] = None) -> SequentialDesign:
+    """Run the sequential design loop (module doc) and return a `SequentialDesign`.
+
+    - `base_model`: the model without the measurements (e.g. `Model(None, Sites(B, Laplace(0, tau)))`);
+    - `measure(rows) -> y*`: performs the experiment for a (per_step, D) array of unit-norm rows;
+    - `M0`, `y0`: the initial measurements (N_0, D) and observations; `noise_variance`: v^2 > 0;
+    - `infer(model, q0) -> Result`: the inference method, warm-started from the previous q (None at step 0);
+      default `gk.fit(model, factor=factor, q0=q0)`. Baselines plug in the same way, e.g.
+      `infer=lambda model, q0: gk.ep(model, power=0.9)`;
+    - `design`: "free" (greedy leading eigenvectors of S, `optimal_directions`), "random" (random unit rows), or
+      a candidate pool (a (P, D) array or an operator whose rows are the candidates; `greedy_selection`);
+    - `callback(step: DesignStep)`: called after every fit; `progress`: print a progress line per step.
+    """
+    if not isinstance(base_model, Model):
+        raise ValueError(f"base_model must be a gkl_jax.Model, got {type(base_model).__name__}")
+    if not callable(measure):
+        raise ValueError("measure must be a callable mapping (k, D) rows to k observations")
+    v2 = float(check_noise_variance(noise_variance))
+    dim = base_model.dim
+    M0 = as_float_array(M0, "M0")
+    if M0.ndim != 2 or M0.shape[1] != dim:
+        raise ValueError(f"M0 must be an (N0, D={dim}) matrix, got shape {M0.shape}")
+    check_finite(M0, "M0")
+    y0 = as_float_array(y0, "y0")
+    if y0.shape != (M0.shape[0],):
+        raise ValueError(f"y0 must have shape ({M0.shape[0]},), got {y0.shape}")
+    steps, per_step = int(steps), int(per_step)
+    if steps < 0:
+        raise ValueError(f"steps must be >= 0, got {steps}")
+    if per_step < 1:
+        raise ValueError(f"per_step must be >= 1, got {per_step}")
+    if isinstance(design, str):
+        if design not in ("free", "random"):
+            raise ValueError(f"design must be 'free', 'random' or a candidate pool, got {design!r}")
+        pool = None
+    else:
+        pool = _candidate_operator(design, dim, "design")
+    if infer is None:
+        infer = _default_infer(factor)
+    elif factor is not None:
+        raise ValueError("pass either infer or factor, not both")
+    key = jax.random.PRNGKey(0) if key is None else key
+
+    M, y = np.asarray(M0), np.asarray(y0)
+    capacity = M.shape[0] + steps * per_step
+    bar = _Progress(steps, progress)
+    records, q = [], q0
+    for t in range(steps + 1):
+        model = Model(base_model.prior, (padded_measurement_sites(M, y, v2, capacity),) + base_model.sites)
+        start = time.perf_counter()
+        res = infer(model, q)
+        if not isinstance(res, Result):
+            raise ValueError(f"infer must return a gkl_jax.Result, got {type(res).__name__}")
+        jax.block_until_ready(res.q.mean)
+        fit_seconds = time.perf_counter() - start
+        q = res.q
+        rows = gains = None
+        start = time.perf_counter()
+        if t < steps:
+            key, sub = jax.random.split(key)
+            rows, gains = _design(q, design, pool, per_step, v2, sub, num_vectors)
+            rows, gains = np.asarray(rows), np.asarray(gains)
+        design_seconds = time.perf_counter() - start
+        rec = DesignStep(t, int(M.shape[0]), res, rows, gains, fit_seconds, design_seconds)
+        records.append(rec)
+        bar.update(rec)
+        if callback is not None:
+            callback(rec)
+        if rows is not None:
+            y_new = np.asarray(measure(rows), dtype=float).reshape(-1)
+            if y_new.shape != (per_step,):
+                raise ValueError(f"measure must return {per_step} observations, got shape {y_new.shape}")
+            M, y = np.concatenate([M, rows]), np.concatenate([y, y_new])
+    return SequentialDesign(records, M, y, records[-1].result)
+
+
+def _design(q, design, pool: Optional[AbstractOperator], num, v2, key, num_vectors):
+    if pool is not None:
+        idx, gains = greedy_selection(q, pool, num, v2)
+        E = jnp.zeros((pool.shape[0], num), q.mean.dtype).at[idx, jnp.arange(num)].set(1.0)
+        return pool.rmm(E).T, gains
+    if design == "random":
+        rows = _random_rows(key, num, q.dim).astype(q.mean.dtype)
+        Z = jax.vmap(q.factor.matvec)(rows)
+        return rows, 0.5 * jnp.log1p(jnp.sum(jnp.square(Z), axis=1) / v2)
+    return optimal_directions(q, num, v2, num_vectors=num_vectors, key=key)

@@ -1,0 +1,152 @@
+"""Data-parallel G-KL over devices: the site axis (rows of H and the per-site data) split over a device mesh.
+
+The bound (papers/000 eq. 7) is a sum over sites of terms that touch only (m, C) and the site's own row, so
+with H and the per-site arrays sharded by rows and q replicated, every device computes its sites' projections
+m_n = h_n^T m and s_n^2 = ||C h_n||^2, their expectations and the matching pieces of the gradient locally;
+the sums over sites (the bound, grad_m = H^T alpha, grad_C, and the same sums in every Hessian-vector product)
+become one all-reduce each. Nothing here is hand-written collective code: `shard_sites` only places the
+arrays (`jax.sharding.NamedSharding`) and XLA's SPMD partitioner inserts the all-reduces when `gkl_jax.fit`
+(or `gkl_jax.bound`, `jax.grad`, the minibatch fit) compiles the program for sharded inputs. The compiled HLO
+of the bound and its gradient holds `all-reduce` ops, and the sharded fit agrees with the single-device fit to
+floating-point round-off (tests/test_scale.py).
+
+Running on several GPUs (one host)::
+
+    import gkl_jax as gk
+    mesh = gk.distributed.site_mesh()                 # all local GPUs along the axis "sites"
+    model = gk.distributed.shard_sites(model, mesh)   # H rows and per-site data split, the rest replicated
+    res = gk.fit(model, factor=gk.factors.Diagonal())
+
+Running on several hosts (one process per host, e.g. under SLURM or Kubernetes)::
+
+    import jax
+    jax.distributed.initialize()                      # coordinator address etc. from the environment
+    mesh = gk.distributed.site_mesh()                 # jax.devices(): every device of every process
+    local = gk.Model(prior, gk.Sites(X_local, gk.potentials.Logistic(y_local)))  # this host's rows only
+    model = gk.distributed.shard_sites(local, mesh, process_local=True)
+    res = gk.fit(model, factor=gk.factors.Diagonal())  # every process runs the same program
+
+Groups whose N is not a multiple of the number of devices are split into a sharded part (the largest
+multiple) and a small replicated remainder (a second `Sites` group): the bound is the same sum.
+"""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+from .._model import Model, Sites
+from ..operators import Dense, Identity
+from ..stochastic import SelectRows
+
+SITE_AXIS = "sites"
+
+
+def site_mesh(devices=None, axis: str = SITE_AXIS) -> Mesh:
+    """A 1-D mesh over `devices` (default: `jax.devices()`, i.e. every device of every process) whose only
+    axis, named `axis`, carries the sites. The axis is `AxisType.Auto`: XLA propagates the shardings."""
+    devices = jax.devices() if devices is None else list(devices)
+    if not devices:
+        raise ValueError("devices must name at least one device")
+    if not isinstance(axis, str) or not axis:
+        raise ValueError(f"axis must be a non-empty string, got {axis!r}")
+    return Mesh(np.array(devices), (axis,), axis_types=(AxisType.Auto,))
+
+
+def _mesh_size(mesh, axis):
+    if not isinstance(mesh, Mesh):
+        raise ValueError(f"mesh must be a jax.sharding.Mesh (see gkl_jax.distributed.site_mesh), "
+                         f"got {type(mesh).__name__}")
+    if axis not in mesh.axis_names:
+        raise ValueError(f"mesh has axes {tuple(mesh.axis_names)} but no site axis {axis!r}; pass axis=... or "
+                         f"build the mesh with gkl_jax.distributed.site_mesh(axis={axis!r})")
+    return int(mesh.shape[axis])
+
+
+class _Placer:
+    """Puts host arrays on the mesh: rows split over `axis`, or replicated."""
+
+    def __init__(self, mesh, axis, process_local):
+        self.rows = NamedSharding(mesh, PartitionSpec(axis))
+        self.replicated = NamedSharding(mesh, PartitionSpec())
+        self.process_local = process_local
+
+    def _put(self, x, sharding):
+        if self.process_local:
+            return jax.make_array_from_process_local_data(sharding, np.asarray(x))
+        return jax.device_put(x, sharding)
+
+    def put_rows(self, x):
+        return self._put(x, self.rows)
+
+    def put_replicated(self, x):
+        return self._put(x, self.replicated) if eqx.is_array(x) else x
+
+
+def _site_rows(sites: Sites, dim: int, start: int, stop: int, place, shared) -> Sites:
+    """Rows start:stop of the group, each per-site array passed through `place`, every other array leaf
+    (scalars shared by all sites) through `shared`."""
+    op = sites.operator(dim)
+    n = op.shape[0]
+    is_site = lambda x: eqx.is_array(x) and x.ndim >= 1 and x.shape[0] == n
+    if isinstance(op, Dense):
+        H = Dense(place(op.matrix[start:stop]))
+    elif isinstance(op, Identity):
+        H = SelectRows(place(jnp.arange(start, stop, dtype=jnp.int32)), dim)
+    elif isinstance(op, SelectRows):
+        H = SelectRows(place(op.indices[start:stop]), dim)
+    else:
+        raise ValueError(f"shard_sites needs a dense H or H=None (identity) in every Sites group, got "
+                         f"{type(op).__name__}")
+    potential = jax.tree.map(lambda x: place(x[start:stop]) if is_site(x) else shared(x), sites.potential)
+    offset, var_offset = (place(a[start:stop]) if a.ndim == 1 else shared(a)
+                          for a in (sites.offset, sites.variance_offset))
+    return Sites(H, potential, offset=offset, variance_offset=var_offset)
+
+
+def shard_sites(model: Model, mesh: Mesh | None = None, *, axis: str = SITE_AXIS,
+                process_local: bool = False) -> Model:
+    """`model` with every group's rows of H and per-site data split over the mesh axis `axis`, and the prior
+    (and scalar per-site data) replicated on every device of the mesh.
+
+    `mesh` defaults to `site_mesh()` (all devices). A group of N sites on P devices becomes a sharded group of
+    P * floor(N / P) rows and, when N mod P != 0, a replicated group of the remaining rows (same bound).
+    With `process_local=True` (multi-host, after `jax.distributed.initialize()`), each process passes a model
+    holding only its own rows, N_local a multiple of its local device count on the axis; the global arrays
+    are assembled with `jax.make_array_from_process_local_data` in process order.
+    H must be dense (or None, the identity); sparse and matrix-free operators raise ValueError.
+    """
+    if not isinstance(model, Model):
+        raise ValueError(f"model must be a gkl_jax.Model, got {type(model).__name__}")
+    mesh = site_mesh(axis=axis) if mesh is None else mesh
+    num = _mesh_size(mesh, axis)
+    placer = _Placer(mesh, axis, process_local)
+    prior = None if model.prior is None else jax.tree.map(placer.put_replicated, model.prior)
+    groups = []
+    for g, sites in enumerate(model.sites):
+        n = sites.operator(model.dim).shape[0]
+        if process_local:
+            local = num // jax.process_count()
+            if n % local:
+                raise ValueError(f"process_local=True: sites group {g} has {n} local rows, not a multiple of the "
+                                 f"{local} local devices on axis {axis!r}")
+            groups.append(_site_rows(sites, model.dim, 0, n, placer.put_rows, placer.put_replicated))
+            continue
+        main = (n // num) * num
+        if main:
+            groups.append(_site_rows(sites, model.dim, 0, main, placer.put_rows, placer.put_replicated))
+        if main < n:
+            groups.append(_site_rows(sites, model.dim, main, n, placer.put_replicated, placer.put_replicated))
+    return Model(prior, groups)
+
+
+def replicate(tree, mesh: Mesh):
+    """Every array leaf of `tree` (e.g. a warm-start `Gaussian`) replicated on every device of `mesh`."""
+    sharding = NamedSharding(mesh, PartitionSpec())
+    return jax.tree.map(lambda x: jax.device_put(x, sharding) if eqx.is_array(x) else x, tree)
+
+
+def compiled_text(fn, *args) -> str:
+    """The optimised HLO text XLA compiles `jax.jit(fn)(*args)` to (inspect it for `all-reduce`)."""
+    return jax.jit(fn).lower(*args).compile().as_text()

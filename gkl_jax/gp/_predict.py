@@ -1,0 +1,168 @@
+"""GP predictions from any fitted Gaussian q(f) = N(m, C^T C) over the latent values at the prior's inputs
+(papers/000 App. F.1; papers/003 eq. 4.10):
+
+    mu_*  = mu(x_*) + k_*^T Sigma^{-1} (m - mu)
+    s2_*  = k_** - k_*^T Sigma^{-1} k_* + k_*^T Sigma^{-1} S Sigma^{-1} k_*,
+
+where k_* = K(X, x_*), Sigma = K(X, X) + jitter I is the prior covariance (its Cholesky factor is reused) and
+the last term is ||C a_*||^2 with a_* = Sigma^{-1} k_*, computed by the factor itself, so every factor structure
+and every method (G-KL, Laplace, EP, local, exact) predicts through the same code. For a sparse GP the prior is
+the one over the inducing values u = f(Z) and the same formulas give p(f_* | q(u)).
+
+With a likelihood phi(y | f) holding the test targets, the predictive density of y_* is
+
+    p(y_* | x_*) = E_{N(f | mu_*, s2_*)}[phi(y_* | f)],
+
+in closed form for the Gaussian (N(y_* | mu_*, s2_* + v)), probit (Phi(y_* mu_* / sqrt(1 + s2_*))) and Laplace
+likelihoods, and by Gauss-Hermite quadrature (log-sum-exp over the nodes) otherwise. For binary likelihoods the
+class probability p(y_* = +1 | x_*) is reported as well (probit: closed form; logistic: quadrature).
+"""
+
+from typing import Optional
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jax.scipy.special import log_ndtr, logsumexp, ndtr
+
+from .._gaussian import Gaussian
+from .._quadrature import hermite_rule
+from .._result import Result
+from .._validate import as_float_array, check_finite
+from ..operators import Dense as DenseOperator
+from ..potentials import AbstractPotential
+from ..potentials import Gaussian as GaussianLik
+from ..potentials import Laplace, Logistic, Probit, StudentT
+from ..priors import GP
+
+PREDICTIVE_NUM_POINTS = 128
+
+
+class Prediction(eqx.Module):
+    """Predictive quantities at the test inputs.
+
+    - `mean`, `variance`: the latent predictive N(f_* | mean, variance) (App. F.1).
+    - `log_density`: log p(y_* | x_*) per test point, when a likelihood with test targets was given.
+    - `probability`: p(y_* = +1 | x_*) for binary (probit, logistic) likelihoods, else None.
+    - `y_mean`, `y_variance`: predictive mean and variance of y_* for regression likelihoods with a finite
+      variance (Gaussian, Laplace, Student-t with dof > 2; NaN where infinite), else None.
+    """
+
+    mean: jax.Array
+    variance: jax.Array
+    log_density: Optional[jax.Array] = None
+    probability: Optional[jax.Array] = None
+    y_mean: Optional[jax.Array] = None
+    y_variance: Optional[jax.Array] = None
+
+
+def latent(q: Gaussian, prior: GP, X_new, mean_new=None):
+    """(mu_*, s2_*) of the latent predictive at the rows of X_new (App. F.1)."""
+    if not isinstance(prior, GP):
+        raise ValueError(f"prior must be a gkl_jax.priors.GP, got {type(prior).__name__}")
+    if q.dim != prior.dim:
+        raise ValueError(f"q has dimension {q.dim} but the GP prior has {prior.dim} inputs")
+    X_new = as_float_array(X_new, "X_new")
+    if X_new.ndim == 1:
+        X_new = X_new[:, None] if prior.X.shape[1] == 1 else X_new[None, :]
+    if X_new.ndim != 2 or X_new.shape[1] != prior.X.shape[1]:
+        raise ValueError(f"X_new must have shape (n, {prior.X.shape[1]}), got {X_new.shape}")
+    check_finite(X_new, "X_new")
+    K_xs = prior.cross_covariance(X_new)                          # (n, n_new)
+    A = prior.solve(K_xs)                                         # Sigma^{-1} k_*, columns
+    mu_new = _mean_at(prior, X_new.shape[0], mean_new, K_xs.dtype)
+    mean = mu_new + A.T @ (q.mean - prior.mean)
+    explained = jnp.sum(K_xs * A, axis=0)                         # k_*^T Sigma^{-1} k_*
+    posterior = q.factor.project_variances(DenseOperator(A.T, "X_new"))  # ||C a_*||^2
+    variance = prior.kernel.diag(X_new) - explained + posterior
+    return mean, jnp.maximum(variance, 0.0)
+
+
+def _mean_at(prior, n_new, mean_new, dtype):
+    if mean_new is not None:
+        mean_new = as_float_array(mean_new, "mean_new")
+        return jnp.broadcast_to(mean_new, (n_new,))
+    if prior.constant_mean is None:
+        raise ValueError("the GP prior has a per-input mean; pass mean_new, the prior mean at X_new")
+    return jnp.full((n_new,), prior.constant_mean, dtype=dtype)
+
+
+def predict(result, prior: GP, X_new, likelihood: Optional[AbstractPotential] = None, *, mean_new=None,
+            num_points: int = PREDICTIVE_NUM_POINTS) -> Prediction:
+    """Predictions at the rows of `X_new` from a fitted `Result` (or a `Gaussian`) on `prior`'s inputs.
+
+    `likelihood` (optional) is a potential holding the test targets, e.g. `potentials.StudentT(y_test, 3,
+    scale)` or `potentials.Probit(y_test)`; it adds `log_density` (and `probability` for binary likelihoods,
+    `y_mean`/`y_variance` for regression ones). `mean_new` is the prior mean at X_new when the prior's mean is
+    not a constant.
+    """
+    q = result.q if isinstance(result, Result) else result
+    if not isinstance(q, Gaussian):
+        raise ValueError(f"result must be a gkl_jax.Result or Gaussian, got {type(result).__name__}")
+    mean, variance = latent(q, prior, X_new, mean_new)
+    if likelihood is None:
+        return Prediction(mean, variance)
+    if not isinstance(likelihood, AbstractPotential):
+        raise ValueError(f"likelihood must be a gkl_jax.potentials potential, got {type(likelihood).__name__}")
+    n = likelihood.num_sites
+    if n is not None and n != mean.shape[0]:
+        raise ValueError(f"likelihood has data for {n} test points but X_new has {mean.shape[0]} rows")
+    log_density = log_predictive_density(likelihood, mean, variance, num_points=num_points)
+    probability = class_probability(likelihood, mean, variance, num_points=num_points)
+    y_variance = _y_variance(likelihood, variance)
+    y_mean = None if y_variance is None else mean
+    return Prediction(mean, variance, log_density, probability, y_mean, y_variance)
+
+
+def log_predictive_density(likelihood, mean, variance, *, num_points=PREDICTIVE_NUM_POINTS):
+    """log E_{N(f | mean, variance)}[phi(f)] elementwise (closed form where one exists, else Gauss-Hermite)."""
+    if isinstance(likelihood, GaussianLik):
+        v = variance + likelihood.variance
+        return -0.5 * (jnp.log(2 * jnp.pi * v) + jnp.square(likelihood.y - mean) / v)
+    if isinstance(likelihood, Probit):
+        return log_ndtr(likelihood.y * mean / jnp.sqrt(1 + variance))
+    if isinstance(likelihood, Laplace):
+        return _laplace_log_predictive(likelihood.y, likelihood.scale, mean, variance)
+    z, w = hermite_rule(int(num_points))
+    z = jnp.asarray(z, mean.dtype)
+    log_w = jnp.log(jnp.asarray(w, mean.dtype))
+    x = mean[:, None] + jnp.sqrt(variance)[:, None] * z
+    vals = jax.vmap(likelihood.log_phi, in_axes=1, out_axes=1)(x)
+    return logsumexp(vals + log_w, axis=1)
+
+
+def _laplace_log_predictive(y, tau, m, s2):
+    """log int exp(-|y - f| / tau) / (2 tau) N(f | m, s2) df
+
+        = log(1 / (4 tau)) + s2 / (2 tau^2) + log[e^{-d/tau} erfc(a_-) + e^{d/tau} erfc(a_+)],
+    d = y - m, s = sqrt(s2), a_-+ = (s2/tau -+ d) / (sqrt(2) s), evaluated with log erfc for stability."""
+    s = jnp.sqrt(jnp.maximum(s2, jnp.finfo(jnp.result_type(s2)).tiny))
+    d = y - m
+    # erfc(a) = 2 Phi(-sqrt(2) a)
+    t1 = -d / tau + jnp.log(2.0) + log_ndtr(-(s / tau - d / s))
+    t2 = d / tau + jnp.log(2.0) + log_ndtr(-(s / tau + d / s))
+    return -jnp.log(4 * tau) + s2 / (2 * tau**2) + jnp.logaddexp(t1, t2)
+
+
+def class_probability(likelihood, mean, variance, *, num_points=PREDICTIVE_NUM_POINTS):
+    """p(y = +1 | x_*) for probit (Phi(mean / sqrt(1 + variance))) and logistic (quadrature) likelihoods;
+    None for other likelihoods."""
+    if isinstance(likelihood, Probit):
+        return ndtr(mean / jnp.sqrt(1 + variance))
+    if isinstance(likelihood, Logistic):
+        z, w = hermite_rule(int(num_points))
+        x = mean[:, None] + jnp.sqrt(variance)[:, None] * jnp.asarray(z, mean.dtype)
+        return jax.nn.sigmoid(x) @ jnp.asarray(w, mean.dtype)
+    return None
+
+
+def _y_variance(likelihood, variance):
+    if isinstance(likelihood, GaussianLik):
+        return variance + likelihood.variance
+    if isinstance(likelihood, Laplace):
+        return variance + 2 * jnp.square(likelihood.scale)
+    if isinstance(likelihood, StudentT):
+        nu = likelihood.dof
+        noise = jnp.where(nu > 2, jnp.square(likelihood.scale) * nu / jnp.where(nu > 2, nu - 2, 1.0), jnp.inf)
+        return variance + noise
+    return None

@@ -1,0 +1,76 @@
+"""Sparse (inducing-point) GPs as ordinary G-KL models.
+
+With inducing inputs Z (M x d) and inducing values u = f(Z) ~ N(mu_Z, K_zz + jitter I), each latent value is
+f_n | u ~ N(mu_n + h_n^T (u - mu_Z), k_nn - q_nn) with
+
+    h_n = K_zz^{-1} k_zn,        q_nn = k_zn^T K_zz^{-1} k_zn,
+
+so under q(u) = N(m, C^T C) the site projection f_n has mean h_n^T m + (mu_n - h_n^T mu_Z) and variance
+||C h_n||^2 + (k_nn - q_nn). That is exactly `Sites(H, likelihood, offset=mu_X - H mu_Z, variance_offset=k_nn -
+q_nn)` under the GP prior on u, so the G-KL bound of the returned model is the sparse variational bound
+(Titsias 2009; Hensman et al. 2015):
+
+    B = E_q[log N(u | mu_Z, K_zz)] + H[q] + sum_n E_{N(f_n | ., ||C h_n||^2 + k_nn - q_nn)}[log phi_n(f_n)],
+
+and every factor, solver, baseline and `gp.predict` (with the prior over Z) is reused unchanged. With Z = X,
+h_n = e_n and k_nn - q_nn = 0 up to the jitter, so the bound equals the full GP bound. The model is a function
+of (kernel, Z), so Z is optimised like any other hyperparameter by `fit_hyperparameters`.
+"""
+
+import jax.numpy as jnp
+
+from .._model import Model, Sites
+from .._validate import as_float_array, check_finite, check_ndim
+from ..kernels import AbstractKernel
+from ..potentials import AbstractPotential
+from ..priors import GP
+
+
+def _inputs(X, name):
+    X = as_float_array(X, name)
+    if X.ndim == 1:
+        X = X[:, None]
+    check_ndim(X, 2, name)
+    check_finite(X, name)
+    return X
+
+
+def sparse_projection(kernel: AbstractKernel, prior_u: GP, X):
+    """(H, k_nn - q_nn): the rows h_n = K_zz^{-1} k_zn (N x M) and the extra variances, clipped at 0."""
+    K_zx = kernel.gram(prior_u.X, X)
+    A = prior_u.solve(K_zx)
+    extra = kernel.diag(X) - jnp.sum(K_zx * A, axis=0)
+    return A.T, jnp.maximum(extra, 0.0)
+
+
+def sparse_model(kernel: AbstractKernel, X, Z, likelihood: AbstractPotential, *, mean=None,
+                 jitter: float = 1e-6) -> Model:
+    """The sparse GP model over u = f(Z) for data inputs X (N x d) and a likelihood with N sites.
+
+    `mean` is None (zero), a constant, or an (N,) array of prior means at X (then the inducing mean is zero
+    unless a constant is given). Returns a `Model` whose prior is `GP(kernel, Z, ...)`: predict with
+    `gp.predict(result, model.prior, X_new)`.
+    """
+    if not isinstance(kernel, AbstractKernel):
+        raise ValueError(f"kernel must be a gkl_jax.kernels kernel, got {type(kernel).__name__}")
+    if not isinstance(likelihood, AbstractPotential):
+        raise ValueError(f"likelihood must be a gkl_jax.potentials potential, got {type(likelihood).__name__}")
+    X = _inputs(X, "X")
+    Z = _inputs(Z, "Z")
+    if Z.shape[1] != X.shape[1]:
+        raise ValueError(f"Z must have {X.shape[1]} columns (the input dimension of X), got shape {Z.shape}")
+    n = likelihood.num_sites
+    if n is not None and n != X.shape[0]:
+        raise ValueError(f"X has {X.shape[0]} rows but the likelihood has data for {n} sites")
+    constant = mean is None or jnp.ndim(mean) == 0
+    prior_u = GP(kernel, Z, mean=mean if constant else None, jitter=jitter)
+    H, extra = sparse_projection(kernel, prior_u, X)
+    if constant:
+        c = 0.0 if mean is None else as_float_array(mean, "mean")
+        offset = c - H @ prior_u.mean
+    else:
+        mean = as_float_array(mean, "mean")
+        if mean.shape != (X.shape[0],):
+            raise ValueError(f"mean must be a scalar or have shape ({X.shape[0]},), got {mean.shape}")
+        offset = mean
+    return Model(prior_u, Sites(H, likelihood, offset=offset, variance_offset=extra))

@@ -1,0 +1,320 @@
+"""Covariance functions k(x, x') for Gaussian-process priors (papers/003, Ch. 2 and 4).
+
+Every kernel is an Equinox module with its positive parameters stored unconstrained (log_variance,
+log_lengthscale, ...) and exposed through properties (`variance`, `lengthscale`). A kernel evaluates on single
+points, `k(x1, x2)` with x of shape (d,), and `gram` / `diag` vectorise that with `jax.vmap`.
+
+With r^2 = sum_d (x_d - x'_d)^2 / l_d^2 (l scalar or ARD of shape (d,)):
+
+    SquaredExponential   k = s2 exp(-r^2 / 2)
+    Matern12             k = s2 exp(-r)
+    Matern32             k = s2 (1 + sqrt3 r) exp(-sqrt3 r)
+    Matern52             k = s2 (1 + sqrt5 r + 5 r^2 / 3) exp(-sqrt5 r)
+    RationalQuadratic    k = s2 (1 + r^2 / (2 alpha))^(-alpha)
+    Linear               k = s2 x^T x'
+    White                k = s2 [x == x']        (gram(X) = s2 I; gram(X1, X2) compares points)
+    Constant             k = s2
+    Sum, Product         k1 + k2, k1 * k2 (built by `+` and `*`)
+"""
+
+import abc
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from .._validate import as_float_array, check_finite, check_ndim, check_positive
+
+
+def _log_positive(value, name):
+    value = as_float_array(value, name)
+    check_finite(value, name)
+    check_positive(value, name)
+    return jnp.log(value)
+
+
+def _points(X, name):
+    X = as_float_array(X, name)
+    if X.ndim == 1:
+        X = X[:, None]
+    check_ndim(X, 2, name)
+    check_finite(X, name)
+    return X
+
+
+def _safe_sqrt(r2):
+    """sqrt(r^2) with a finite derivative at r^2 = 0 (where the kernels below are smooth in r^2 anyway)."""
+    positive = r2 > 0
+    return jnp.where(positive, jnp.sqrt(jnp.where(positive, r2, 1.0)), 0.0)
+
+
+class AbstractKernel(eqx.Module):
+    """k(x, x') on single points of shape (d,); `gram` and `diag` vectorise it."""
+
+    @abc.abstractmethod
+    def __call__(self, x1, x2):
+        """k(x1, x2) for points of shape (d,); returns a scalar."""
+
+    def gram(self, X1, X2=None):
+        """K[i, j] = k(X1[i], X2[j]), shape (n1, n2); X2 defaults to X1. 1-D inputs are read as (n, 1)."""
+        X1 = _points(X1, "X1")
+        X2 = X1 if X2 is None else _points(X2, "X2")
+        if X1.shape[1] != X2.shape[1]:
+            raise ValueError(f"X1 has {X1.shape[1]} input dimensions but X2 has {X2.shape[1]}")
+        self.check_dim(X1.shape[1])
+        return jax.vmap(lambda a: jax.vmap(lambda b: self(a, b))(X2))(X1)
+
+    def diag(self, X):
+        """k(x_n, x_n) for every row of X, shape (n,)."""
+        X = _points(X, "X")
+        self.check_dim(X.shape[1])
+        return jax.vmap(lambda a: self(a, a))(X)
+
+    def check_dim(self, d: int) -> None:
+        """Raise ValueError if the kernel's ARD parameters do not fit inputs of dimension d."""
+
+    def __add__(self, other):
+        if not isinstance(other, AbstractKernel):
+            return NotImplemented
+        return Sum(self, other)
+
+    def __mul__(self, other):
+        if not isinstance(other, AbstractKernel):
+            return NotImplemented
+        return Product(self, other)
+
+
+class AbstractStationary(AbstractKernel):
+    """k(x, x') = variance * f(r^2), r^2 = sum_d (x_d - x'_d)^2 / lengthscale_d^2."""
+
+    log_variance: eqx.AbstractVar[jax.Array]
+    log_lengthscale: eqx.AbstractVar[jax.Array]
+
+    @property
+    def variance(self):
+        return jnp.exp(self.log_variance)
+
+    @property
+    def lengthscale(self):
+        return jnp.exp(self.log_lengthscale)
+
+    @abc.abstractmethod
+    def profile(self, r2):
+        """f(r^2), with f(0) = 1."""
+
+    def __call__(self, x1, x2):
+        d = (jnp.asarray(x1) - jnp.asarray(x2)) / self.lengthscale
+        return self.variance * self.profile(jnp.sum(jnp.square(d)))
+
+    def diag(self, X):
+        X = _points(X, "X")
+        self.check_dim(X.shape[1])
+        return jnp.full(X.shape[0], self.variance, dtype=X.dtype)
+
+    def check_dim(self, d):
+        if self.log_lengthscale.ndim == 1 and self.log_lengthscale.shape[0] != d:
+            raise ValueError(f"lengthscale has {self.log_lengthscale.shape[0]} entries (ARD) but the inputs have "
+                             f"{d} dimensions")
+
+
+def _stationary_params(variance, lengthscale):
+    log_variance = _log_positive(variance, "variance")
+    if log_variance.ndim != 0:
+        raise ValueError(f"variance must be a scalar, got shape {log_variance.shape}")
+    log_lengthscale = _log_positive(lengthscale, "lengthscale")
+    if log_lengthscale.ndim > 1:
+        raise ValueError(f"lengthscale must be a scalar or a 1-D (ARD) array, got shape {log_lengthscale.shape}")
+    return log_variance, log_lengthscale
+
+
+class SquaredExponential(AbstractStationary):
+    """k = variance * exp(-r^2 / 2)."""
+
+    log_variance: jax.Array
+    log_lengthscale: jax.Array
+
+    def __init__(self, variance=1.0, lengthscale=1.0):
+        self.log_variance, self.log_lengthscale = _stationary_params(variance, lengthscale)
+
+    def profile(self, r2):
+        return jnp.exp(-0.5 * r2)
+
+
+class Matern12(AbstractStationary):
+    """k = variance * exp(-r) (Ornstein-Uhlenbeck)."""
+
+    log_variance: jax.Array
+    log_lengthscale: jax.Array
+
+    def __init__(self, variance=1.0, lengthscale=1.0):
+        self.log_variance, self.log_lengthscale = _stationary_params(variance, lengthscale)
+
+    def profile(self, r2):
+        return jnp.exp(-_safe_sqrt(r2))
+
+
+class Matern32(AbstractStationary):
+    """k = variance * (1 + sqrt(3) r) exp(-sqrt(3) r)."""
+
+    log_variance: jax.Array
+    log_lengthscale: jax.Array
+
+    def __init__(self, variance=1.0, lengthscale=1.0):
+        self.log_variance, self.log_lengthscale = _stationary_params(variance, lengthscale)
+
+    def profile(self, r2):
+        a = jnp.sqrt(3.0) * _safe_sqrt(r2)
+        return (1 + a) * jnp.exp(-a)
+
+
+class Matern52(AbstractStationary):
+    """k = variance * (1 + sqrt(5) r + 5 r^2 / 3) exp(-sqrt(5) r)."""
+
+    log_variance: jax.Array
+    log_lengthscale: jax.Array
+
+    def __init__(self, variance=1.0, lengthscale=1.0):
+        self.log_variance, self.log_lengthscale = _stationary_params(variance, lengthscale)
+
+    def profile(self, r2):
+        a = jnp.sqrt(5.0) * _safe_sqrt(r2)
+        return (1 + a + 5.0 * r2 / 3.0) * jnp.exp(-a)
+
+
+class RationalQuadratic(AbstractStationary):
+    """k = variance * (1 + r^2 / (2 alpha))^(-alpha); alpha -> inf gives the squared exponential."""
+
+    log_variance: jax.Array
+    log_lengthscale: jax.Array
+    log_alpha: jax.Array
+
+    def __init__(self, variance=1.0, lengthscale=1.0, alpha=1.0):
+        self.log_variance, self.log_lengthscale = _stationary_params(variance, lengthscale)
+        self.log_alpha = _log_positive(alpha, "alpha")
+        if self.log_alpha.ndim != 0:
+            raise ValueError(f"alpha must be a scalar, got shape {self.log_alpha.shape}")
+
+    @property
+    def alpha(self):
+        return jnp.exp(self.log_alpha)
+
+    def profile(self, r2):
+        return jnp.power(1 + r2 / (2 * self.alpha), -self.alpha)
+
+
+def _scalar_variance(variance):
+    log_variance = _log_positive(variance, "variance")
+    if log_variance.ndim != 0:
+        raise ValueError(f"variance must be a scalar, got shape {log_variance.shape}")
+    return log_variance
+
+
+class Linear(AbstractKernel):
+    """k = variance * x^T x' (Bayesian linear regression through the origin)."""
+
+    log_variance: jax.Array
+
+    def __init__(self, variance=1.0):
+        self.log_variance = _scalar_variance(variance)
+
+    @property
+    def variance(self):
+        return jnp.exp(self.log_variance)
+
+    def __call__(self, x1, x2):
+        return self.variance * jnp.dot(jnp.asarray(x1), jnp.asarray(x2))
+
+
+class White(AbstractKernel):
+    """k = variance * [x == x']: independent noise. `gram(X)` (one argument) is exactly variance * I, so
+    duplicate inputs still get independent noise; `gram(X1, X2)` compares points."""
+
+    log_variance: jax.Array
+
+    def __init__(self, variance=1.0):
+        self.log_variance = _scalar_variance(variance)
+
+    @property
+    def variance(self):
+        return jnp.exp(self.log_variance)
+
+    def __call__(self, x1, x2):
+        same = jnp.all(jnp.asarray(x1) == jnp.asarray(x2))
+        return jnp.where(same, self.variance, 0.0)
+
+    def gram(self, X1, X2=None):
+        if X2 is None:
+            X1 = _points(X1, "X1")
+            return self.variance * jnp.eye(X1.shape[0], dtype=X1.dtype)
+        return AbstractKernel.gram(self, X1, X2)
+
+
+class Constant(AbstractKernel):
+    """k = variance (a random constant offset of the latent function)."""
+
+    log_variance: jax.Array
+
+    def __init__(self, variance=1.0):
+        self.log_variance = _scalar_variance(variance)
+
+    @property
+    def variance(self):
+        return jnp.exp(self.log_variance)
+
+    def __call__(self, x1, x2):
+        return self.variance * jnp.ones((), jnp.result_type(jnp.asarray(x1), self.log_variance))
+
+
+def _check_kernel(k, name):
+    if not isinstance(k, AbstractKernel):
+        raise ValueError(f"{name} must be a gkl_jax.kernels kernel, got {type(k).__name__}")
+
+
+class Sum(AbstractKernel):
+    """k = k1 + k2."""
+
+    k1: AbstractKernel
+    k2: AbstractKernel
+
+    def __init__(self, k1, k2):
+        _check_kernel(k1, "k1")
+        _check_kernel(k2, "k2")
+        self.k1, self.k2 = k1, k2
+
+    def __call__(self, x1, x2):
+        return self.k1(x1, x2) + self.k2(x1, x2)
+
+    def gram(self, X1, X2=None):
+        return self.k1.gram(X1, X2) + self.k2.gram(X1, X2)
+
+    def diag(self, X):
+        return self.k1.diag(X) + self.k2.diag(X)
+
+    def check_dim(self, d):
+        self.k1.check_dim(d)
+        self.k2.check_dim(d)
+
+
+class Product(AbstractKernel):
+    """k = k1 * k2."""
+
+    k1: AbstractKernel
+    k2: AbstractKernel
+
+    def __init__(self, k1, k2):
+        _check_kernel(k1, "k1")
+        _check_kernel(k2, "k2")
+        self.k1, self.k2 = k1, k2
+
+    def __call__(self, x1, x2):
+        return self.k1(x1, x2) * self.k2(x1, x2)
+
+    def gram(self, X1, X2=None):
+        return self.k1.gram(X1, X2) * self.k2.gram(X1, X2)
+
+    def diag(self, X):
+        return self.k1.diag(X) * self.k2.diag(X)
+
+    def check_dim(self, d):
+        self.k1.check_dim(d)
+        self.k2.check_dim(d)

@@ -1,0 +1,92 @@
+"""The Gaussian-process prior f ~ GP(mean, k) at training inputs X (papers/003, Ch. 2; papers/000 Section 6.1):
+
+    p(f) = N(f | mu, Sigma),   Sigma = K(X, X) + jitter I,
+
+with the Cholesky factor L (Sigma = L L^T) and L^{-1} computed once per hyperparameter setting, here at
+construction, so the bound's prior term (tr(Sigma^{-1} S) = sum_n ||C g_n||^2 over the rows g_n of L^{-1}) never
+factorises inside the solver. Building the prior inside a function of the kernel makes log Z differentiable in
+the kernel's (unconstrained) hyperparameters through L.
+"""
+
+from typing import Optional
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from .._validate import as_float_array, check_finite, check_ndim
+from ..kernels import AbstractKernel
+from ..operators import Dense as DenseOperator
+from ._priors import AbstractPrior, _mean, dense_cholesky
+
+
+class GP(AbstractPrior):
+    """N(f | mean, K(X, X) + jitter I) over the latent function values at the n rows of X.
+
+    `mean` is None (zero), a scalar (a constant mean function, also used at test inputs) or an (n,) array (then
+    predictions need the mean at the test inputs). `jitter` (a float) stabilises the Cholesky factorisation.
+    """
+
+    kernel: AbstractKernel
+    X: jax.Array
+    mean: jax.Array
+    covariance: jax.Array
+    chol: jax.Array
+    inv_chol: jax.Array
+    constant_mean: Optional[jax.Array]
+    jitter: float = eqx.field(static=True)
+
+    def __init__(self, kernel: AbstractKernel, X, mean=None, jitter: float = 1e-6):
+        if not isinstance(kernel, AbstractKernel):
+            raise ValueError(f"kernel must be a gkl_jax.kernels kernel, got {type(kernel).__name__}")
+        X = as_float_array(X, "X")
+        if X.ndim == 1:
+            X = X[:, None]
+        check_ndim(X, 2, "X")
+        check_finite(X, "X")
+        jitter = float(jitter)
+        if not jitter >= 0:
+            raise ValueError(f"jitter must be non-negative, got {jitter}")
+        K = kernel.gram(X)
+        covariance = K + jitter * jnp.eye(X.shape[0], dtype=K.dtype)
+        self.chol, self.inv_chol = dense_cholesky(covariance, "covariance (K(X, X) + jitter I)")
+        self.kernel = kernel
+        self.X = X
+        self.jitter = jitter
+        self.covariance = covariance
+        self.mean = _mean(mean, X.shape[0], covariance.dtype)
+        if mean is None:
+            self.constant_mean = jnp.zeros((), covariance.dtype)
+        elif jnp.ndim(mean) == 0:
+            self.constant_mean = as_float_array(mean, "mean")
+        else:
+            self.constant_mean = None
+
+    def logdet(self):
+        return 2 * jnp.sum(jnp.log(jnp.diag(self.chol)))
+
+    def trace_precision(self, factor):
+        return jnp.sum(factor.project_variances(DenseOperator(self.inv_chol)))
+
+    def precision_mv(self, v):
+        return self.inv_chol.T @ (self.inv_chol @ v)
+
+    def precision_dense(self):
+        return self.inv_chol.T @ self.inv_chol
+
+    def precision_diagonal(self):
+        return jnp.sum(jnp.square(self.inv_chol), axis=0)
+
+    def cholesky(self):
+        return self.chol
+
+    def marginal_variances(self):
+        return jnp.diag(self.covariance)
+
+    def cross_covariance(self, X_new):
+        """K(X, X_new), shape (n, n_new)."""
+        return self.kernel.gram(self.X, X_new)
+
+    def solve(self, B):
+        """Sigma^{-1} B by two triangular solves with the stored factor."""
+        return self.inv_chol.T @ (self.inv_chol @ B)

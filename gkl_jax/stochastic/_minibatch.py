@@ -1,0 +1,254 @@
+"""Data larger than one pass: stochastic maximisation of the G-KL bound over minibatches of sites, and the
+full-data bound streamed in chunks.
+
+The bound (papers/000 eq. 7) splits into the sites-independent part and a sum over sites,
+
+    B(m, C) = H[q] + E_q[log N(w | mu, Sigma)] + sum_groups sum_{n=1}^{N_g} I_n(m_n, s_n),
+
+so with a uniformly random subset b_g of b sites from each group (all subsets of the same size equally likely)
+
+    B_hat = H[q] + E_q[log N(w | mu, Sigma)] + sum_groups (N_g / b) sum_{n in b_g} I_n
+
+has E[B_hat] = B and E[grad B_hat] = grad B. `fit_minibatch` follows these unbiased gradients with any optax
+optimiser (Adam with a cosine-decayed step by default), drawing the batches without replacement within an
+epoch (a fresh permutation of each group's sites every epoch), and finishes with one streamed pass that
+evaluates the exact full-data bound and gradient (`bound_chunked`).
+"""
+
+import math
+import warnings
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import optax
+from jax import lax
+from jax.flatten_util import ravel_pytree
+
+from .._fit import _initial_q
+from .._gaussian import Gaussian
+from .._model import Model
+from .._result import Result
+from .._validate import is_concrete
+from ..factors import AbstractFactor, Full
+from ._subsample import check_subsampling, num_sites, slice_sites, take_sites
+
+TRACE_COUNT = {"fit_minibatch": 0}
+_CHUNK_ELEMENTS = 2 ** 22  # default chunk: about this many entries of H (32 MiB in float64)
+
+
+def _global_terms(model: Model, q: Gaussian):
+    """H[q] + E_q[log N(w | mu, Sigma)]: the part of the bound that does not touch the sites."""
+    value = q.entropy()
+    if model.prior is not None:
+        value = value + model.prior.expected_log_density(q)
+    return value
+
+
+def default_chunk_size(dim: int, num: int) -> int:
+    """About 2^22 entries of H per chunk (at least 1024 rows), never more than the N rows there are."""
+    return int(min(num, max(1024, _CHUNK_ELEMENTS // max(dim, 1))))
+
+
+def _chunk_sizes(model: Model, chunk_size):
+    """One chunk size per sites group from None (default), an integer, or one integer per group."""
+    per_group = tuple(chunk_size) if isinstance(chunk_size, (tuple, list)) else (chunk_size,) * len(model.sites)
+    if len(per_group) != len(model.sites):
+        raise ValueError(f"chunk_size has {len(per_group)} entries but the model has {len(model.sites)} sites groups")
+    sizes = []
+    for sites, size in zip(model.sites, per_group):
+        n = num_sites(sites, model.dim)
+        if size is None:
+            sizes.append(default_chunk_size(model.dim, n))
+        else:
+            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+                raise ValueError(f"chunk_size must be a positive integer (or one per sites group), got {size!r}")
+            sizes.append(min(size, n))
+    return tuple(sizes)
+
+
+def bound_chunked(model: Model, q: Gaussian, chunk_size=None):
+    """The G-KL bound B(m, C) of `bound`, with each group's sites streamed in chunks of `chunk_size` rows.
+
+    The sites sum runs as a `lax.scan` over contiguous chunks (the last chunk is clamped to end at row N and
+    its rows already counted are masked), each chunk rematerialised in the backward pass (`jax.checkpoint`),
+    so neither the value nor the gradient ever holds more than one chunk's projections: memory
+    O(chunk_size * D) instead of O(N * D) for the full factor. Equal to `bound(model, q)` up to summation
+    order. `chunk_size`: rows per chunk, one integer or one per sites group (default: about 2^22 entries of H,
+    at least 1024 rows); static under `jit`. Jit-able and differentiable in both arguments.
+    """
+    if not isinstance(model, Model):
+        raise ValueError(f"model must be a gkl_jax.Model, got {type(model).__name__}")
+    if q.dim != model.dim:
+        raise ValueError(f"q has dimension {q.dim} but the model has {model.dim}")
+    sizes = _chunk_sizes(model, chunk_size)
+    value = _global_terms(model, q)
+    for sites, size in zip(model.sites, sizes):
+        n = num_sites(sites, model.dim)
+        if size >= n:
+            value = value + sites.expected_log_phi(q)
+            continue
+        check_subsampling(sites, model.dim, "bound_chunked")
+
+        @jax.checkpoint
+        def chunk_sum(c, sites=sites, size=size, n=n):
+            first = c * size
+            start = jnp.minimum(first, n - size)
+            part = slice_sites(sites, start, size, model.dim)
+            m, s2 = part.project(q)
+            terms = part.potential.expected_log_phi(m, s2)
+            rows = start + jnp.arange(size)
+            return jnp.sum(jnp.where(rows >= first, terms, 0.0))
+
+        def body(total, c, chunk_sum=chunk_sum):
+            return total + chunk_sum(c), None
+
+        zero = jnp.zeros((), jnp.result_type(value))
+        total, _ = lax.scan(body, zero, jnp.arange(math.ceil(n / size)))
+        value = value + total
+    return jnp.asarray(value)
+
+
+def minibatch_bound(model: Model, q: Gaussian, indices):
+    """The unbiased estimate B_hat of the bound from the rows `indices[g]` of each sites group g (sampled
+    uniformly without replacement): global terms plus (N_g / b_g) times the batch's site terms."""
+    value = _global_terms(model, q)
+    for sites, idx in zip(model.sites, indices):
+        n = num_sites(sites, model.dim)
+        value = value + (n / idx.shape[0]) * take_sites(sites, idx, model.dim).expected_log_phi(q)
+    return value
+
+
+def _batch_sizes(model: Model, batch_size):
+    if not model.sites:
+        raise ValueError("model has no Sites groups to draw minibatches from; use gkl_jax.fit")
+    sizes = tuple(batch_size) if isinstance(batch_size, (tuple, list)) else (batch_size,) * len(model.sites)
+    if len(sizes) != len(model.sites):
+        raise ValueError(f"batch_size has {len(sizes)} entries but the model has {len(model.sites)} sites groups")
+    out = []
+    for g, (sites, b) in enumerate(zip(model.sites, sizes)):
+        n = num_sites(sites, model.dim)
+        if isinstance(b, bool) or not hasattr(b, "__index__"):
+            raise ValueError(f"batch_size must be an integer (or one per sites group), got {b!r}")
+        b = int(b.__index__())
+        if not 1 <= b <= n:
+            raise ValueError(f"batch_size={b} for sites group {g} must be between 1 and its N={n}")
+        check_subsampling(sites, model.dim, "model")
+        out.append(b)
+    return tuple(out)
+
+
+def _default_optimizer(num_steps: int, learning_rate: float):
+    schedule = optax.cosine_decay_schedule(learning_rate, num_steps, alpha=1e-2)
+    return optax.adam(schedule)
+
+
+def fit_minibatch(model: Model, factor: AbstractFactor | None = None, *, batch_size, num_steps: int | None = None,
+                  num_epochs: float | None = None, optimizer: optax.GradientTransformation | None = None,
+                  learning_rate: float = 1e-2, key=None, q0: Gaussian | None = None, chunk_size: int | None = None,
+                  tol: float | None = None) -> Result:
+    """Maximise the G-KL bound by stochastic gradients on minibatches of sites (module doc).
+
+    - `batch_size`: sites per step, one integer for every group or one per group (1 <= b <= N_g).
+    - `num_steps` or `num_epochs` (exactly one): optimiser steps, or passes over the largest group.
+    - `optimizer`: any `optax.GradientTransformation` (it minimises -B_hat); default Adam with a cosine decay
+      from `learning_rate` to `learning_rate / 100` over the run.
+    - `key`: PRNG key for the batches (default `jax.random.key(0)`); `q0`, `factor` as in `gkl_jax.fit`.
+    - `chunk_size`: rows per chunk of the final streamed full-data pass (`bound_chunked`).
+
+    Returns a `Result` whose `log_z` is the exact full-data bound at the final q (a valid lower bound on
+    log Z, differentiable in the model; q itself carries no derivative: use `gkl_jax.fit` for that), whose
+    `history[k]` is the unbiased estimate B_hat(q_k) from the k-th batch (noisy; k < num_steps) and
+    `history[num_steps]` the exact full-data bound at the end, and whose `converged` says whether
+    the full-data gradient met max |dB/d(m, C)| / N <= tol, N the total number of sites (a per-site
+    tolerance, default 1e-3); a warning is issued when it did not. Finishing with
+    `gkl_jax.fit(model, q0=result.q)` polishes a minibatch fit to a tight tolerance when a few full passes fit
+    the budget. Compiled once per (shapes, batch sizes, num_steps, optimiser).
+    """
+    if not isinstance(model, Model):
+        raise ValueError(f"model must be a gkl_jax.Model, got {type(model).__name__}")
+    if factor is None:
+        factor = q0.factor if q0 is not None else Full()
+    if not isinstance(factor, AbstractFactor):
+        raise ValueError(f"factor must be a gkl_jax.factors factor, got {type(factor).__name__}")
+    sizes = _batch_sizes(model, batch_size)
+    if (num_steps is None) == (num_epochs is None):
+        raise ValueError("pass exactly one of num_steps and num_epochs")
+    total = sum(num_sites(s, model.dim) for s in model.sites)
+    if num_epochs is not None:
+        if not num_epochs > 0:
+            raise ValueError(f"num_epochs must be positive, got {num_epochs}")
+        largest = max(range(len(sizes)), key=lambda g: num_sites(model.sites[g], model.dim))
+        num_steps = max(1, int(round(num_epochs * num_sites(model.sites[largest], model.dim) / sizes[largest])))
+    if isinstance(num_steps, bool) or int(num_steps) != num_steps or int(num_steps) < 1:
+        raise ValueError(f"num_steps must be a positive integer, got {num_steps!r}")
+    num_steps = int(num_steps)
+    if optimizer is None:
+        if not learning_rate > 0:
+            raise ValueError(f"learning_rate must be positive, got {learning_rate}")
+        optimizer = _default_optimizer(num_steps, float(learning_rate))
+    elif not isinstance(optimizer, optax.GradientTransformation):
+        raise ValueError(f"optimizer must be an optax.GradientTransformation, got {type(optimizer).__name__}")
+    key = jax.random.key(0) if key is None else key
+    chunks = tuple(_chunk_sizes(model, chunk_size))
+    q_init = _initial_q(model, factor, q0)
+    tol = 1e-3 if tol is None else float(tol)
+    if not tol > 0:
+        raise ValueError(f"tol must be positive, got {tol}")
+    q, log_z, grad_max, bad_steps, history = _fit_minibatch_jit(model, q_init, key, optimizer, sizes, chunks,
+                                                                num_steps)
+    converged = (grad_max / total <= tol) & jnp.isfinite(log_z) & (bad_steps == 0)
+    if is_concrete(converged) and not bool(converged):
+        why = (f"{int(bad_steps)} steps had a non-finite gradient estimate and were skipped; "
+               if int(bad_steps) else "")
+        warnings.warn(f"gkl_jax.fit_minibatch: after {num_steps} steps {why}the full-data gradient has "
+                      f"max|grad|/N = {float(grad_max) / total:.3g} > tol={tol:g}; the result is a valid bound but "
+                      "not the optimum (more steps, a smaller final step, or gkl_jax.fit(model, q0=result.q))",
+                      stacklevel=2)
+    return Result(q=q, log_z=log_z, converged=converged, num_steps=jnp.asarray(num_steps), history=history,
+                  method="gkl-minibatch")
+
+
+@eqx.filter_jit
+def _fit_minibatch_jit(model, q_init, key, optimizer, sizes, chunks, num_steps):
+    TRACE_COUNT["fit_minibatch"] += 1
+    params0, static = eqx.partition(q_init, eqx.is_inexact_array)
+    flat0, unravel = ravel_pytree(params0)
+    flat0 = lax.stop_gradient(flat0)
+    to_q = lambda flat: eqx.combine(unravel(flat), static)
+    frozen = jax.tree.map(lambda x: lax.stop_gradient(x) if eqx.is_inexact_array(x) else x, model)
+    counts = [num_sites(s, model.dim) for s in model.sites]
+    per_epoch = [n // b for n, b in zip(counts, sizes)]
+
+    def loss(flat, indices):
+        return -minibatch_bound(frozen, to_q(flat), indices)
+
+    value_and_grad = jax.value_and_grad(loss)
+
+    def step(carry, k):
+        x, opt_state, perms, key, bad = carry
+        key, *subkeys = jax.random.split(key, len(counts) + 1)
+        new_perms, indices = [], []
+        for g, (n, b, e) in enumerate(zip(counts, sizes, per_epoch)):
+            pos = k % e
+            perm = lax.cond(pos == 0, lambda kk, p=perms[g]: jax.random.permutation(kk, p),
+                            lambda kk, p=perms[g]: p, subkeys[g])
+            new_perms.append(perm)
+            indices.append(lax.dynamic_slice_in_dim(perm, pos * b, b))
+        v, g = value_and_grad(x, indices)
+        ok = jnp.isfinite(v) & jnp.all(jnp.isfinite(g))
+        g = jnp.where(ok, g, 0.0)
+        updates, new_state = optimizer.update(g, opt_state, x)
+        x_new = optax.apply_updates(x, updates)
+        ok = ok & jnp.all(jnp.isfinite(x_new))
+        x = jnp.where(ok, x_new, x)
+        opt_state = jax.tree.map(lambda a, b: jnp.where(ok, a, b), new_state, opt_state)
+        return (x, opt_state, tuple(new_perms), key, bad + (~ok).astype(jnp.int32)), -v
+
+    perms0 = tuple(jnp.arange(n, dtype=jnp.int32) for n in counts)
+    carry0 = (flat0, optimizer.init(flat0), perms0, key, jnp.zeros((), jnp.int32))
+    (x, _, _, _, bad), estimates = lax.scan(step, carry0, jnp.arange(num_steps))
+    # x carries no derivative (frozen model, stop-gradient start), so log_z is differentiable in the model only.
+    log_z, full_grad = jax.value_and_grad(lambda f: bound_chunked(model, to_q(f), chunks))(x)
+    history = jnp.concatenate([estimates.astype(log_z.dtype), log_z[None]])
+    return to_q(x), log_z, jnp.max(jnp.abs(full_grad)), bad, history
