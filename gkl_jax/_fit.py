@@ -30,7 +30,7 @@ from ._gaussian import Gaussian
 from ._model import Model, Sites
 from ._result import Result
 from ._validate import is_concrete
-from .factors import AbstractFactor, AbstractFixedPointFactor, Full
+from .factors import AbstractFactor, AbstractFixedPointFactor, AbstractRefinableFactor, Full
 from .operators import Dense as DenseOperator
 from .priors import Isotropic
 
@@ -150,7 +150,14 @@ def _whitened(model):
 @eqx.filter_jit
 def _fit_jit(model, q_init, name, optimizer, tol, max_steps, max_cg):
     TRACE_COUNT["fit"] += 1
-    params0, static = eqx.partition(q_init, eqx.is_inexact_array)
+    if isinstance(q_init.factor, AbstractRefinableFactor):
+        return _refine_and_solve(model, q_init, name, optimizer, tol, max_steps, max_cg)
+    return _solve(model, q_init, name, optimizer, tol, max_steps, max_cg)
+
+
+def _solve(model, q_init, name, optimizer, tol, max_steps, max_cg):
+    params0, static = eqx.partition(q_init, _solver_filter(q_init))
+    static = jax.tree.map(lambda x: lax.stop_gradient(x) if eqx.is_inexact_array(x) else x, static)
     flat0, unravel = ravel_pytree(params0)
     flat0 = lax.stop_gradient(flat0)
     to_q = lambda flat: eqx.combine(unravel(flat), static)
@@ -175,6 +182,42 @@ def _fit_jit(model, q_init, name, optimizer, tol, max_steps, max_cg):
     stationarity = lambda dyn, flat: jax.grad(lambda f: bound(eqx.combine(dyn, static_model), to_q(f)))(flat)
     flat = _implicit_optimum(stationarity, dynamic, x)
     return to_q(flat), k, ok, hist
+
+
+def _solver_filter(q):
+    """The leaves of q the solvers optimise: every inexact array, less those a refinable factor holds fixed."""
+    spec = jax.tree.map(eqx.is_inexact_array, q)
+    if isinstance(q.factor, AbstractRefinableFactor):
+        spec = eqx.tree_at(lambda s: s.factor, spec, q.factor.solver_mask())
+    return spec
+
+
+def _refine_and_solve(model, q_init, name, optimizer, tol, max_steps, max_cg):
+    """For an `AbstractRefinableFactor` (the subspace basis, papers/000 App. B.4): q <- refine(q), then solve over
+    the solver leaves, `num_refinements` times in a `lax.fori_loop`, keeping the q with the best bound (the basis
+    update is not guaranteed to increase it). With num_refinements = 0 it is one solve with the given basis."""
+    rounds = q_init.factor.num_refinements
+    if rounds == 0:
+        return _solve(model, q_init, name, optimizer, tol, max_steps, max_cg)
+    frozen = jax.tree.map(lambda x: lax.stop_gradient(x) if eqx.is_inexact_array(x) else x, model)
+
+    def refine_then_solve(q):
+        factor = lax.stop_gradient(q.factor.refine(frozen, lax.stop_gradient(q)))
+        q_new, k, ok, hist = _solve(model, eqx.tree_at(lambda g: g.factor, q, factor), name, optimizer, tol,
+                                    max_steps, max_cg)
+        return q_new, k, ok, hist, bound(frozen, lax.stop_gradient(q_new))
+
+    q, k, ok, hist, best = refine_then_solve(q_init)
+
+    def round_(_, carry):
+        q, k, ok, hist, best = carry
+        q2, k2, ok2, hist2, value = refine_then_solve(q)
+        better = jnp.isfinite(value) & (value >= best)
+        q = jax.tree.map(lambda a, b: jnp.where(better, a, b), q2, q)
+        return q, k + k2, jnp.where(better, ok2, ok), _splice(hist, hist2, k), jnp.where(better, value, best)
+
+    q, k, ok, hist, _ = lax.fori_loop(1, rounds, round_, (q, k, ok, hist, best))
+    return q, k, ok, hist
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0,))

@@ -234,13 +234,13 @@ def resolve_target(names, target) -> int:
 
 def _number(text, column, line):
     if text.lower() in _MISSING:
-        raise CLIError(f"missing value {text!r} in column {column!r} (line {line})")
+        raise CLIError(f"missing or NaN value {text!r} in column {column!r} (line {line})")
     try:
         value = float(text)
     except ValueError:
         raise CLIError(f"non-numeric value {text!r} in column {column!r} (line {line})") from None
     if not math.isfinite(value):
-        raise CLIError(f"non-finite value {text!r} (NaN or inf) in column {column!r} (line {line})")
+        raise CLIError(f"non-finite value {text!r} in column {column!r} (line {line})")
     return value
 
 

@@ -170,9 +170,7 @@ def main(argv=None) -> int:
     if args.execute:
         from nbclient import NotebookClient
 
-        env = dict(os.environ)
-        env.pop("GKL_SMALL", None)
-        os.environ.pop("GKL_SMALL", None)
+        os.environ.pop("GKL_SMALL", None)  # the kernel inherits the environment: full setting
         NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": HERE}}).execute()
     nbformat.validate(nb)
     nbformat.write(nb, PATH)

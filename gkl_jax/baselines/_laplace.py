@@ -56,53 +56,57 @@ def laplace(model, *, tol: float | None = None, max_steps: int = 100) -> Result:
     return result
 
 
-def _curvature(model, groups, w, clip):
-    """(gradient of log p, A = -Hessian of log p (with W clipped at 0 when `clip`), dense)."""
+def _curvature(model, groups, w):
+    """(gradient of log p, A = -Hessian of log p, A with W clipped at 0), dense."""
     dtype = w.dtype
     A = jnp.zeros((model.dim, model.dim), dtype) if model.prior is None else model.prior.precision_dense()
     grad = -C.prior_precision_mv(model, w - (0 if model.prior is None else model.prior.mean))
+    A_clip = A
     for op, off, pot in groups:
         d1, d2 = C.site_derivatives(pot, op.mv(w) + off)
-        W = -d2
-        A = A + op.weighted_gram(jnp.maximum(W, 0) if clip else W)
+        A = A + op.weighted_gram(-d2)
+        A_clip = A_clip + op.weighted_gram(jnp.maximum(-d2, 0))
         grad = grad + op.rmv(d1)
-    return grad, 0.5 * (A + A.T)
+    return grad, 0.5 * (A + A.T), 0.5 * (A_clip + A_clip.T)
 
 
 @eqx.filter_jit
 def _laplace_jit(model, tol, max_steps):
+    """One `lax.while_loop`; iteration k evaluates log p, its gradient and curvature at w_k (history[k]) and,
+    unless max|grad| <= tol or k = max_steps, takes the damped Newton step to w_{k+1}."""
     TRACE_COUNT["laplace"] += 1
     groups = C.operators(model)
     dtype = C.dtype_of(model)
+    dim = model.dim
     f = lambda w: C.log_joint(model, w)
-    w0 = jnp.zeros(model.dim, dtype) if model.prior is None else model.prior.mean.astype(dtype)
-    f0 = f(w0)
-    g0, _ = _curvature(model, groups, w0, clip=True)
+    w0 = jnp.zeros(dim, dtype) if model.prior is None else model.prior.mean.astype(dtype)
 
     def cond(state):
-        _, _, g, k, _, ok = state
-        return ok & (k < max_steps) & (jnp.max(jnp.abs(g)) > tol)
+        _, _, _, _, k, _, done, ok = state
+        return ~done & ok & (k <= max_steps)
 
     def body(state):
-        w, fw, g, k, hist, _ = state
-        _, A = _curvature(model, groups, w, clip=True)
-        L = jnp.linalg.cholesky(A)
+        w, _, _, _, k, hist, _, _ = state
+        fw = f(w)
+        g, A, A_clip = _curvature(model, groups, w)
+        done = jnp.max(jnp.abs(g)) <= tol
+        L = jnp.linalg.cholesky(A_clip)
         good = jnp.all(jnp.isfinite(L))
         # Without a prior the clipped curvature may be singular; fall back to gradient ascent there.
-        p = jnp.where(good, jsl.cho_solve((jnp.where(good, L, jnp.eye(model.dim, dtype=dtype)), True), g), g)
+        p = jnp.where(good, jsl.cho_solve((jnp.where(good, L, jnp.eye(dim, dtype=dtype)), True), g), g)
         t, _, ok = _solvers.backtracking(f, w, fw, g, p)
-        w_new = jnp.where(ok, w + t * p, w)
-        f_new = f(w_new)
-        g_new, _ = _curvature(model, groups, w_new, clip=True)
-        return w_new, f_new, g_new, k + 1, hist.at[k + 1].set(f_new), ok
+        move = ok & ~done & (k < max_steps)
+        w_new = jnp.where(move, w + t * p, w)
+        return w_new, w, fw, (g, A), k + 1, hist.at[k].set(fw), done, ok | done
 
-    state = (w0, f0, g0, jnp.asarray(0), C.history_buffer(max_steps, f0), jnp.asarray(True))
-    w, fw, g, k, hist, _ = lax.while_loop(cond, body, state)
-    _, A = _curvature(model, groups, w, clip=False)
+    zeros = (jnp.zeros(dim, dtype), jnp.zeros((dim, dim), dtype))
+    state = (w0, w0, jnp.zeros((), dtype), zeros, jnp.asarray(0), jnp.full((max_steps + 1,), jnp.nan, dtype),
+             jnp.asarray(False), jnp.asarray(True))
+    _, w, fw, (g, A), k, hist, done, _ = lax.while_loop(cond, body, state)
     L = jnp.linalg.cholesky(A)
     pd = jnp.all(jnp.isfinite(L))
-    log_z = fw + 0.5 * model.dim * jnp.log(2 * jnp.pi) - jnp.sum(jnp.log(jnp.diag(L)))
-    converged = pd & (jnp.max(jnp.abs(g)) <= tol) & jnp.isfinite(log_z)
+    log_z = fw + 0.5 * dim * jnp.log(2 * jnp.pi) - jnp.sum(jnp.log(jnp.diag(L)))
+    converged = pd & done & jnp.isfinite(log_z)
     q = C.gaussian_of_precision(w, A)
-    return Result(q=q, log_z=log_z, converged=converged, num_steps=k, history=hist, method="laplace",
+    return Result(q=q, log_z=log_z, converged=converged, num_steps=k - 1, history=hist, method="laplace",
                   is_bound=False)

@@ -104,28 +104,34 @@ def solve(model, groups, params):
 
 @eqx.filter_jit
 def _local_jit(model, tol, max_steps):
+    """One `lax.while_loop`; iteration k evaluates B(xi_k) (history[k]) and, unless the bound changed by less
+    than tol (1 + |B|) or k = max_steps, takes the EM step to xi_{k+1}."""
     TRACE_COUNT["local"] += 1
     groups = C.operators(model)
     dtype = C.dtype_of(model)
     params0 = initial_parameters(model, groups, dtype)
-    sol0, b0 = solve(model, groups, params0)
+    sol_dummy = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(solve, model, groups, params0))[0]
 
     def cond(state):
-        _, _, value, k, _, done, ok = state
-        return ~done & ok & (k < max_steps)
+        _, _, _, k, _, done, ok = state
+        return ~done & ok & (k <= max_steps)
 
     def body(state):
-        params, sol, value, k, hist, _, _ = state
+        params, (old_sol, old_value), prev, k, hist, _, _ = state
+        sol, value = solve(model, groups, params)
+        ok = sol.ok & jnp.isfinite(value)
+        done = jnp.abs(value - prev) <= tol * (1 + jnp.abs(value))
+        move = ok & ~done & (k < max_steps)
         new_params = _update(groups, sol)
-        new_sol, new_value = solve(model, groups, new_params)
-        ok = new_sol.ok & jnp.isfinite(new_value)
-        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
-        params, sol, new_value = keep((new_params, new_sol, new_value), (params, sol, value))
-        done = jnp.abs(new_value - value) <= tol * (1 + jnp.abs(new_value))
-        return params, sol, new_value, k + 1, hist.at[k + 1].set(new_value), done, ok
+        params = [jnp.where(move, a, b) for a, b in zip(new_params, params)]
+        # On failure keep the last good evaluation (EM never decreases B, so this is the best bound found).
+        keep = jax.tree.map(lambda a, b: jnp.where(ok, a, b), (sol, value), (old_sol, old_value))
+        return params, keep, value, k + 1, hist.at[k].set(value), done, ok
 
-    state = (params0, sol0, b0, jnp.asarray(0), C.history_buffer(max_steps, b0), jnp.asarray(False),
-             sol0.ok & jnp.isfinite(b0))
-    params, sol, value, k, hist, done, ok = lax.while_loop(cond, body, state)
+    nan = jnp.asarray(jnp.nan, dtype)
+    state = (params0, (sol_dummy, nan), jnp.asarray(-jnp.inf, dtype), jnp.asarray(0),
+             jnp.full((max_steps + 1,), jnp.nan, dtype), jnp.asarray(False), jnp.asarray(True))
+    params, (sol, value), _, k, hist, done, ok = lax.while_loop(cond, body, state)
     q = C.gaussian_of_precision(sol.mean, sol.precision)
-    return Result(q=q, log_z=value, converged=done & ok, num_steps=k, history=hist, method="local", is_bound=True)
+    return Result(q=q, log_z=value, converged=done & ok, num_steps=k - 1, history=hist, method="local",
+                  is_bound=True)

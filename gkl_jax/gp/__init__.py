@@ -3,6 +3,7 @@
 - `predict(result, prior, X_new, likelihood=None)`: latent and observation predictives (papers/000 App. F.1).
 - `exact(model)`: exact GP regression (Gaussian likelihood), the oracle for every approximate method.
 - `fit_hyperparameters(build, params, method=...)`: ML-II on any method's evidence (envelope gradients for G-KL).
+- `model(kernel, X, likelihood)`: the full GP as a `Model`.
 - `sparse_model(kernel, X, Z, likelihood)`: the inducing-point GP as an ordinary `Model`.
 - `ppa(...)`: King & Lawrence's PPA for probit GP classification with the standard or the KL-corrected M-step.
 """
@@ -15,5 +16,6 @@ from ._predict import class_probability as class_probability
 from ._predict import latent as latent
 from ._predict import log_predictive_density as log_predictive_density
 from ._predict import predict as predict
-from ._sparse import sparse_model as sparse_model
-from ._sparse import sparse_projection as sparse_projection
+from ._models import model as model
+from ._models import sparse_model as sparse_model
+from ._models import sparse_projection as sparse_projection

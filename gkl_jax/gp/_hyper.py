@@ -13,8 +13,10 @@ For G-KL the gradient is the envelope theorem (App. F.2, eq. 24): at the optimum
 
 which is what differentiating `Result.log_z` gives (`fit` evaluates the bound at a stop-gradient optimum).
 Each inner fit is warm-started at the previous optimum (q0), so after the first few outer steps an inner fit
-costs a few iterations. The outer optimiser is L-BFGS with a zoom line search (`optax.lbfgs`) or any
-`optax.GradientTransformation`; each outer step is one compiled function (compiled once per problem shape).
+costs a few iterations. The outer optimiser is L-BFGS (the direction from `optax.scale_by_lbfgs`, an Armijo
+backtracking line search that treats a failed inner fit as a rejected step) or any `optax.GradientTransformation`
+(every update taken). One compiled function evaluates (log_z, gradient, inner result); it is compiled once per
+call, and the outer loop is a host loop over it.
 `restarts` reruns the optimisation from random perturbations of the unconstrained parameters and keeps the best.
 """
 
@@ -41,7 +43,7 @@ class HyperResult(eqx.Module):
     - `result`: the inner `Result` at `params` (the posterior and log_z there).
     - `log_z`: the method's evidence estimate at `params`.
     - `num_steps`: outer iterations of the best run; `converged`: its stopping rule was met.
-    - `history`: -objective... i.e. log_z after each outer step of the best run.
+    - `history`: log_z at the start and after each accepted outer step of the best run.
     - `restart_log_z`: the final log_z of every run (first entry: the run from the given params).
     - `num_inner_unconverged`: outer steps of the best run whose inner fit did not converge.
     - `wall_time`: seconds for all runs (compilation included).
@@ -108,11 +110,11 @@ def fit_hyperparameters(build: Callable[[Any], Model], params, *, method: Union[
     if int(restarts) < 0:
         raise ValueError(f"restarts must be >= 0, got {restarts}")
     if optimizer == "lbfgs":
-        opt = optax.lbfgs()
+        opt = optax.scale_by_lbfgs(memory_size=10)
         linesearch = True
     elif isinstance(optimizer, optax.GradientTransformation):
         opt = optimizer
-        linesearch = isinstance(optimizer, optax.GradientTransformationExtraArgs)
+        linesearch = False
     else:
         raise ValueError(f"optimizer must be 'lbfgs' or an optax.GradientTransformation, got {optimizer!r}")
 
@@ -131,18 +133,14 @@ def fit_hyperparameters(build: Callable[[Any], Model], params, *, method: Union[
         res = run_method(dyn, q0)
         return -res.log_z, res
 
-    value_and_grad = jax.value_and_grad(objective, has_aux=True)
+    @eqx.filter_jit
+    def value_and_grad(dyn, q0):
+        (value, res), grad = jax.value_and_grad(objective, has_aux=True)(dyn, q0)
+        return value, grad, res
 
     @eqx.filter_jit
-    def step(dyn, opt_state, q0):
-        (value, res), grad = value_and_grad(dyn, q0)
-        q = res.q if use_q0 else q0
-        if linesearch:
-            updates, opt_state = opt.update(grad, opt_state, dyn, value=value, grad=grad,
-                                            value_fn=lambda p: objective(p, q)[0])
-        else:
-            updates, opt_state = opt.update(grad, opt_state, dyn)
-        return optax.apply_updates(dyn, updates), opt_state, value, grad, res
+    def update(grad, opt_state, dyn):
+        return opt.update(grad, opt_state, dyn)
 
     start = time.perf_counter()
     q_start = _initial_q(model0, kwargs.get("factor") or Full(), None) if use_q0 else None
@@ -157,7 +155,7 @@ def fit_hyperparameters(build: Callable[[Any], Model], params, *, method: Union[
             leaves = [x + restart_scale * jax.random.normal(k, jnp.shape(x), jnp.result_type(x))
                       for x, k in zip(leaves, subs)]
             dyn = jax.tree.unflatten(treedef, leaves)
-        runs.append(_run(step, opt, dyn, q_start, int(max_steps), gtol, ftol))
+        runs.append(_run(value_and_grad, update, opt, linesearch, dyn, q_start, int(max_steps), gtol, ftol))
     best = max(runs, key=lambda run: run["log_z"] if np.isfinite(run["log_z"]) else -np.inf)
     params_best = eqx.combine(best["dyn"], static)
     return HyperResult(params=params_best, result=best["result"], log_z=best["result"].log_z,
@@ -167,31 +165,61 @@ def fit_hyperparameters(build: Callable[[Any], Model], params, *, method: Union[
                        num_inner_unconverged=best["inner_bad"], wall_time=time.perf_counter() - start)
 
 
-def _run(step, opt, dyn, q, max_steps, gtol, ftol):
-    opt_state = opt.init(dyn)
-    history, inner_bad, converged = [], 0, False
-    best_dyn, best_value, best_res, prev = dyn, np.inf, None, None
-    k = 0
+def _strong(tree):
+    """Drop weak types from an optimiser state, so the compiled update is not retraced after the first step."""
+    return jax.tree.map(lambda x: jnp.array(x, dtype=jnp.result_type(x)) if eqx.is_array_like(x) else x, tree)
+
+
+def _dot(a, b):
+    return sum(jnp.vdot(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def _run(value_and_grad, update, opt, linesearch, dyn, q, max_steps, gtol, ftol, c1=1e-4, max_halvings=30):
+    """The outer loop. With `linesearch` (L-BFGS) the optimiser gives the direction d = -H g and a backtracking
+    (Armijo) line search along it picks the step; a non-finite objective (a failed inner fit at an extreme
+    hyperparameter) counts as a rejected step. Otherwise every optimiser update is taken."""
+    opt_state = _strong(opt.init(dyn))
+    value, grad, res = value_and_grad(dyn, q)
+    value = float(value)
+    if not np.isfinite(value):
+        raise FloatingPointError("fit_hyperparameters: the objective is not finite at the initial parameters")
+    history, inner_bad, converged, k = [-value], int(not bool(res.converged)), False, 0
     for k in range(1, max_steps + 1):
-        new_dyn, opt_state, value, grad, res = step(dyn, opt_state, q)
-        value = float(value)
-        if not np.isfinite(value):
-            break
         if q is not None:
             q = res.q
-        inner_bad += int(not bool(res.converged))
+        if max((float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(grad)), default=0.0) <= gtol:
+            converged, k = True, k - 1
+            break
+        updates, opt_state = update(grad, opt_state, dyn)
+        if linesearch:
+            direction = jax.tree.map(lambda u: -u, updates)
+            slope = float(_dot(grad, direction))
+            if not slope < 0:                       # not a descent direction: fall back to steepest descent
+                direction = jax.tree.map(lambda g: -g, grad)
+                slope = float(_dot(grad, direction))
+            t, accepted = 1.0, False
+            for _ in range(max_halvings):
+                trial = jax.tree.map(lambda x, d: x + t * d, dyn, direction)
+                v_new, g_new, r_new = value_and_grad(trial, q)
+                v_new = float(v_new)
+                if np.isfinite(v_new) and v_new <= value + c1 * t * slope:
+                    accepted = True
+                    break
+                t *= 0.5
+            if not accepted:
+                break
+        else:
+            trial = optax.apply_updates(dyn, updates)
+            v_new, g_new, r_new = value_and_grad(trial, q)
+            v_new = float(v_new)
+            if not np.isfinite(v_new):
+                break
+        change = abs(value - v_new)
+        dyn, value, grad, res = trial, v_new, g_new, r_new
         history.append(-value)
-        if value < best_value:
-            best_dyn, best_value, best_res = dyn, value, res
-        gmax = max((float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(grad)), default=0.0)
-        if gmax <= gtol or (prev is not None and abs(prev - value) <= ftol * (1 + abs(value))):
+        inner_bad += int(not bool(res.converged))
+        if linesearch and change <= ftol * (1 + abs(value)):
             converged = True
             break
-        prev = value
-        if not all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(new_dyn)):
-            break
-        dyn = new_dyn
-    if best_res is None:
-        raise FloatingPointError("fit_hyperparameters: the objective is not finite at the initial parameters")
-    return {"dyn": best_dyn, "result": best_res, "log_z": -best_value, "num_steps": k,
-            "converged": converged, "history": history, "inner_bad": inner_bad}
+    return {"dyn": dyn, "result": res, "log_z": -value, "num_steps": k, "converged": converged,
+            "history": history, "inner_bad": inner_bad}

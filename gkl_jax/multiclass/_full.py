@@ -59,11 +59,12 @@ def blockdiag_dense(D):
     return jnp.einsum("ij,iab->iajb", eye, D).reshape(n * C, n * C)
 
 
-def site_terms(m, Vb, b, S, site):
-    """sum_i of the label-free site bounds (h_i - m_i^T y_i), for data-major arrays (n, C), (n, C, C)."""
-    if site == "theorem6":
-        return jnp.sum(jax.vmap(site_bound_free)(m, Vb, b, S))
-    return jnp.sum(jax.vmap(lambda mm, V, bb: knowles_minka_bound(jnp.zeros_like(mm), mm, V, bb))(m, Vb, b))
+def site_terms(m, Vb, b, S, km):
+    """sum_i of the label-free site bounds (h_i - m_i^T y_i) for data-major arrays (n, C), (n, C, C); `km` (a
+    boolean, possibly traced) selects the Knowles-Minka bound S_i = V_i^{-1} instead of Theorem 6."""
+    thm6 = jnp.sum(jax.vmap(site_bound_free)(m, Vb, b, S))
+    kmb = jnp.sum(jax.vmap(lambda mm, V, bb: knowles_minka_bound(jnp.zeros_like(mm), mm, V, bb))(m, Vb, b))
+    return jnp.where(km, kmb, thm6)
 
 
 def log_z_h(K, Y, m, V, b, S):
@@ -120,22 +121,22 @@ class FullPosterior(eqx.Module):
         return K - K @ self.T @ K
 
 
-def _w_factor(W, covariance):
-    """A square root L_W (n, C, C) of the PSD part of each block W_i (W_i = L_W,i L_W,i^T)."""
-    if covariance == "class_factorised":
-        d = jnp.maximum(jnp.diagonal(W, axis1=-2, axis2=-1), 0.0)
-        return jax.vmap(jnp.diag)(jnp.sqrt(d))
+def _w_factor(W, mf):
+    """A square root L_W (n, C, C) of the PSD part of each block W_i (W_i = L_W,i L_W,i^T); of its diagonal when
+    `mf` (class-factorised covariance)."""
     lam, U = jnp.linalg.eigh(_sym(W))
-    return U * jnp.sqrt(jnp.maximum(lam, 0.0))[:, None, :]
+    full = U * jnp.sqrt(jnp.maximum(lam, 0.0))[:, None, :]
+    diag = jax.vmap(jnp.diag)(jnp.sqrt(jnp.maximum(jnp.diagonal(W, axis1=-2, axis2=-1), 0.0)))
+    return jnp.where(mf, diag, full)
 
 
-def v_fixed_point(K, W, covariance="full"):
+def v_fixed_point(K, W, mf=False):
     """V^fx = (K^{-1} + W)^{-1} = K - K T K (eq. 28, App. E.2.1) from the blocks W (n, C, C), without K^{-1}.
 
-    Returns (T, V blocks, log|K^{-1} V|, tr(T K)). For covariance="class_factorised" W is replaced by its diagonal."""
+    Returns (T, V blocks, log|K^{-1} V|, tr(T K)). With `mf` (class-factorised q) W is replaced by its diagonal."""
     n, C, _ = W.shape
     N = n * C
-    LW = _w_factor(W, covariance)
+    LW = _w_factor(W, mf)
     P = jnp.einsum("iba,ibk->iak", LW, K.reshape(n, C, N)).reshape(N, N)  # L_W^T K
     B = jnp.eye(N, dtype=K.dtype) + jnp.einsum("kjb,jbc->kjc", P.reshape(N, n, C), LW).reshape(N, N)
     R = jnp.linalg.cholesky(_sym(B))
@@ -158,45 +159,44 @@ class _State(eqx.Module):
     value: jax.Array
 
 
-def _value(K, Y, b, S, Vb, logdet_kv, trace_tk, site):
+def _value(K, Y, b, S, Vb, logdet_kv, trace_tk, km):
     n, C = Y.shape
     alpha = (Y - b).reshape(-1)
     m = K @ alpha
     return (0.5 * (logdet_kv + trace_tk - alpha @ m) + m @ Y.reshape(-1)
-            + site_terms(m.reshape(n, C), Vb, b, S, site))
+            + site_terms(m.reshape(n, C), Vb, b, S, km))
 
 
-def _site_inverse(S, Vb, site):
+def _site_inverse(S, Vb, km):
     """The blocks that play S_i^{-1} in the b-Newton step: S_i^{-1}, or V_i for the Knowles-Minka bound."""
-    return jnp.linalg.inv(S) if site == "theorem6" else Vb
+    return jnp.where(km, Vb, jnp.linalg.inv(S))
 
 
-def _gbar(K, Y, b, S, Vb, site):
+def _gbar(K, Y, b, S, Vb, km):
     n, C = Y.shape
     m = (K @ (Y - b).reshape(-1)).reshape(n, C)
-    S_eff = S if site == "theorem6" else jnp.linalg.inv(Vb)
+    S_eff = jnp.where(km, jnp.linalg.inv(Vb), S)
     return jax.vmap(site_statistics)(m, b, S_eff)
 
 
-def _b_step(K, Y, st, site):
+def _b_step(K, Y, st, km):
     """The joint (m, b) Newton step of eq. 65 with a safeguarded step length."""
     n, C = Y.shape
     N = n * C
-    gbar, _ = _gbar(K, Y, st.b, st.S, st.Vb, site)
+    gbar, _ = _gbar(K, Y, st.b, st.S, st.Vb, km)
     D = jax.vmap(lambda g: jnp.diag(g) - jnp.outer(g, g))(gbar)
-    Sinv = _site_inverse(st.S, st.Vb, site)
+    Sinv = _site_inverse(st.S, st.Vb, km)
     X = jnp.eye(N, dtype=K.dtype) + blockdiag_left(D, K) + blockdiag_dense(jnp.einsum("iab,ibc->iac", D, Sinv))
     d = -jnp.linalg.solve(X, (st.b - gbar).reshape(-1)).reshape(n, C)
     d = jnp.where(jnp.isfinite(d), d, 0.0)
-    f = lambda t: _value(K, Y, st.b + t * d, st.S, st.Vb, st.logdet_kv, st.trace_tk, site)
+    f = lambda t: _value(K, Y, st.b + t * d, st.S, st.Vb, st.logdet_kv, st.trace_tk, km)
     eta, val = safeguarded_step(f, st.value)
     return eqx.tree_at(lambda s: (s.b, s.value), st, (st.b + eta * d, val))
 
 
-def _s_step(K, Y, st, site, sweeps):
-    """`sweeps` safeguarded S_i updates (eq. 61), in parallel over the data (each h_i is separate in S_i)."""
-    if site != "theorem6":
-        return st
+def _s_step(K, Y, st, km, sweeps):
+    """`sweeps` safeguarded S_i updates (eq. 61), in parallel over the data (each h_i is separate in S_i); none for
+    the Knowles-Minka bound (S_i = V_i^{-1})."""
     n, C = Y.shape
     m = (K @ (Y - st.b).reshape(-1)).reshape(n, C)
     vals = jax.vmap(site_bound_free)(m, st.Vb, st.b, st.S)
@@ -205,24 +205,23 @@ def _s_step(K, Y, st, site, sweeps):
         S, vals = carry
         return jax.vmap(s_step)(m, st.Vb, st.b, S, vals)
 
-    S, vals_new = lax.fori_loop(0, sweeps, one, (st.S, vals))
-    value = st.value + jnp.sum(vals_new) - jnp.sum(vals)
+    S, vals_new = lax.fori_loop(0, jnp.where(km, 0, sweeps), one, (st.S, vals))
+    value = jnp.where(km, st.value, st.value + jnp.sum(vals_new) - jnp.sum(vals))
     return eqx.tree_at(lambda s: (s.S, s.value), st, (S, value))
 
 
-def _w_blocks(K, Y, st, site):
+def _w_blocks(K, Y, st, km):
     """W_i: S_i - V_i^{-1} (Section 3.4), or A_i for the Knowles-Minka bound (its -2 dh_i/dV_i)."""
-    if site == "theorem6":
-        return _sym(st.S - jnp.linalg.inv(st.Vb))
-    return _gbar(K, Y, st.b, st.S, st.Vb, site)[1]
+    A = _gbar(K, Y, st.b, st.S, st.Vb, km)[1]
+    return jnp.where(km, A, _sym(st.S - jnp.linalg.inv(st.Vb)))
 
 
-def _v_step(K, LK, Y, st, site, covariance):
+def _v_step(K, LK, Y, st, km, mf):
     """V towards V^fx = (K^{-1} + W)^{-1}, or the best convex combination V^cc (App. C.3, E.2.1)."""
     n, C = Y.shape
     N = n * C
-    T_fx, Vb_fx, ld_fx, tr_fx = v_fixed_point(K, _w_blocks(K, Y, st, site), covariance)
-    val_fx = _value(K, Y, st.b, st.S, Vb_fx, ld_fx, tr_fx, site)
+    T_fx, Vb_fx, ld_fx, tr_fx = v_fixed_point(K, _w_blocks(K, Y, st, km), mf)
+    val_fx = _value(K, Y, st.b, st.S, Vb_fx, ld_fx, tr_fx, km)
 
     def search(_):
         M_old = LK.T @ st.T @ LK
@@ -231,7 +230,7 @@ def _v_step(K, LK, Y, st, site, covariance):
 
         def phi(t):
             ld = _logdet_pd(_sym(eye - (1 - t) * M_old - t * M_fx))
-            return _value(K, Y, st.b, st.S, (1 - t) * st.Vb + t * Vb_fx, ld, (1 - t) * st.trace_tk + t * tr_fx, site)
+            return _value(K, Y, st.b, st.S, (1 - t) * st.Vb + t * Vb_fx, ld, (1 - t) * st.trace_tk + t * tr_fx, km)
 
         eta, val = segment_search(phi, st.value)
         ld = jnp.where(eta > 0, _logdet_pd(_sym(eye - (1 - eta) * M_old - eta * M_fx)), st.logdet_kv)
@@ -244,7 +243,7 @@ def _v_step(K, LK, Y, st, site, covariance):
                   trace_tk=mix(st.trace_tk, tr_fx), value=val)
 
 
-def initial_state(K, Y, site="theorem6", covariance="full", scale=1.0, warm=None):
+def initial_state(K, Y, km=False, mf=False, scale=1.0, warm=None):
     """App. E.3: W_i = gamma (I/C - 11^T/C^2), V = (K^{-1} + W)^{-1}, m = V W a with
     a_i = gamma (y_i + (y_i - 1)/(C - 1)), so b = y - K^{-1} m = y - (I - T K) W a; S_i = V_i^{-1} + W_i.
 
@@ -254,7 +253,7 @@ def initial_state(K, Y, site="theorem6", covariance="full", scale=1.0, warm=None
     eye = jnp.eye(C, dtype=K.dtype)
     W1 = scale * (eye / C - jnp.ones((C, C), K.dtype) / C**2)
     W = jnp.broadcast_to(W1, (n, C, C)) if warm is None else warm[2]
-    T, Vb, ld, tr = v_fixed_point(K, W, covariance)
+    T, Vb, ld, tr = v_fixed_point(K, W, mf)
     if warm is None:
         a = scale * (Y + (Y - 1.0) / (C - 1))
         Wa = jnp.einsum("ab,ib->ia", W1, a).reshape(-1)
@@ -263,7 +262,7 @@ def initial_state(K, Y, site="theorem6", covariance="full", scale=1.0, warm=None
         S = _sym(jnp.linalg.inv(Vb) + W1)
     else:
         b, S = warm[0], warm[1]
-    value = _value(K, Y, b, S, Vb, ld, tr, site)
+    value = _value(K, Y, b, S, Vb, ld, tr, km)
     return _State(b=b, S=S, T=T, Vb=Vb, logdet_kv=ld, trace_tk=tr, value=value)
 
 
@@ -274,29 +273,38 @@ def warm_start(post):
     return post.b, post.S, W
 
 
-@eqx.filter_jit
-def _fit_jit(K, Y, st0, site, covariance, tol, max_steps, s_sweeps):
-    TRACE_COUNT["fit_full"] += 1
+def fit_core(K, Y, st0, km, mf, tol, max_steps, s_sweeps):
+    """The block-coordinate ascent from state `st0` (traceable; shared by `fit_full` and hyper-parameter learning).
+
+    Returns (state, num_steps, converged, history, stationarity)."""
     LK = jnp.linalg.cholesky(K)
     hist0 = jnp.full((max_steps + 1,), jnp.nan, K.dtype).at[0].set(st0.value)
+    settled = lambda v, prev: (v - prev <= tol * (1 + jnp.abs(v))) & jnp.isfinite(v)
 
     def cond(carry):
-        st, prev, k, hist = carry
-        return (k < max_steps) & ~(st.value - prev <= tol * (1 + jnp.abs(st.value))) & jnp.isfinite(st.value)
+        st, prev, k, _ = carry
+        return (k < max_steps) & ~settled(st.value, prev) & jnp.isfinite(st.value)
 
     def body(carry):
         st, _, k, hist = carry
         prev = st.value
-        st = _b_step(K, Y, st, site)
-        st = _s_step(K, Y, st, site, s_sweeps)
-        st = _v_step(K, LK, Y, st, site, covariance)
+        st = _b_step(K, Y, st, km)
+        st = _s_step(K, Y, st, km, s_sweeps)
+        st = _v_step(K, LK, Y, st, km, mf)
         return st, prev, k + 1, hist.at[k + 1].set(st.value)
 
     st, prev, k, hist = lax.while_loop(cond, body, (st0, jnp.asarray(-jnp.inf, K.dtype), 0, hist0))
-    converged = (st.value - prev <= tol * (1 + jnp.abs(st.value))) & jnp.isfinite(st.value)
-    gbar, _ = _gbar(K, Y, st.b, st.S, st.Vb, site)
-    stationarity = jnp.max(jnp.abs(st.b - gbar))
-    return st, k, converged, hist, stationarity
+    gbar, A = _gbar(K, Y, st.b, st.S, st.Vb, km)
+    # S_i is V_i^{-1} implicitly for the Knowles-Minka bound; store V_i^{-1} + A_i so that S_i - V_i^{-1} = W_i
+    st = eqx.tree_at(lambda s: s.S, st, jnp.where(km, _sym(jnp.linalg.inv(st.Vb) + A), st.S))
+    return st, k, settled(st.value, prev), hist, jnp.max(jnp.abs(st.b - gbar))
+
+
+@eqx.filter_jit
+def _fit_jit(K, Y, warm, km, mf, tol, max_steps, s_sweeps, init_scale):
+    TRACE_COUNT["fit_full"] += 1
+    st0 = initial_state(K, Y, km, mf, init_scale, warm)
+    return fit_core(K, Y, st0, km, mf, tol, max_steps, s_sweeps)
 
 
 def _check_inputs(K, Y):
@@ -338,14 +346,12 @@ def fit_full(K, Y, *, site="theorem6", covariance="full", tol=1e-10, max_steps=3
     if init is not None and (not isinstance(init, FullPosterior) or init.Y.shape != Y.shape):
         raise ValueError("init must be a FullPosterior for the same (n, C)")
     warm = None if init is None else warm_start(init)
-    st0 = initial_state(K, Y, site, covariance, init_scale, warm)
-    st, k, converged, hist, stat = _fit_jit(K, Y, st0, site, covariance, float(tol), int(max_steps), int(s_sweeps))
+    km, mf = jnp.asarray(site == "knowles_minka"), jnp.asarray(covariance == "class_factorised")
+    st, k, converged, hist, stat = _fit_jit(K, Y, warm, km, mf, jnp.asarray(tol, K.dtype), int(max_steps),
+                                            jnp.asarray(int(s_sweeps)), jnp.asarray(init_scale, K.dtype))
     if is_concrete(converged) and not bool(converged):
         warnings.warn(f"gkl_jax.multiclass.fit_full stopped after {int(k)} sweeps without the bound settling to "
                       f"tol={tol:g}; the result is a valid bound but not the optimum", stacklevel=2)
-    S = st.S
-    if site == "knowles_minka":  # S_i is V_i^{-1} implicitly; store V_i^{-1} + A_i so that S_i - V_i^{-1} = W_i
-        S = _sym(jnp.linalg.inv(st.Vb) + _gbar(K, Y, st.b, st.S, st.Vb, site)[1])
-    return FullPosterior(Y=Y, b=st.b, S=S, T=st.T, V_blocks=st.Vb, log_z=st.value, converged=converged,
+    return FullPosterior(Y=Y, b=st.b, S=st.S, T=st.T, V_blocks=st.Vb, log_z=st.value, converged=converged,
                          num_steps=k, history=hist, stationarity=stat, logdet_kv=st.logdet_kv,
                          trace_tk=st.trace_tk, site=site, covariance_family=covariance)

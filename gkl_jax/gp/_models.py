@@ -1,4 +1,6 @@
-"""Sparse (inducing-point) GPs as ordinary G-KL models.
+"""GP models as ordinary G-KL models: the full GP (`model`) and the sparse, inducing-point GP (`sparse_model`).
+
+The full GP is N(f | mu, K(X, X) + jitter I) prod_n phi_n(f_n): `Model(GP(kernel, X), Sites(None, likelihood))`.
 
 With inducing inputs Z (M x d) and inducing values u = f(Z) ~ N(mu_Z, K_zz + jitter I), each latent value is
 f_n | u ~ N(mu_n + h_n^T (u - mu_Z), k_nn - q_nn) with
@@ -35,6 +37,22 @@ def _inputs(X, name):
     return X
 
 
+def _check_likelihood(likelihood, num):
+    if not isinstance(likelihood, AbstractPotential):
+        raise ValueError(f"likelihood must be a gkl_jax.potentials potential, got {type(likelihood).__name__}")
+    n = likelihood.num_sites
+    if n is not None and n != num:
+        raise ValueError(f"X has {num} rows but the likelihood's per-site data (y) has {n} entries")
+
+
+def model(kernel: AbstractKernel, X, likelihood: AbstractPotential, *, mean=None, jitter: float = 1e-6) -> Model:
+    """The full GP model `Model(GP(kernel, X, mean, jitter), Sites(None, likelihood))`, with the inputs and the
+    likelihood's targets checked against each other."""
+    X = _inputs(X, "X")
+    _check_likelihood(likelihood, X.shape[0])
+    return Model(GP(kernel, X, mean=mean, jitter=jitter), Sites(None, likelihood))
+
+
 def sparse_projection(kernel: AbstractKernel, prior_u: GP, X):
     """(H, k_nn - q_nn): the rows h_n = K_zz^{-1} k_zn (N x M) and the extra variances, clipped at 0."""
     K_zx = kernel.gram(prior_u.X, X)
@@ -53,15 +71,11 @@ def sparse_model(kernel: AbstractKernel, X, Z, likelihood: AbstractPotential, *,
     """
     if not isinstance(kernel, AbstractKernel):
         raise ValueError(f"kernel must be a gkl_jax.kernels kernel, got {type(kernel).__name__}")
-    if not isinstance(likelihood, AbstractPotential):
-        raise ValueError(f"likelihood must be a gkl_jax.potentials potential, got {type(likelihood).__name__}")
     X = _inputs(X, "X")
     Z = _inputs(Z, "Z")
     if Z.shape[1] != X.shape[1]:
         raise ValueError(f"Z must have {X.shape[1]} columns (the input dimension of X), got shape {Z.shape}")
-    n = likelihood.num_sites
-    if n is not None and n != X.shape[0]:
-        raise ValueError(f"X has {X.shape[0]} rows but the likelihood has data for {n} sites")
+    _check_likelihood(likelihood, X.shape[0])
     constant = mean is None or jnp.ndim(mean) == 0
     prior_u = GP(kernel, Z, mean=mean if constant else None, jitter=jitter)
     H, extra = sparse_projection(kernel, prior_u, X)

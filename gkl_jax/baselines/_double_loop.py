@@ -1,0 +1,248 @@
+"""`double_loop`: the scalable double-loop algorithm for the local variational bound (glm-ie; thesis Ch. 3.5,
+Alg. 3.1 with bound (2); Nickisch & Seeger 2009; papers/000 Section 5.2.2).
+
+The local bound of `local` (super-Gaussian site bounds t_n tangent at xi_n, A = Sigma^{-1} + H^T diag(tau) H,
+tau_n = -2 g'(xi_n) = 1 / gamma_n) needs log det A and the marginal variances z_n = h_n^T A^{-1} h_n, both cubic.
+The double loop upper-bounds the concave log det A by its tangent in gamma^{-1} (thesis eq. 3.9, bound (2)),
+whose slopes are exactly the z_n, and alternates
+
+    outer:  z_n ~= h_n^T Q T^{-1} Q^T h_n  from K Lanczos vectors of A (`gkl_jax._lanczos`, Alg. 3.2);
+    inner:  u <- argmax_u  log N(u | mu, Sigma) + sum_n [ beta_n x_n + g_n((x_n - center_n)^2 + z_n) ]
+            (a smoothed MAP problem, thesis eq. 3.12-3.13 and App. E.5: z = 0 is MAP), by Newton's method
+            (IRLS) with conjugate gradients and an MVM-free line search (thesis Ch. 3.5.5);
+    update: xi_n <- (x_n - center_n)^2 + z_n  (the tangent point, eq. 3.11; gamma_n = -1 / (2 g'(xi_n))).
+
+Everything touches H and Sigma^{-1} only through products (op.mv, op.rmv, prior.precision_mv), so matrix-free
+operators (finite differences, wavelets) scale to large D: one outer step costs K + N_Newton N_CG products and
+O(D K^2) for the reorthogonalisation. The same Lanczos start vector is used in every outer step, so the
+iteration is a deterministic fixed-point map; with K = D the estimates are exact and the fixed point is that of
+`local`.
+
+Returned evidence: the local bound's formula with the Lanczos estimates,
+
+    log Z_DL = sum_n [c_n + nu_n x_n - tau_n x_n^2 / 2] - (u - mu)^T Sigma^{-1} (u - mu) / 2 - log det Sigma / 2
+               - logdet_hat(A) / 2,
+
+where logdet_hat(A) is a stochastic Lanczos quadrature estimate (`num_probes` Rademacher probes of K steps;
+exact Ritz-value sum when K = D). The variances z are underestimated for K < D, so the fixed point differs from
+the exact local optimum, and logdet_hat is random: this is an estimate of log Z, NOT a bound (`is_bound=False`;
+papers/000 Section 5.2.2: "a lower-bound on log Z is no longer maintained"). The returned q is
+N(u, diag(nu_hat)) with nu_hat = diag(Q T^{-1} Q^T), the Lanczos marginal-variance estimates (underestimates;
+no dense covariance is ever formed).
+"""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from .. import _lanczos
+from .._gaussian import Gaussian
+from .._result import Result
+from .._solvers import conjugate_gradient
+from ..factors import Diagonal
+from . import _common as C
+from ._site_bounds import super_gaussian, tangent_coefficients
+
+TRACE_COUNT = {"double_loop": 0}
+
+
+def double_loop(model, rank: int, *, key=None, max_outer: int = 20, max_inner: int = 50, max_cg: int = 200,
+                num_probes: int = 4, tol: float = 1e-4) -> Result:
+    """The glm-ie double loop with K = `rank` Lanczos vectors (module docstring); matrix-free in H and Sigma^{-1}.
+
+    Stops when the tangent points xi change by at most `tol` (relative) or after `max_outer` outer steps.
+    `history[k]` is the (single-probe) evidence estimate at the start of outer step k. Raises ValueError for
+    rank outside [1, D] and for potentials without a super-Gaussian bound (probit, Poisson, Custom).
+    """
+    C.check_model(model, "double_loop")
+    if int(rank) != rank or not 1 <= int(rank) <= model.dim:
+        raise ValueError(f"double_loop: rank must be an integer in [1, D={model.dim}], got {rank!r}")
+    for s in model.sites:
+        super_gaussian(s.potential, "double_loop")
+    for name, value in (("max_outer", max_outer), ("max_inner", max_inner), ("max_cg", max_cg),
+                        ("num_probes", num_probes)):
+        C.check_positive_int(value, name, "double_loop")
+    if not float(tol) > 0:
+        raise ValueError(f"double_loop: tol must be positive, got {tol}")
+    key = jax.random.PRNGKey(0) if key is None else key
+    result = _double_loop_jit(model, key, int(rank), int(max_outer), int(max_inner), int(max_cg), int(num_probes),
+                              float(tol))
+    C.warn_if_not_converged(result.converged, "double_loop", f"the outer loop did not settle (relative change "
+                            f"of the variational parameters > tol={tol:g}) within max_outer={max_outer} steps")
+    return result
+
+
+def _precision_mv(model, groups, taus):
+    """v -> A v = Sigma^{-1} v + sum_n tau_n h_n (h_n^T v), matrix-free."""
+    def mv(v):
+        out = C.prior_precision_mv(model, v)
+        for (op, _, _), tau in zip(groups, taus):
+            out = out + op.rmv(tau * op.mv(v))
+        return out
+    return mv
+
+
+def _site_terms(forms, xs, zs):
+    """Per group (psi, psi', psi'') of psi(x) = beta x + g((x - center)^2 + z)."""
+    out = []
+    for f, x, z in zip(forms, xs, zs):
+        r = x - f.center
+        xi = r**2 + z
+        g1 = f.g1(xi)
+        out.append((f.beta * x + f.g(xi), f.beta + 2 * r * g1, 2 * g1 + 4 * r**2 * f.g2(xi)))
+    return out
+
+
+def _inner(model, groups, forms, zs, u0, max_inner, max_cg):
+    """Newton-CG (IRLS) on the smoothed MAP objective with an MVM-free backtracking line search."""
+    mu = jnp.zeros_like(u0) if model.prior is None else model.prior.mean
+
+    def objective_parts(u):
+        xs = C.projections(groups, u)
+        gp = -C.prior_precision_mv(model, u - mu)
+        terms = _site_terms(forms, xs, zs)
+        value = 0.5 * (u - mu) @ gp + sum(jnp.sum(t[0]) for t in terms)
+        grad = gp + sum(op.rmv(t[1]) for (op, _, _), t in zip(groups, terms))
+        return xs, gp, terms, value, grad
+
+    def cond(state):
+        _, k, done = state
+        return ~done & (k < max_inner)
+
+    def body(state):
+        u, k, _ = state
+        xs, gp, terms, value, grad = objective_parts(u)
+        weights = [jnp.maximum(-t[2], 0.0) for t in terms]  # a PSD curvature (exact for log-concave sites)
+
+        def hess_mv(v):
+            out = C.prior_precision_mv(model, v)
+            for (op, _, _), w in zip(groups, weights):
+                out = out + op.rmv(w * op.mv(v))
+            return out
+
+        d = conjugate_gradient(hess_mv, grad, max_iters=max_cg, rtol=1e-10)
+        d = jnp.where(jnp.all(jnp.isfinite(d)), d, grad)
+        slope = grad @ d
+        # MVM-free line search: H d and Sigma^{-1} d once, then only elementwise work (thesis Ch. 3.5.5).
+        hds = [op.mv(d) for op, _, _ in groups]
+        dpd = d @ C.prior_precision_mv(model, d)
+        dgp = d @ gp
+
+        def along(t):
+            sites = _site_terms(forms, [x + t * hd for x, hd in zip(xs, hds)], zs)
+            prior = 0.5 * (u - mu) @ gp + t * dgp - 0.5 * t**2 * dpd
+            return prior + sum(jnp.sum(s[0]) for s in sites)
+
+        def ls_cond(carry):
+            t, f_new, j = carry
+            return ~(jnp.isfinite(f_new) & (f_new >= value + 1e-4 * t * slope)) & (j < 40)
+
+        def ls_body(carry):
+            t, _, j = carry
+            return 0.5 * t, along(0.5 * t), j + 1
+
+        t, f_new, _ = lax.while_loop(ls_cond, ls_body, (jnp.ones((), u.dtype), along(1.0), 0))
+        good = jnp.isfinite(f_new) & (f_new >= value + 1e-4 * t * slope)
+        u_new = jnp.where(good, u + t * d, u)
+        tiny = 1e-13 * (1 + jnp.abs(value))
+        done = ~good | (0.5 * slope <= tiny)
+        return u_new, k + 1, done
+
+    u, k, _ = lax.while_loop(cond, body, (u0, jnp.asarray(0), jnp.asarray(False)))
+    return u, k
+
+
+def _coefficients(forms, xis):
+    taus, nus, cs = [], [], []
+    for f, xi in zip(forms, xis):
+        tau, nu, c = tangent_coefficients(f, xi)
+        taus.append(jnp.broadcast_to(tau, xi.shape))
+        nus.append(jnp.broadcast_to(nu, xi.shape))
+        cs.append(jnp.broadcast_to(c, xi.shape))
+    return taus, nus, cs
+
+
+def _evidence(model, groups, forms, xis, u, logdet):
+    """log Z_DL of the module docstring at tangent points xi and mean u, given an estimate of log det A."""
+    taus, nus, cs = _coefficients(forms, xis)
+    xs = C.projections(groups, u)
+    value = sum(jnp.sum(c + nu * x - 0.5 * tau * x**2) for c, nu, tau, x in zip(cs, nus, taus, xs))
+    if model.prior is None:
+        value = value + 0.5 * model.dim * jnp.log(2 * jnp.pi)
+    else:
+        d = u - model.prior.mean
+        value = value - 0.5 * d @ model.prior.precision_mv(d) - 0.5 * model.prior.logdet()
+    return value - 0.5 * logdet
+
+
+def _rademacher(key, dim, dtype):
+    return jnp.where(jax.random.bernoulli(key, 0.5, (dim,)), 1.0, -1.0).astype(dtype)
+
+
+def _lanczos_step(model, groups, taus, start, rank):
+    """Lanczos on A(taus) from `start`: (z per group, diag estimate of A^{-1}, log det estimate)."""
+    Q, alpha, beta = _lanczos.lanczos(_precision_mv(model, groups, taus), model.dim, rank, start)
+    zs = [_lanczos.variance_estimates(Q, alpha, beta, op) for op, _, _ in groups]
+    if rank == model.dim:  # Q is a full basis: the Ritz values are the eigenvalues of A
+        theta = jnp.linalg.eigvalsh(_lanczos.tridiagonal(alpha, beta))
+        logdet = jnp.sum(jnp.log(jnp.maximum(theta, jnp.finfo(theta.dtype).tiny)))
+    else:
+        logdet = _lanczos.slq_logdet(alpha, beta, start @ start)
+    return zs, _lanczos.variance_estimates(Q, alpha, beta), logdet
+
+
+def _run(model, key, rank, max_outer, max_inner, max_cg, tol):
+    """The outer loop; returns (u, xi per group, number of outer steps, history, converged)."""
+    groups = C.operators(model)
+    forms = [super_gaussian(pot, "double_loop") for _, _, pot in groups]
+    dtype = C.dtype_of(model)
+    u0 = jnp.zeros(model.dim, dtype) if model.prior is None else model.prior.mean.astype(dtype)
+    xis0 = [jnp.broadcast_to((x - f.center) ** 2 + f.xi0, x.shape).astype(dtype)
+            for f, x in zip(forms, C.projections(groups, u0))]
+    start = _rademacher(key, model.dim, dtype)
+
+    def cond(state):
+        _, _, k, _, done = state
+        return ~done & (k < max_outer)
+
+    def body(state):
+        u, xis, k, hist, _ = state
+        taus, _, _ = _coefficients(forms, xis)
+        zs, _, logdet = _lanczos_step(model, groups, taus, start, rank)
+        hist = hist.at[k].set(_evidence(model, groups, forms, xis, u, logdet))
+        u, _ = _inner(model, groups, forms, zs, u, max_inner, max_cg)
+        new = [(x - f.center) ** 2 + z for f, x, z in zip(forms, C.projections(groups, u), zs)]
+        change = jnp.max(jnp.asarray([jnp.max(jnp.abs(a - b) / (jnp.abs(b) + 1e-12), initial=0.0)
+                                      for a, b in zip(new, xis)]))
+        ok = jnp.all(jnp.asarray([jnp.all(jnp.isfinite(a)) for a in new])) & jnp.all(jnp.isfinite(u))
+        return u, new, k + 1, hist, (change <= tol) | ~ok
+
+    hist0 = jnp.full((max_outer + 1,), jnp.nan, dtype)
+    u, xis, k, hist, done = lax.while_loop(cond, body, (u0, xis0, jnp.asarray(0), hist0, jnp.asarray(False)))
+    return u, xis, k, hist, done
+
+
+@eqx.filter_jit
+def _double_loop_jit(model, key, rank, max_outer, max_inner, max_cg, num_probes, tol):
+    TRACE_COUNT["double_loop"] += 1
+    groups = C.operators(model)
+    forms = [super_gaussian(pot, "double_loop") for _, _, pot in groups]
+    dtype = C.dtype_of(model)
+    u, xis, k, hist, done = _run(model, key, rank, max_outer, max_inner, max_cg, tol)
+    taus, _, _ = _coefficients(forms, xis)
+    first = _rademacher(key, model.dim, dtype)
+    _, nu_hat, logdet0 = _lanczos_step(model, groups, taus, first, rank)
+    if rank < model.dim and num_probes > 1:
+        keys = jax.random.split(jax.random.fold_in(key, 1), num_probes - 1)
+        starts = jax.vmap(lambda k: _rademacher(k, model.dim, dtype))(keys)
+        more = jax.vmap(lambda s: _lanczos_step(model, groups, taus, s, rank)[2])(starts)
+        logdet = (logdet0 + jnp.sum(more)) / num_probes
+    else:
+        logdet = logdet0
+    log_z = _evidence(model, groups, forms, xis, u, logdet)
+    hist = hist.at[k].set(log_z)
+    ok = jnp.isfinite(log_z) & jnp.all(jnp.isfinite(u)) & jnp.all(nu_hat > 0)
+    q = Gaussian(u, Diagonal(jnp.sqrt(jnp.maximum(nu_hat, jnp.finfo(dtype).tiny))))
+    return Result(q=q, log_z=log_z, converged=done & ok, num_steps=k, history=hist, method="double_loop",
+                  is_bound=False)

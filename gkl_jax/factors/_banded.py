@@ -1,0 +1,152 @@
+"""The banded upper-triangular Cholesky factor (papers/000, Section 4.1.3, "Banded Cholesky")."""
+
+from typing import ClassVar, Optional
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._validate import as_float_array, check_finite, check_ndim
+from ._base import AbstractFactor, check_initialised, signed_log_abs_diag
+from ._kernels import broadcast_variances, check_count, column_slot_sq_norms, operator_kind
+
+_SHIFT_SUM_MAX_BANDWIDTH = 8
+
+
+def _block_tables(dim: int, bandwidth: int):
+    """Gather tables that lay the bands out as dense b x b blocks, b = bandwidth: C is block upper bidiagonal,
+    with diagonal blocks C[Ib:(I+1)b, Ib:(I+1)b] and super-diagonal blocks C[Ib:(I+1)b, (I+1)b:(I+2)b].
+    Entries index the flattened bands; structural zeros point at a trailing zero."""
+    b = bandwidth
+    nb = -(-dim // b)
+    sentinel = (bandwidth + 1) * dim
+    r = np.arange(b)[None, :, None]
+    c = np.arange(b)[None, None, :]
+    start = (np.arange(nb) * b)[:, None, None]
+    i = start + r
+    k = c - r
+    diag = np.where((k >= 0) & (k <= bandwidth) & (start + c < dim), k * dim + i, sentinel)
+    k2 = b + c - r
+    sup = np.where((k2 <= bandwidth) & (start + b + c < dim), k2 * dim + i, sentinel)
+    return nb, diag, sup
+
+
+class Banded(AbstractFactor):
+    """C upper triangular with C_ij = 0 for j > i + B (papers/000 §4.1.3): B = `bandwidth` super-diagonals.
+
+    Convention: `bandwidth=0` is the diagonal factor and `bandwidth=D-1` the full one. (papers/001 Table 2 calls the
+    diagonal factor "bandwidth 1", i.e. it counts the main diagonal; here the bandwidth counts the super-diagonals,
+    as in the definition C_ij = 0 for j > i + B.) S = C^T C is banded with the same bandwidth: the covariance of
+    variables more than B indices apart is zero, while the precision is in general dense.
+
+    Band storage: `bands[k, i] = C[i, i + k]`, shape (B + 1, D); the entries with i + k >= D are structural zeros,
+    kept at zero and masked out of every computation (zero gradient). O(D B) storage.
+
+    Cost of s_n^2 = ||C h_n||^2 (App. D): O(N D B) for dense H (as dense b x b block products, b = B, or as B + 1
+    shifted products for B < 8), O(nnz(H) B) for sparse BCOO H, O(D B) for the identity. Matrix-free H is not
+    supported (it would need D operator products); `project_variances` raises a ValueError for it.
+    Concave in (m, C) for log-concave sites (a linear restriction of the full Cholesky factor).
+    """
+
+    bandwidth: int = eqx.field(static=True)
+    bands: Optional[jax.Array]
+    concave: ClassVar[bool] = True
+    default_solver: ClassVar[str] = "newton"
+
+    def __init__(self, bandwidth: int, bands=None):
+        self.bandwidth = check_count(bandwidth, "bandwidth", "Banded")
+        if bands is not None:
+            bands = as_float_array(bands, "bands")
+            check_ndim(bands, 2, "bands")
+            if bands.shape[0] != self.bandwidth + 1:
+                raise ValueError(f"Banded(bandwidth={self.bandwidth}): bands must have {self.bandwidth + 1} rows, "
+                                 f"got shape {tuple(bands.shape)}")
+            _check_bandwidth(self.bandwidth, bands.shape[1])
+            check_finite(bands, "bands")
+        self.bands = bands
+
+    @property
+    def is_initialised(self):
+        return self.bands is not None
+
+    @property
+    def dim(self):
+        check_initialised(self)
+        return int(self.bands.shape[1])
+
+    def initialise(self, dim, variances):
+        _check_bandwidth(self.bandwidth, dim)
+        v = broadcast_variances(variances, dim)
+        return Banded(self.bandwidth, jnp.zeros((self.bandwidth + 1, dim), v.dtype).at[0].set(jnp.sqrt(v)))
+
+    def _valid(self):
+        """(B + 1, D) mask of the entries inside the matrix (i + k < D)."""
+        k = np.arange(self.bandwidth + 1)[:, None]
+        i = np.arange(self.dim)[None, :]
+        return i + k < self.dim
+
+    def masked_bands(self):
+        return jnp.where(self._valid(), self.bands, 0.0)
+
+    def _diagonal_gather(self, values):
+        """out[k, j] = values[k, j - k] (0 where j < k): column j of C is out[:, j] at rows j - k."""
+        B, D = self.bandwidth, self.dim
+        padded = jnp.pad(values, ((0, 0), (B, 0)))
+        k = np.arange(B + 1)[:, None]
+        return padded[k, np.arange(D)[None, :] - k + B]
+
+    def logdet(self):
+        return 2 * signed_log_abs_diag(self.bands[0])
+
+    def project_variances(self, op):
+        kind = operator_kind(op)
+        if kind == "identity":
+            return self.marginal_variances()
+        if kind == "dense":
+            return self._dense_sq_norms(op.matrix)
+        if kind == "sparse":
+            rows = np.arange(self.dim)[:, None] - np.arange(self.bandwidth + 1)[None, :]
+            col_rows = np.where(rows >= 0, rows, self.dim)
+            col_values = self._diagonal_gather(self.masked_bands()).T
+            return column_slot_sq_norms(op, col_rows, col_values, self.dim)
+        raise ValueError(f"Banded factors need a dense, sparse (BCOO) or identity H; got the matrix-free operator "
+                         f"{type(op).__name__} (use Chevron, Subspace or FactorAnalysis, which need only H X products)")
+
+    def _dense_sq_norms(self, H):
+        B, D = self.bandwidth, self.dim
+        bands = self.masked_bands()
+        if B < _SHIFT_SUM_MAX_BANDWIDTH:
+            Hp = jnp.pad(H, ((0, 0), (0, B)))
+            Y = bands[0] * H
+            for k in range(1, B + 1):
+                Y = Y + bands[k] * Hp[:, k:k + D]
+            return jnp.sum(jnp.square(Y), axis=1)
+        nb, diag, sup = _block_tables(D, B)
+        flat = jnp.concatenate([bands.reshape(-1), jnp.zeros((1,), bands.dtype)])
+        Hp = jnp.pad(H, ((0, 0), (0, (nb + 1) * B - D))).reshape(H.shape[0], nb + 1, B)
+        Y = (jnp.einsum("nIj,Iij->nIi", Hp[:, :nb], flat[diag])
+             + jnp.einsum("nIj,Iij->nIi", Hp[:, 1:], flat[sup]))
+        return jnp.sum(jnp.square(Y), axis=(1, 2))
+
+    def marginal_variances(self):
+        return jnp.sum(self._diagonal_gather(jnp.square(self.masked_bands())), axis=0)
+
+    def dense(self):
+        B, D = self.bandwidth, self.dim
+        k, i = np.nonzero(self._valid())
+        return jnp.zeros((D, D), self.bands.dtype).at[i, i + k].set(self.bands[k, i])
+
+    def matvec(self, v):
+        B, D = self.bandwidth, self.dim
+        vp = jnp.pad(v, (0, B))
+        idx = np.arange(D)[None, :] + np.arange(B + 1)[:, None]
+        return jnp.sum(self.masked_bands() * vp[idx], axis=0)
+
+    def rmatvec(self, z):
+        return jnp.sum(self._diagonal_gather(self.masked_bands() * z[None, :]), axis=0)
+
+
+def _check_bandwidth(bandwidth, dim):
+    if bandwidth >= dim:
+        raise ValueError(f"Banded(bandwidth={bandwidth}) must be < dim={dim} (bandwidth={dim - 1} is the full factor)")

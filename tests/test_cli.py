@@ -1,0 +1,279 @@
+"""The `gkl-jax` command line: demo, fit for every likelihood, JSON output, label mapping, error handling."""
+
+import importlib.metadata
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import gkl_jax as gk
+from gkl_jax import cli
+
+N, D = 40, 3
+
+
+def _write(path, header, rows):
+    with open(path, "w") as f:
+        if header is not None:
+            f.write(",".join(header) + "\n")
+        for row in rows:
+            f.write(",".join(str(v) for v in row) + "\n")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """Small CSV files sharing one shape (N rows, D inputs) so that fits reuse the compiled solver."""
+    d = tmp_path_factory.mktemp("csv")
+    rng = np.random.default_rng(0)
+    X = np.round(rng.normal(size=(N, D)), 4)
+    f = X @ np.array([1.0, -2.0, 0.5])
+    yes = rng.uniform(size=N) < 1 / (1 + np.exp(-f))
+    counts = rng.poisson(np.exp(0.3 * f))
+    y_reg = np.round(f + 0.3 * rng.normal(size=N), 4)
+    names = ["a", "b", "c"]
+    out = {
+        "strings": _write(d / "strings.csv", names + ["label"],
+                          [list(x) + ["yes" if t else "no"] for x, t in zip(X, yes)]),
+        "zero_one_first": _write(d / "zero_one.csv", None, [[int(t)] + list(x) for x, t in zip(X, yes)]),
+        "regression": _write(d / "regression.csv", names + ["y"], [list(x) + [v] for x, v in zip(X, y_reg)]),
+        "counts": _write(d / "counts.csv", names + ["n"], [list(x) + [c] for x, c in zip(X, counts)]),
+        "dir": str(d),
+    }
+    rows = [list(x) + ["yes" if t else "no"] for x, t in zip(X, yes)]
+    bad = {
+        "non_numeric": [r[:1] + ["abc"] + r[2:] for r in rows[:3]] + rows[3:],
+        "nan": rows[:5] + [[rows[5][0], "nan"] + rows[5][2:]] + rows[6:],
+        "inf": rows[:1] + [rows[1][:2] + ["-inf"] + rows[1][3:]] + rows[2:],
+        "empty_field": rows[:2] + [[rows[2][0], ""] + rows[2][2:]] + rows[3:],
+        "three_labels": rows[:-1] + [rows[-1][:-1] + ["maybe"]],
+        "one_label": [r[:-1] + ["yes"] for r in rows],
+        "ragged": rows[:4] + [rows[4][:-2]] + rows[5:],
+    }
+    for key, body in bad.items():
+        out[key] = _write(d / f"{key}.csv", names + ["label"], body)
+    out["negative_counts"] = _write(d / "neg.csv", names + ["n"], [list(x) + [-c] for x, c in zip(X, counts + 1)])
+    out["fractional_counts"] = _write(d / "frac.csv", names + ["n"], [list(x) + [c + 0.5] for x, c in zip(X, counts)])
+    out["header_only"] = _write(d / "header_only.csv", names + ["label"], [])
+    out["empty"] = _write(d / "empty.csv", None, [])
+    out["X"], out["yes"], out["y_reg"], out["counts_y"] = X, yes, y_reg, counts
+    return out
+
+
+def run(capsys, *argv):
+    code = cli.main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+# ------------------------------------------------------------------------------------------------ basics
+
+
+def test_version(capsys):
+    code, out, _ = run(capsys, "--version")
+    assert code == 0 and out.strip() == f"gkl-jax {gk.__version__}"
+
+
+def test_help_and_missing_command(capsys):
+    code, out, _ = run(capsys, "--help")
+    assert code == 0 and "demo" in out and "fit" in out
+    code, _, err = run(capsys)
+    assert code == 2 and "usage" in err
+
+
+def test_demo_end_to_end(capsys, tmp_path):
+    code, out, err = run(capsys, "demo", "--output-dir", tmp_path / "out", "--seed", 0)
+    assert code == 0, err
+    assert "G-KL Full" in out and "G-KL Diagonal" in out and "MAP (Newton)" in out
+    assert "[5/5]" in err
+    png = tmp_path / "out" / "gkl_jax_demo.png"
+    assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rows = {line.split()[1]: line.split() for line in out.splitlines() if line.startswith("G-KL")}
+    full, diag = float(rows["Full"][2]), float(rows["Diagonal"][2])
+    assert full > diag  # the full factor family contains the diagonal one
+    for r in rows.values():
+        assert 0.8 < float(r[3]) <= 1.0  # test accuracy on ionosphere
+
+
+# ------------------------------------------------------------------------------------------------ fit
+
+
+@pytest.mark.parametrize("likelihood, key, extra", [
+    ("logistic", "strings", []),
+    ("probit", "strings", []),
+    ("gaussian", "regression", ["--noise-variance", "0.2"]),
+    ("laplace", "regression", ["--scale", "0.5"]),
+    ("student-t", "regression", ["--dof", "5", "--scale", "0.5"]),
+    ("poisson", "counts", []),
+])
+def test_fit_each_likelihood(capsys, files, likelihood, key, extra):
+    # logistic uses the full factor, shared (same shapes, one compilation) with the JSON tests below
+    factor = "full" if likelihood == "logistic" else "diagonal"
+    code, out, err = run(capsys, "fit", files[key], "--likelihood", likelihood, "--factor", factor,
+                         "--quiet", *extra)
+    assert code == 0, err
+    assert err == ""
+    table = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.startswith("  ")}
+    for column in ("a", "b", "c", "bias"):
+        mean, sd = map(float, table[column])
+        assert np.isfinite(mean) and sd > 0
+    assert float(table["b"][0]) < 0 < float(table["a"][0])  # the generating weights are (1, -2, 0.5)
+    assert "log Z >=" in out and "converged: yes" in out
+
+
+def test_fit_json_matches_the_library(capsys, files, tmp_path):
+    path = tmp_path / "result.json"
+    code, out, err = run(capsys, "fit", files["strings"], "--target", "label", "--factor", "full",
+                         "--prior-variance", "2", "--output", path)
+    assert code == 0, err
+    assert "[1/2] fitting the full G-KL factor" in err and "[2/2] writing" in err
+    assert "label mapping: 'no' -> -1, 'yes' -> +1" in out
+    result = json.loads(path.read_text())
+    assert result["columns"] == ["a", "b", "c", "bias"] and result["target"] == "label"
+    assert result["label_mapping"] == {"no": -1.0, "yes": 1.0}
+    assert result["likelihood"] == "logistic" and result["factor"] == "full"
+    assert result["prior_variance"] == 2.0 and result["num_rows"] == N and result["converged"] is True
+    H = np.hstack([files["X"], np.ones((N, 1))])
+    y = np.where(files["yes"], 1.0, -1.0)
+    model = gk.Model(gk.priors.Isotropic(dim=D + 1, variance=2.0), gk.Sites(H, gk.potentials.Logistic(y)))
+    ref = gk.fit(model, factor=gk.factors.Full())
+    np.testing.assert_allclose(result["mean"], ref.q.mean, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(result["sd"], np.sqrt(ref.q.marginal_variances()), rtol=1e-9)
+    np.testing.assert_allclose(result["log_z"], ref.log_z, rtol=1e-12)
+
+
+def test_fit_no_header_integer_target_and_zero_one_labels(capsys, files, tmp_path):
+    path = tmp_path / "r.json"
+    code, out, err = run(capsys, "fit", files["zero_one_first"], "--no-header", "--target", "0",
+                         "--prior-variance", "2", "--output", path, "--quiet")
+    assert code == 0, err
+    result = json.loads(path.read_text())
+    assert result["columns"] == ["c1", "c2", "c3", "bias"] and result["target"] == "c0"
+    assert result["label_mapping"] == {"0": -1.0, "1": 1.0}
+    # same data as strings.csv with yes -> 1: the same posterior
+    code, _, _ = run(capsys, "fit", files["strings"], "--prior-variance", "2",
+                     "--output", tmp_path / "s.json", "--quiet")
+    other = json.loads((tmp_path / "s.json").read_text())
+    np.testing.assert_allclose(result["mean"], other["mean"], rtol=1e-10)
+
+
+def test_fit_standardized_with_positive_label(capsys, files, tmp_path):
+    path = tmp_path / "full.json"
+    code, out, err = run(capsys, "fit", files["strings"], "--factor", "full", "--standardize", "--positive-label",
+                         "no", "--output", path, "--quiet")
+    assert code == 0, err
+    result = json.loads(path.read_text())
+    assert result["factor"] == "full" and result["label_mapping"] == {"no": 1.0, "yes": -1.0}
+    np.testing.assert_allclose(result["standardization"]["mean"], files["X"].mean(axis=0))
+    assert float(result["mean"][1]) > 0  # labels flipped: the weight of b changes sign
+    assert "standardised" in out
+
+
+@pytest.mark.parametrize("values, expected", [
+    (["0", "1", "1", "0"], {"0": -1.0, "1": 1.0}),
+    (["1", "-1", "1"], {"-1": -1.0, "1": 1.0}),
+    (["+1", "-1"], {"-1": -1.0, "+1": 1.0}),
+    (["1", "1.0", "0"], {"0": -1.0, "1": 1.0, "1.0": 1.0}),
+    (["4", "2", "10"][:2], {"2": -1.0, "4": 1.0}),
+    (["10", "9"], {"9": -1.0, "10": 1.0}),  # numeric, not string, order
+    (["g", "b", "g"], {"b": -1.0, "g": 1.0}),
+    (["1", "1"], {"1": 1.0}),  # one class of a 0/1 coding is still unambiguous
+])
+def test_binary_label_mapping(values, expected):
+    y, mapping = cli.binary_labels(values, list(range(2, 2 + len(values))), "t")
+    assert mapping == expected
+    np.testing.assert_array_equal(y, [expected[v] for v in values])
+
+
+def test_binary_label_mapping_positive_label():
+    y, mapping = cli.binary_labels(["0", "1", "0"], [2, 3, 4], "t", positive="0")
+    assert mapping == {"0": 1.0, "1": -1.0} and list(y) == [1.0, -1.0, 1.0]
+    _, mapping = cli.binary_labels(["yes"], [2], "t", positive="yes")
+    assert mapping == {"yes": 1.0}
+
+
+# ------------------------------------------------------------------------------------------------ errors
+
+
+def _one_line_error(code, out, err, fragment):
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("gkl-jax: error: ") and fragment in lines[0], lines[0]
+    assert "Traceback" not in err and out == ""
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["{dir}/missing.csv"], "file not found"),
+    (["{dir}"], "is a directory"),
+    (["{strings}", "--target", "nope"], "unknown target column 'nope'; columns: a, b, c, label"),
+    (["{strings}", "--target", "7"], "unknown target column '7'"),
+    (["{non_numeric}"], "non-numeric value 'abc' in column 'b' (line 2)"),
+    (["{nan}"], "missing or NaN value 'nan' in column 'b' (line 7)"),
+    (["{inf}"], "non-finite value '-inf' in column 'c' (line 3)"),
+    (["{empty_field}"], "missing or NaN value '' in column 'b' (line 4)"),
+    (["{three_labels}"], "bad labels in target column 'label'"),
+    (["{one_label}"], "only one class 'yes'"),
+    (["{ragged}"], "line 6: 2 fields, expected 4"),
+    (["{header_only}"], "no data rows"),
+    (["{empty}"], "has no rows"),
+    (["{strings}", "--prior-variance", "0"], "--prior-variance: must be a positive finite number, got '0'"),
+    (["{strings}", "--prior-variance", "-1"], "must be a positive finite number"),
+    (["{strings}", "--prior-variance", "inf"], "must be a positive finite number"),
+    (["{strings}", "--prior-variance", "abc"], "must be a positive finite number"),
+    (["{regression}", "--likelihood", "student-t", "--dof", "0"], "--dof: must be a positive"),
+    (["{strings}", "--likelihood", "gaussian"], "non-numeric value 'no' in column 'label'"),
+    (["{strings}", "--likelihood", "poisson"], "non-numeric value 'no'"),
+    (["{negative_counts}", "--likelihood", "poisson"], "counts for poisson must be non-negative integers"),
+    (["{fractional_counts}", "--likelihood", "poisson"], "counts for poisson must be non-negative integers"),
+    (["{strings}", "--dof", "3"], "--dof applies only to --likelihood student-t"),
+    (["{strings}", "--noise-variance", "1"], "--noise-variance applies only to --likelihood gaussian"),
+    (["{regression}", "--likelihood", "gaussian", "--positive-label", "1"], "--positive-label applies only"),
+    (["{strings}", "--positive-label", "maybe"], "--positive-label 'maybe' does not occur"),
+    (["{strings}", "--likelihood", "cauchy"], "invalid choice: 'cauchy'"),
+    (["{strings}", "--factor", "banded"], "invalid choice: 'banded'"),
+    (["{strings}", "--output", "{dir}/no/such/dir/r.json"], "directory"),
+    (["{strings}", "--output", "{dir}"], "is a directory"),
+    (["{strings}", "--delimiter", ";;"], "--delimiter must be one character"),
+    (["{strings}", "--bogus"], "unrecognized arguments: --bogus"),
+])
+def test_fit_errors_are_one_line_with_status_2(capsys, files, args, fragment):
+    argv = ["fit"] + [a.format(**{k: v for k, v in files.items() if isinstance(v, str)}) for a in args]
+    _one_line_error(*run(capsys, *argv), fragment)
+
+
+def test_demo_output_dir_that_is_a_file(capsys, tmp_path):
+    target = tmp_path / "file.txt"
+    target.write_text("x")
+    _one_line_error(*run(capsys, "demo", "--output-dir", target), "exists and is not a directory")
+
+
+def test_demo_bad_seed(capsys):
+    _one_line_error(*run(capsys, "demo", "--seed", "x"), "--seed: invalid int value")
+
+
+# ------------------------------------------------------------------------------------------------ entry point
+
+
+def _entry_point():
+    try:
+        importlib.metadata.distribution("gkl-jax")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("gkl-jax is not installed (pip install -e .), so there is no gkl-jax script")
+    script = os.path.join(os.path.dirname(sys.executable), "gkl-jax")
+    return script if os.path.exists(script) else shutil.which("gkl-jax")
+
+
+def test_installed_entry_point_runs_as_a_subprocess(files):
+    script = _entry_point()
+    assert script, "the gkl-jax console script is not on PATH"
+    done = subprocess.run([script, "fit", files["three_labels"]], capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip().splitlines() == [
+        "gkl-jax: error: bad labels in target column 'label': a binary likelihood needs two classes (0/1, -1/+1 "
+        "or two distinct strings), found 3: 'maybe', 'no', 'yes'"]

@@ -1,0 +1,215 @@
+"""GP prediction, exact regression, sparse GPs and ML-II against dense / closed-form / quadrature oracles."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import integrate, stats
+
+import gkl_jax as gk
+from gkl_jax import kernels as K
+
+NOISE = 0.05
+
+
+def _data(n=12, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(-3, 3, size=(n, 1))
+    y = np.sin(X[:, 0]) + np.sqrt(NOISE) * rng.standard_normal(n)
+    return X, y
+
+
+def _dense_posterior_predictive(kernel, X, y, noise, Xs, jitter=1e-6):
+    Kxx = np.asarray(kernel.gram(X)) + jitter * np.eye(len(X))
+    Ksx = np.asarray(kernel.gram(Xs, X))
+    Kss = np.asarray(kernel.diag(Xs))
+    A = Kxx + noise * np.eye(len(X))
+    mean = Ksx @ np.linalg.solve(A, y)
+    var = Kss - np.sum(Ksx * np.linalg.solve(A, Ksx.T).T, axis=1)
+    log_z = stats.multivariate_normal(np.zeros(len(X)), A).logpdf(y)
+    return log_z, mean, var
+
+
+def _methods():
+    methods = [("gkl", gk.fit), ("gkl-newton", lambda m: gk.fit(m, solver="newton")),
+               ("gkl-whiten", lambda m: gk.fit(m, whiten=True))]
+    for name in ("laplace", "ep", "local"):
+        fn = getattr(gk, name, None) or getattr(gk.baselines, name, None)
+        if fn is not None:
+            methods.append((name, fn))
+    return methods
+
+
+@pytest.mark.parametrize("name, method", _methods())
+def test_gaussian_likelihood_every_method_equals_exact_regression(name, method):
+    X, y = _data()
+    kernel = K.SquaredExponential(1.3, 0.9)
+    Xs = np.linspace(-3.5, 3.5, 7)[:, None]
+    log_z, mean, var = _dense_posterior_predictive(kernel, X, y, NOISE, Xs)
+    model = gk.gp.model(kernel, X, gk.potentials.Gaussian(y, NOISE))
+    exact = gk.gp.exact(model)
+    np.testing.assert_allclose(exact.log_z, log_z, rtol=1e-10)
+    res = method(model)
+    np.testing.assert_allclose(res.log_z, log_z, rtol=1e-6, atol=1e-6)
+    pred = gk.gp.predict(res, model.prior, Xs, gk.potentials.Gaussian(np.zeros(7), NOISE))
+    np.testing.assert_allclose(pred.mean, mean, atol=1e-6)
+    np.testing.assert_allclose(pred.variance, var, atol=1e-6)
+    np.testing.assert_allclose(pred.y_variance, var + NOISE, atol=1e-6)
+    np.testing.assert_allclose(pred.log_density, stats.norm(mean, np.sqrt(var + NOISE)).logpdf(0.0), atol=1e-6)
+
+
+def test_exact_matches_linear_gaussian_oracle_in_both_spaces(rng):
+    from helpers import gaussian_log_evidence
+
+    for num, dim in ((6, 4), (9, 3)):                                # N > D (Woodbury) and N <= D paths
+        H = rng.normal(size=(num, dim))
+        y = rng.normal(size=num)
+        cov = np.cov(rng.normal(size=(dim, 3 * dim))) + 0.5 * np.eye(dim)
+        model = gk.Model(gk.priors.Dense(cov), gk.Sites(H, gk.potentials.Gaussian(y, 0.3)))
+        log_z, mean, post = gaussian_log_evidence(H, y, 0.3, cov)
+        res = gk.gp.exact(model)
+        np.testing.assert_allclose(res.log_z, log_z, rtol=1e-10)
+        np.testing.assert_allclose(res.q.mean, mean, atol=1e-10)
+        np.testing.assert_allclose(res.q.covariance(), post, atol=1e-10)
+    with pytest.raises(ValueError, match="Gaussian potentials"):
+        gk.gp.exact(gk.Model(gk.priors.Dense(cov), gk.Sites(H, gk.potentials.Probit(np.sign(y)))))
+
+
+def test_latent_prediction_matches_dense_formula_for_non_gaussian_q(rng):
+    X, y = _data(10)
+    kernel = K.Matern52(1.1, 1.4)
+    model = gk.gp.model(kernel, X, gk.potentials.Probit(np.sign(y)), mean=0.2)
+    res = gk.fit(model)
+    Xs = rng.uniform(-3, 3, size=(5, 1))
+    Sigma = np.asarray(model.prior.covariance)
+    Ks = np.asarray(kernel.gram(X, Xs))
+    A = np.linalg.solve(Sigma, Ks)
+    S = np.asarray(res.q.covariance())
+    mean = 0.2 + A.T @ (np.asarray(res.q.mean) - 0.2)
+    var = np.asarray(kernel.diag(Xs)) - np.sum(Ks * A, 0) + np.sum(A * (S @ A), 0)
+    pred = gk.gp.predict(res, model.prior, Xs, gk.potentials.Probit(np.ones(5)))
+    np.testing.assert_allclose(pred.mean, mean, atol=1e-8)
+    np.testing.assert_allclose(pred.variance, var, atol=1e-8)
+    np.testing.assert_allclose(pred.probability, stats.norm.cdf(mean / np.sqrt(1 + var)), atol=1e-8)
+    np.testing.assert_allclose(pred.log_density, np.log(pred.probability), atol=1e-8)
+
+
+@pytest.mark.parametrize("lik, pdf", [
+    (gk.potentials.Laplace(np.array([0.3, -1.0, 2.0]), 0.4), lambda y, f: np.exp(-np.abs(y - f) / 0.4) / 0.8),
+    (gk.potentials.StudentT(np.array([0.3, -1.0, 2.0]), 3.0, 0.5), lambda y, f: stats.t(3.0, f, 0.5).pdf(y)),
+    (gk.potentials.Logistic(np.array([1.0, -1.0, 1.0])), lambda y, f: 1 / (1 + np.exp(-y * f))),
+])
+def test_predictive_densities_match_numerical_integration(lik, pdf):
+    mean = np.array([0.1, -0.5, 1.0])
+    var = np.array([0.3, 0.05, 1.2])
+    got = gk.gp.log_predictive_density(lik, jnp.asarray(mean), jnp.asarray(var))
+    for i in range(3):
+        y = float(np.asarray(lik.y)[i])
+        val, _ = integrate.quad(lambda f: pdf(y, f) * stats.norm(mean[i], np.sqrt(var[i])).pdf(f), -np.inf, np.inf,
+                                points=None, limit=200)
+        np.testing.assert_allclose(got[i], np.log(val), rtol=1e-6)
+    if isinstance(lik, gk.potentials.Logistic):
+        p = gk.gp.class_probability(lik, jnp.asarray(mean), jnp.asarray(var))
+        np.testing.assert_allclose(np.where(np.asarray(lik.y) > 0, p, 1 - p), np.exp(got), rtol=1e-8)
+
+
+def test_sparse_gp_with_z_equal_x_equals_full(rng):
+    X, y = _data(10)
+    kernel = K.SquaredExponential(1.0, 1.2)
+    Xs = rng.uniform(-3, 3, size=(6, 1))
+    lik = gk.potentials.Laplace(y, 0.3)
+    full = gk.gp.model(kernel, X, lik, jitter=1e-8)
+    sparse = gk.gp.sparse_model(kernel, X, X, lik, jitter=1e-8)
+    r_full, r_sparse = gk.fit(full), gk.fit(sparse)
+    np.testing.assert_allclose(r_sparse.log_z, r_full.log_z, rtol=1e-6)
+    p_full = gk.gp.predict(r_full, full.prior, Xs)
+    p_sparse = gk.gp.predict(r_sparse, sparse.prior, Xs)
+    np.testing.assert_allclose(p_sparse.mean, p_full.mean, atol=1e-5)
+    np.testing.assert_allclose(p_sparse.variance, p_full.variance, atol=1e-5)
+
+
+def test_sparse_gaussian_bound_is_titsias_collapsed_bound():
+    X, y = _data(15)
+    Z = np.linspace(-2.5, 2.5, 4)[:, None]
+    kernel = K.SquaredExponential(0.9, 1.1)
+    model = gk.gp.sparse_model(kernel, X, Z, gk.potentials.Gaussian(y, NOISE))
+    Kzz = np.asarray(kernel.gram(Z)) + 1e-6 * np.eye(4)
+    Kxz = np.asarray(kernel.gram(X, Z))
+    Q = Kxz @ np.linalg.solve(Kzz, Kxz.T)
+    titsias = (stats.multivariate_normal(np.zeros(15), Q + NOISE * np.eye(15)).logpdf(y)
+               - 0.5 * np.trace(np.asarray(kernel.gram(X)) - Q) / NOISE)
+    np.testing.assert_allclose(gk.gp.exact(model).log_z, titsias, rtol=1e-8)
+    np.testing.assert_allclose(gk.fit(model).log_z, titsias, rtol=1e-7)
+    exact_full = stats.multivariate_normal(np.zeros(15), np.asarray(kernel.gram(X)) + NOISE * np.eye(15)).logpdf(y)
+    assert titsias <= exact_full
+
+
+def test_hyperparameter_gradient_matches_reoptimised_bound():
+    X, y = _data(10)
+    lik = gk.potentials.Laplace(y, 0.3)
+    build = lambda k: gk.gp.model(k, X, lik)
+    kernel = K.SquaredExponential(1.2, 0.8)
+
+    @jax.jit
+    def log_z(k):
+        return gk.fit(build(k), tol=1e-10).log_z
+
+    grad = jax.grad(log_z)(kernel)
+    eps = 1e-5
+    for field in ("log_variance", "log_lengthscale"):
+        up = jax.tree.map(lambda x: x, kernel)
+        up = eqx_set(kernel, field, getattr(kernel, field) + eps)
+        dn = eqx_set(kernel, field, getattr(kernel, field) - eps)
+        fd = (log_z(up) - log_z(dn)) / (2 * eps)
+        np.testing.assert_allclose(getattr(grad, field), fd, rtol=1e-5, atol=1e-7)
+
+
+def eqx_set(module, field, value):
+    import equinox as eqx
+
+    return eqx.tree_at(lambda m: getattr(m, field), module, value)
+
+
+def test_ml2_gkl_equals_exact_with_gaussian_likelihood():
+    X, y = _data(12)
+    build = lambda k: gk.gp.model(k, X, gk.potentials.Gaussian(y, NOISE))
+    k0 = K.SquaredExponential(1.0, 1.0)
+    ex = gk.gp.fit_hyperparameters(build, k0, method="exact", gtol=1e-6)
+    kl = gk.gp.fit_hyperparameters(build, k0, gtol=1e-6)
+    assert ex.converged and kl.converged
+    np.testing.assert_allclose(kl.log_z, ex.log_z, rtol=1e-7)
+    np.testing.assert_allclose(kl.params.lengthscale, ex.params.lengthscale, rtol=1e-3)
+    # independent oracle: scikit-learn's own ML-II for the same model
+    from sklearn.gaussian_process import GaussianProcessRegressor
+    from sklearn.gaussian_process.kernels import RBF, ConstantKernel
+
+    sk = GaussianProcessRegressor(ConstantKernel(1.0) * RBF(1.0), alpha=NOISE + 1e-6, n_restarts_optimizer=0).fit(X, y)
+    np.testing.assert_allclose(ex.log_z, sk.log_marginal_likelihood_value_, rtol=1e-5)
+    assert np.all(np.diff(ex.history) >= -1e-10)
+
+
+def test_bad_inputs_name_the_argument():
+    X, y = _data(8)
+    k = K.SquaredExponential()
+    with pytest.raises(ValueError, match="X"):
+        gk.gp.model(k, np.where(X > 1, np.nan, X), gk.potentials.Gaussian(y))
+    with pytest.raises(ValueError, match="y"):
+        gk.gp.model(k, X, gk.potentials.Gaussian(y[:5]))
+    with pytest.raises(ValueError, match="y"):
+        gk.gp.sparse_model(k, X, X[:3], gk.potentials.Gaussian(y[:5]))
+    with pytest.raises(ValueError, match="Z"):
+        gk.gp.sparse_model(k, X, np.zeros((3, 2)), gk.potentials.Gaussian(y))
+    with pytest.raises(ValueError, match="lengthscale"):
+        K.Matern32(lengthscale=0.0)
+    model = gk.gp.model(k, X, gk.potentials.Gaussian(y))
+    res = gk.gp.exact(model)
+    with pytest.raises(ValueError, match="X_new"):
+        gk.gp.predict(res, model.prior, np.zeros((3, 2)))
+    with pytest.raises(ValueError, match="X_new"):
+        gk.gp.predict(res, model.prior, np.array([[np.nan]]))
+    with pytest.raises(ValueError, match="likelihood"):
+        gk.gp.predict(res, model.prior, np.zeros((3, 1)), gk.potentials.Gaussian(np.zeros(4)))
+    with pytest.raises(ValueError, match="prior"):
+        gk.gp.predict(res, gk.priors.Isotropic(8), np.zeros((3, 1)))
+    with pytest.raises(ValueError, match="build"):
+        gk.gp.fit_hyperparameters(None, k)
