@@ -16,11 +16,13 @@ from . import multiclass as multiclass
 from . import operators as operators
 from . import potentials as potentials
 from . import priors as priors
+from .baselines import ais as ais, double_loop as double_loop, ep as ep, laplace as laplace, local as local
 from ._bound import bound as bound
 from ._fit import fit as fit
 from ._gaussian import Gaussian as Gaussian
 from ._model import Model as Model
 from ._model import Sites as Sites
 from ._result import Result as Result
+from . import distributed as distributed, stochastic as stochastic  # after the core: they import it
 
 __version__ = "0.1.0"

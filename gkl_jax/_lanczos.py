@@ -30,6 +30,7 @@ converge first, which is why the estimates capture the leading posterior directi
 
 from typing import Optional
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -141,6 +142,7 @@ def ritz_pairs(Q, alpha, beta, num: Optional[int] = None, which: str = "largest"
     return theta[:num], Q @ Y[:, :num]
 
 
+@jax.jit
 def inverse_factor(Q, alpha, beta):
     """W (dim, k) with W W^T = Q T^{-1} Q^T, the rank-k Lanczos approximation of A^{-1} (A SPD).
 
@@ -151,6 +153,7 @@ def inverse_factor(Q, alpha, beta):
     return Q @ (U * scale)
 
 
+@eqx.filter_jit
 def variance_estimates(Q, alpha, beta, op=None):
     """nu_hat_n = h_n^T Q T^{-1} Q^T h_n for the rows h_n of `op` (None: diag(Q T^{-1} Q^T)).
 
@@ -166,6 +169,7 @@ def estimate_variances(matvec, dim: int, num_vectors: int, key_or_start, op=None
     return variance_estimates(Q, alpha, beta, op), (Q, alpha, beta)
 
 
+@jax.jit
 def slq_logdet(alpha, beta, start_norm_sq):
     """One stochastic Lanczos quadrature probe of log det A (Ubaru, Chen & Saad 2017):
 

@@ -5,7 +5,7 @@
     gkl-jax --version
 
 `demo` compares the Full and Diagonal G-KL factors on Bayesian logistic regression of the bundled ionosphere
-data (see `_demo`). `fit` runs a Bayesian GLM with an isotropic Gaussian prior on the columns of a CSV file
+data (see `gkl_jax._demo`). `fit` runs a Bayesian GLM with an isotropic Gaussian prior on the columns of a CSV file
 plus a bias. Usage and data errors print one line, `gkl-jax: error: ...`, on stderr and exit with status 2.
 """
 
@@ -25,7 +25,6 @@ LIKELIHOODS = ("logistic", "probit", "gaussian", "laplace", "student-t", "poisso
 FACTORS = ("full", "diagonal")
 BINARY = ("logistic", "probit")
 _MISSING = {"", "na", "nan", "n/a", "null", "none", "?"}
-_GH_POINTS = 64
 
 
 class CLIError(Exception):
@@ -379,10 +378,14 @@ def _run_fit(args) -> int:
     progress = Progress(total=2 if args.output else 1, enabled=not args.quiet)
     progress.step(f"fitting the {args.factor} G-KL factor (D = {X.shape[1]}, N = {X.shape[0]}; first call "
                   f"includes JIT compilation)")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        result = gk.fit(model, factor=factor)
-        log_z = float(result.log_z)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            result = gk.fit(model, factor=factor)
+            log_z = float(result.log_z)
+    except ValueError as err:
+        progress.done()
+        raise CLIError(f"the fit failed: {str(err).splitlines()[0]}") from None
     fit_time = progress.done()
     mean = np.asarray(result.q.mean)
     sd = np.sqrt(np.asarray(result.q.marginal_variances()))

@@ -207,9 +207,9 @@ def test_sequential_loop_records_and_compiles_once(rng):
     random_rows = rng.normal(size=(200, D))
     random_rows /= np.linalg.norm(random_rows, axis=1, keepdims=True)
     assert last.gains[0] >= float(jnp.max(gk.design.candidate_gains(last.result, random_rows, v2)))
-    # a candidate pool and a different inference method plug into the same loop
+    # a candidate pool and a user-supplied inference callable plug into the same loop (same shapes: no retrace)
     pool = np.eye(D)
-    out2 = gk.design.sequential(base, measure, M0, y0, v2, steps=1, per_step=2, design=pool, progress=False,
-                                infer=lambda model, q0: gk.fit(model, factor=gk.factors.Diagonal(), q0=q0))
+    out2 = gk.design.sequential(base, measure, M0, y0, v2, steps=3, per_step=2, design=pool, progress=False,
+                                infer=lambda model, q0: gk.fit(model, factor=gk.factors.Full(), q0=q0))
     rows = out2.measurements[3:]
     assert np.all(np.sort(np.abs(rows), axis=1)[:, -1] == 1.0)

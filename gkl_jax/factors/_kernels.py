@@ -57,11 +57,14 @@ def broadcast_variances(variances, dim):
 
 
 def bcoo_triplets(op):
-    """(rows, cols, values) of a BCOO operator, in the unbatched layout."""
+    """(rows, cols, values) of a BCOO operator in the unbatched layout; padding entries (indices out of range, the
+    BCOO convention) get value 0 and in-range indices."""
     mat = op.matrix
     if mat.n_batch or mat.n_dense:
         mat = jsparse.bcoo_update_layout(mat, n_batch=0, n_dense=0)
-    return mat.indices[:, 0], mat.indices[:, 1], mat.data
+    rows, cols = mat.indices[:, 0], mat.indices[:, 1]
+    valid = (rows < mat.shape[0]) & (cols < mat.shape[1])
+    return jnp.where(valid, rows, 0), jnp.where(valid, cols, 0), jnp.where(valid, mat.data, 0)
 
 
 def pattern_sq_norms_dense(H, rows, cols, values, dim):
@@ -98,7 +101,7 @@ def column_slot_sq_norms(op, col_rows, col_values, dim):
     num_sites = op.shape[0]
     slots = col_rows.shape[1]
     n = jnp.repeat(rows, slots)
-    i = col_rows[cols].reshape(-1)
+    i = jnp.asarray(col_rows)[cols].reshape(-1)
     contrib = (vals[:, None] * col_values[cols]).reshape(-1)
     order = jnp.lexsort((i, n))
     n_sorted, i_sorted = n[order], i[order]

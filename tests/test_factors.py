@@ -1,0 +1,405 @@
+"""Structured factors (papers/000 §4.1): one conformance suite over every factor, with dense oracles.
+
+A new factor gets its tests by joining `CASES`: a template constructor, the entries of its leaves that are
+structural zeros, and (for Cholesky-type factors) the sparsity pattern of C.
+"""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import sparse as jsparse
+from jax.flatten_util import ravel_pytree
+
+import gkl_jax as gk
+from gkl_jax import _fit
+from gkl_jax.factors import Banded, Chevron, Diagonal, FactorAnalysis, Full, Sparse, Subspace
+from gkl_jax.operators import AbstractOperator
+
+from helpers import gaussian_log_evidence, tol
+
+D = 10
+
+
+def sparse_mask(dim, seed=3):
+    rng = np.random.default_rng(seed)
+    return np.triu(rng.uniform(size=(dim, dim)) < 0.3) | np.eye(dim, dtype=bool)
+
+
+def band_pattern(dim, B):
+    i, j = np.indices((dim, dim))
+    return (j >= i) & (j <= i + B)
+
+
+def chevron_pattern(dim, K):
+    i, j = np.indices((dim, dim))
+    return ((i < K) & (j >= i)) | (i == j)
+
+
+def _upper_zeros(shape):
+    return np.tril(np.ones(shape, bool), -1)
+
+
+# name -> (template(dim), {leaf name: structural-zero mask(dim)}, pattern of C (None: not a Cholesky-type factor))
+CASES = {
+    "full": (lambda d: Full(), {"C": lambda d: _upper_zeros((d, d))}, lambda d: np.triu(np.ones((d, d), bool))),
+    "diagonal": (lambda d: Diagonal(), {}, lambda d: np.eye(d, dtype=bool)),
+    "banded2": (lambda d: Banded(2), {"bands": lambda d: np.add.outer(np.arange(3), np.arange(d)) >= d},
+                lambda d: band_pattern(d, 2)),
+    "banded8": (lambda d: Banded(8), {"bands": lambda d: np.add.outer(np.arange(9), np.arange(d)) >= d},
+                lambda d: band_pattern(d, 8)),
+    "chevron": (lambda d: Chevron(3), {"theta": lambda d: _upper_zeros((3, d))}, lambda d: chevron_pattern(d, 3)),
+    "sparse": (lambda d: Sparse(sparse_mask(d)), {}, lambda d: sparse_mask(d)),
+    "subspace": (lambda d: Subspace(3), {"C1": lambda d: _upper_zeros((3, 3))}, None),
+    "factor_analysis": (lambda d: FactorAnalysis(2), {}, None),
+}
+NAMES = list(CASES)
+
+
+class MatrixFree(AbstractOperator):
+    """A matrix-free H for the tests: only products with H and H o H are exposed (no `matrix` attribute)."""
+
+    A: jax.Array
+
+    @property
+    def shape(self):
+        return tuple(self.A.shape)
+
+    def mv(self, x):
+        return self.A @ x
+
+    def rmv(self, y):
+        return self.A.T @ y
+
+    def sq_mv(self, v):
+        return jnp.square(self.A) @ v
+
+    def sq_rmv(self, y):
+        return jnp.square(self.A).T @ y
+
+    def as_matrix(self):
+        return self.A
+
+
+def random_factor(name, dim=D, seed=0):
+    """The factor at a random point: every float leaf perturbed (structural zeros too: they must be inert)."""
+    factor = CASES[name][0](dim).initialise(dim, jnp.asarray(0.7))
+    leaves, treedef = jax.tree.flatten(factor)
+    rng = np.random.default_rng(seed)
+    leaves = [x + 0.3 * jnp.asarray(rng.normal(size=x.shape)) if eqx.is_inexact_array(x) else x for x in leaves]
+    factor = jax.tree.unflatten(treedef, leaves)
+    if isinstance(factor, Subspace):
+        factor = eqx.tree_at(lambda f: f.basis, factor, jnp.linalg.qr(factor.basis)[0])
+    return factor
+
+
+def logistic_model(dim=D, num=15, seed=0, prior="isotropic"):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(num, dim))
+    y = np.where(rng.uniform(size=num) < 0.5, 1.0, -1.0)
+    if prior == "dense":
+        L = np.tril(rng.normal(size=(dim, dim))) * 0.3 + np.eye(dim)
+        pr = gk.priors.Dense(L @ L.T)
+    else:
+        pr = gk.priors.Isotropic(dim, 1.5)
+    return gk.Model(pr, gk.Sites(X, gk.potentials.Logistic(y))), X
+
+
+def closed_form_model(dim=D, seed=0):
+    """Log-concave sites with closed-form expectations (exact derivatives, unlike quadrature): Gaussian sites on a
+    dense H and Laplace sites on a sparse BCOO H."""
+    rng = np.random.default_rng(seed)
+    X1 = rng.normal(size=(12, dim))
+    X2 = rng.normal(size=(9, dim)) * (rng.uniform(size=(9, dim)) < 0.4)
+    sites = [gk.Sites(X1, gk.potentials.Gaussian(rng.normal(size=12), 0.7)),
+             gk.Sites(jsparse.BCOO.fromdense(jnp.asarray(X2)), gk.potentials.Laplace(rng.normal(size=9), 0.5))]
+    return gk.Model(gk.priors.Isotropic(dim, 1.5), sites)
+
+
+def solver_vector(q):
+    """The solvers' parameter vector of q (via fit's own filter) and the map back."""
+    params, static = eqx.partition(q, _fit._solver_filter(q))
+    flat, unravel = ravel_pytree(params)
+    return flat, lambda f: eqx.combine(unravel(f), static)
+
+
+def structural_vector(q, name):
+    """Boolean vector over the solver parameters: True at the structural zeros of the factor."""
+    params, _ = eqx.partition(q, _fit._solver_filter(q))
+    marks = jax.tree.map(lambda x: np.zeros(x.shape, bool), params)
+    for leaf, mask in CASES[name][1].items():
+        marks = eqx.tree_at(lambda p: getattr(p.factor, leaf), marks, mask(q.dim))
+    return np.concatenate([np.ravel(x) for x in jax.tree.leaves(marks)])
+
+
+# ---------------------------------------------------------------- conformance: structure against dense oracles
+
+
+def _site_matrix():
+    rng = np.random.default_rng(2)
+    H = rng.normal(size=(13, D)) * (rng.uniform(size=(13, D)) < 0.4)
+    H[3] = 0.0  # an empty row
+    return H
+
+
+@eqx.filter_jit
+def _evaluate(f, H, v, z):
+    """Everything the factor computes, in one compiled call (eager op-by-op dispatch is slow in tests)."""
+    ops = {"dense": gk.operators.Dense(H),
+           "bcoo": gk.operators.Sparse(jsparse.BCOO.fromdense(H, nse=int(np.sum(_site_matrix() != 0)) + 3)),
+           "bcoo_batched": gk.operators.Sparse(jsparse.BCOO.fromdense(
+               H, n_batch=1, nse=int(np.max(np.sum(_site_matrix() != 0, axis=1))) + 1)),
+           "identity": gk.operators.Identity(D)}
+    if not isinstance(f, (Banded, Sparse)):
+        ops["matrix-free"] = MatrixFree(H)
+    return dict(C=f.dense(), S=f.covariance(), logdet=f.logdet(), marginals=f.marginal_variances(),
+                Cv=f.matvec(v), Ctz=f.rmatvec(z), Sv=f.covariance_mv(v),
+                s2={k: f.project_variances(op) for k, op in ops.items()})
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_structure_matches_dense_oracles(name):
+    """covariance = C^T C; log det, diag(S), C v, C^T z, S v and s_n^2 = h_n^T S h_n for dense, BCOO (padded,
+    row-batched), identity and matrix-free H, all against numpy on the dense matrices."""
+    f = random_factor(name)
+    rng = np.random.default_rng(1)
+    H, v, z = _site_matrix(), rng.normal(size=D), rng.normal(size=D)
+    out = jax.tree.map(np.asarray, _evaluate(f, jnp.asarray(H), jnp.asarray(v), jnp.asarray(z)))
+    C, S = out["C"], out["S"]
+    np.testing.assert_allclose(S, C.T @ C, atol=1e-10)
+    np.testing.assert_allclose(S, S.T, atol=1e-12)
+    np.testing.assert_allclose(out["logdet"], np.linalg.slogdet(S)[1], rtol=1e-9)
+    np.testing.assert_allclose(out["marginals"], np.diag(S), atol=1e-10)
+    np.testing.assert_allclose(out["Cv"], C @ v, atol=1e-10)
+    np.testing.assert_allclose(out["Ctz"], C.T @ z, atol=1e-10)
+    np.testing.assert_allclose(out["Sv"], S @ v, atol=1e-10)
+    oracle = np.einsum("nd,de,ne->n", H, S, H)
+    for kind, s2 in out["s2"].items():
+        np.testing.assert_allclose(s2, np.diag(S) if kind == "identity" else oracle, atol=1e-10, err_msg=kind)
+    if isinstance(f, (Banded, Sparse)):
+        with pytest.raises(ValueError, match="matrix-free"):
+            f.project_variances(MatrixFree(jnp.asarray(H)))
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if CASES[n][2] is not None])
+def test_dense_factor_respects_pattern(name):
+    f = random_factor(name)
+    pattern = CASES[name][2](D)
+    C = np.asarray(f.dense())
+    assert np.all(C[~pattern] == 0)
+    assert np.all(C[np.diag_indices(D)] != 0)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_bound_matches_dense_oracle_with_dense_prior(name):
+    model, X = logistic_model(prior="dense")
+    q = gk.Gaussian(jnp.asarray(np.random.default_rng(4).normal(size=D)), random_factor(name))
+    S, m = np.asarray(q.covariance()), np.asarray(q.mean)
+    Sigma = np.asarray(model.prior.covariance)
+    P = np.linalg.inv(Sigma)
+    entropy = 0.5 * D * (1 + np.log(2 * np.pi)) + 0.5 * np.linalg.slogdet(S)[1]
+    prior = -0.5 * (D * np.log(2 * np.pi) + np.linalg.slogdet(Sigma)[1] + np.trace(P @ S) + m @ P @ m)
+    sites = np.sum(np.asarray(model.sites[0].potential.expected_log_phi(
+        jnp.asarray(X @ m), jnp.asarray(np.einsum("nd,de,ne->n", X, S, X)))))
+    np.testing.assert_allclose(float(eqx.filter_jit(gk.bound)(model, q)), entropy + prior + sites, rtol=1e-10)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_gradient_matches_finite_differences_and_structural_zeros_are_inert(name):
+    model = closed_form_model()
+    q = gk.Gaussian(jnp.asarray(np.random.default_rng(5).normal(size=D) * 0.3), random_factor(name, seed=6))
+    flat, to_q = solver_vector(q)
+    f = jax.jit(lambda x: gk.bound(model, to_q(x)))
+    g = np.asarray(jax.jit(jax.grad(f))(flat))
+    zeros = structural_vector(q, name)
+    assert np.all(g[zeros] == 0.0)
+    rng = np.random.default_rng(7)
+    for _ in range(3):
+        u = jnp.asarray(rng.normal(size=flat.shape))
+        eps = 1e-5
+        fd = (float(f(flat + eps * u)) - float(f(flat - eps * u))) / (2 * eps)
+        np.testing.assert_allclose(g @ np.asarray(u), fd, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_hessian_negative_definite_for_concave_factors(name):
+    factor = CASES[name][0](D)
+    if not factor.concave:
+        pytest.skip("not concave (see test_factor_analysis_is_not_concave)")
+    model = closed_form_model()
+    q = gk.Gaussian(jnp.asarray(np.random.default_rng(8).normal(size=D) * 0.3), random_factor(name, seed=9))
+    flat, to_q = solver_vector(q)
+    free = ~structural_vector(q, name)
+    Hm = np.asarray(jax.jit(jax.hessian(lambda x: gk.bound(model, to_q(x))))(flat))
+    assert np.all(Hm[~free] == 0.0)
+    assert np.linalg.eigvalsh(Hm[np.ix_(free, free)]).max() < -1e-6
+
+
+# ---------------------------------------------------------------- fits: orderings, exact log Z, patterns kept
+
+FIT_D, FIT_N = 8, 14
+
+
+@pytest.fixture(scope="module")
+def gaussian_problem():
+    rng = np.random.default_rng(11)
+    H = rng.normal(size=(FIT_N, FIT_D))
+    y = H @ rng.normal(size=FIT_D) + 0.5 * rng.normal(size=FIT_N)
+    model = gk.Model(gk.priors.Isotropic(FIT_D, 1.0), gk.Sites(H, gk.potentials.Gaussian(y, 0.5)))
+    log_z, mean, cov = gaussian_log_evidence(H, y, 0.5, np.eye(FIT_D))
+    return model, H, y, log_z
+
+
+@pytest.fixture(scope="module")
+def fits(gaussian_problem):
+    model = gaussian_problem[0]
+    out = {}
+    for name in NAMES:
+        tol_ = 1e-5 if name == "factor_analysis" else None
+        out[name] = gk.fit(model, factor=CASES[name][0](FIT_D), tol=tol_, max_steps=3000 if tol_ else None)
+    out["chevron_full"] = gk.fit(model, factor=Chevron(FIT_D))
+    return out
+
+
+def test_bound_orderings_at_the_optimum(gaussian_problem, fits):
+    log_z = gaussian_problem[3]
+    b = {k: float(r.log_z) for k, r in fits.items()}
+    assert all(bool(r.converged) for r in fits.values())
+    eps = 1e-7
+    np.testing.assert_allclose(b["full"], log_z, rtol=1e-9)  # Gaussian model: G-KL is exact
+    np.testing.assert_allclose(b["chevron_full"], b["full"], rtol=1e-9)  # Chevron(rows=D) is Full
+    for name in ("banded2", "banded8", "chevron", "sparse"):
+        assert b["diagonal"] - eps <= b[name] <= b["full"] + eps, name
+    assert b["banded2"] <= b["banded8"] + eps
+    for name in ("subspace", "factor_analysis"):
+        assert b[name] <= b["full"] + eps, name
+    assert all(v <= log_z + eps for v in b.values())
+    # strictly between for this correlated posterior
+    assert b["diagonal"] < b["chevron"] - 1e-3 and b["chevron"] < b["full"] - 1e-3
+
+
+def test_structural_zeros_stay_zero_under_optimisation(fits):
+    for name in NAMES:
+        q = fits[name].q
+        flat, _ = solver_vector(q)
+        assert np.all(np.asarray(flat)[structural_vector(q, name)] == 0.0), name
+        pattern = CASES[name][2]
+        if pattern is not None:
+            assert np.all(np.asarray(q.factor.dense())[~pattern(FIT_D)] == 0.0), name
+    E = np.asarray(fits["subspace"].q.factor.basis)
+    np.testing.assert_allclose(E.T @ E, np.eye(E.shape[1]), atol=1e-10)
+
+
+def test_factor_analysis_is_not_concave(gaussian_problem, fits):
+    """Negative control (§4.1.2): at Theta = 0 and the mean-field optimum, dB/dS = (diag(A) - A)/2 has zero trace,
+    so the Hessian in Theta has a positive eigenvalue."""
+    model = gaussian_problem[0]
+    diag = fits["diagonal"].q
+    q = gk.Gaussian(diag.mean, FactorAnalysis(1, jnp.zeros((FIT_D, 1)), diag.factor.d))
+    flat, to_q = solver_vector(q)
+    hessian = jax.jit(jax.hessian(lambda x: gk.bound(model, to_q(x))))(flat)
+    assert np.linalg.eigvalsh(np.asarray(hessian)).max() > 1e-3
+
+
+# ---------------------------------------------------------------- subspace basis updates
+
+
+def _gaussian_target(N, dim=12, seed=12):
+    rng = np.random.default_rng(seed)
+    H = rng.normal(size=(N, dim))
+    model = gk.Model(gk.priors.Isotropic(dim, 1.0), gk.Sites(H, gk.potentials.Gaussian(rng.normal(size=N), 0.3)))
+    return model, np.eye(dim) + H.T @ H / 0.3
+
+
+@pytest.mark.parametrize("N", [5, 40])
+def test_subspace_eigen_update_is_the_best_end_of_the_spectrum(N):
+    """Gaussian sites: Gamma is constant and A the exact posterior precision. The optimal KL in the family for
+    a basis of eigenvectors is (D - K)/2 log(AM/GM) of the eigenvalues outside it; the update must pick the
+    best split between the two ends of the spectrum."""
+    model, A = _gaussian_target(N)
+    K, dim = 3, A.shape[0]
+    w, U = np.linalg.eigh(A)
+    q = gk.Gaussian(jnp.zeros(dim), Subspace(K, basis_iterations=60).initialise(dim, 1.0))
+    E = np.asarray(q.factor.refine(model, q).basis)
+    gap = lambda out: np.log(np.mean(out)) - np.mean(np.log(out))
+    scores = {j: gap(np.concatenate([w[K - j:dim - j]])) for j in sorted({0, 1, 2, 3})}
+    j = min(scores, key=scores.get)
+    chosen = np.concatenate([U[:, dim - j:], U[:, :K - j]], axis=1)
+    np.testing.assert_allclose(E @ E.T, chosen @ chosen.T, atol=1e-6)
+    assert (j == K) if N < dim else True
+
+
+def test_subspace_gradient_update_increases_the_bound():
+    model, _ = logistic_model()
+    q = gk.Gaussian(jnp.zeros(D), Subspace(3, basis_update="gradient", basis_iterations=3).initialise(D, 0.5))
+    refined = q.factor.refine(model, q)
+    E = np.asarray(refined.basis)
+    np.testing.assert_allclose(E.T @ E, np.eye(3), atol=1e-10)
+    assert float(gk.bound(model, eqx.tree_at(lambda g: g.factor, q, refined))) > float(gk.bound(model, q)) + 1e-6
+
+
+# ---------------------------------------------------------------- sparse H at scale (tiny version of the benchmark)
+
+
+def test_chevron_fit_on_sparse_h_matches_dense_and_stays_linear_in_memory():
+    rng = np.random.default_rng(13)
+    dim, num, per_row, K = 60, 90, 4, 5
+    H = np.zeros((num, dim))
+    for n in range(num):
+        H[n, rng.choice(dim, per_row, replace=False)] = rng.normal(size=per_row)
+    y = np.where(rng.uniform(size=num) < 0.5, 1.0, -1.0)
+    prior = gk.priors.Isotropic(dim, 1.0)
+    sparse = gk.Model(prior, gk.Sites(jsparse.BCOO.fromdense(jnp.asarray(H)), gk.potentials.Logistic(y)))
+    res = gk.fit(sparse, factor=Chevron(K))
+    assert bool(res.converged)
+    dense = gk.Model(prior, gk.Sites(H, gk.potentials.Logistic(y)))
+    np.testing.assert_allclose(float(gk.bound(dense, res.q)), float(res.log_z), rtol=1e-12)
+    g = jax.grad(lambda m: gk.bound(dense, gk.Gaussian(m, res.q.factor)))(res.q.mean)
+    assert float(jnp.max(jnp.abs(g))) < 1e-5
+    # compiled memory of one bound + gradient at a larger size is O(N K + nnz + D K), far below D^2
+    dim, num, per_row = 4000, 6000, 20
+    rows = np.repeat(np.arange(num), per_row)
+    cols = rng.integers(0, dim, size=num * per_row)
+    Hs = jsparse.BCOO((jnp.asarray(rng.normal(size=num * per_row)), jnp.asarray(np.stack([rows, cols], 1))),
+                      shape=(num, dim))
+    model = gk.Model(gk.priors.Isotropic(dim, 1.0), gk.Sites(Hs, gk.potentials.Logistic(jnp.ones(num))))
+    q = gk.Gaussian(jnp.zeros(dim), Chevron(20).initialise(dim, 0.1))
+    stats = jax.jit(jax.value_and_grad(lambda q: gk.bound(model, q))).lower(q).compile().memory_analysis()
+    if stats is not None:
+        assert stats.temp_size_in_bytes < 8 * 40 * (num * 20 + num * per_row + dim * 20)
+        assert stats.temp_size_in_bytes < 8 * dim * dim / 10
+
+
+# ---------------------------------------------------------------- configuration errors name the argument
+
+
+def test_bad_configurations_raise_value_errors_naming_the_argument():
+    model, _ = logistic_model()
+    for factor, word in [(Banded(D), "bandwidth"), (Chevron(D + 1), "rows"), (Subspace(D + 1), "rank"),
+                         (FactorAnalysis(D + 1), "rank"), (Sparse(sparse_mask(D + 2)), "mask")]:
+        with pytest.raises(ValueError, match=word):
+            gk.fit(model, factor=factor)
+    lower = sparse_mask(D).T
+    with pytest.raises(ValueError, match="mask must be upper triangular"):
+        Sparse(lower)
+    no_diag = sparse_mask(D) & ~np.eye(D, dtype=bool)
+    with pytest.raises(ValueError, match="mask must contain the diagonal"):
+        Sparse(no_diag)
+    with pytest.raises(ValueError, match="mask must be a square"):
+        Sparse(np.ones((3, 4), bool))
+    for make, word in [(lambda: Banded(-1), "bandwidth"), (lambda: Chevron(1.5), "rows"),
+                       (lambda: Subspace(0), "rank"), (lambda: Subspace(2, basis_update="pca"), "basis_update"),
+                       (lambda: FactorAnalysis(-2), "rank"), (lambda: Banded(1, jnp.ones((3, 5))), "bands"),
+                       (lambda: Chevron(2, jnp.ones((2, 5)), jnp.ones(4)), "d"),
+                       (lambda: Subspace(2, jnp.ones((5, 2)), jnp.eye(2), 1.0), "orthonormal")]:
+        with pytest.raises(ValueError, match=word):
+            make()
+
+
+def test_float32_is_preserved():
+    for name in NAMES:
+        f = CASES[name][0](D).initialise(D, jnp.asarray(0.5, jnp.float32))
+        H = gk.operators.Dense(jnp.ones((4, D), jnp.float32))
+        assert f.project_variances(H).dtype == jnp.float32, name
+        assert f.logdet().dtype == jnp.float32, name
