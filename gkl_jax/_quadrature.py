@@ -1,11 +1,36 @@
-"""Gaussian expectations E_{z~N(0,1)}[f(m + s z)] by Gauss-Hermite quadrature (papers/000, eq. 7-8).
+"""Gaussian expectations E_{z~N(0,1)}[f(m + s z)] of a site function f (papers/000, eq. 7-8).
+
+Two quadrature rules with the same number of nodes K (`num_points`), both exact for constants:
+
+- **Gauss-Hermite** (`hermite_rule`): x_k = m + s z_k with the probabilists' nodes and weights. Exact for
+  polynomials of degree < 2K, but its error is governed by the strip |Im z| < d / s in which f(m + s z) is
+  analytic (d: distance of f's nearest complex singularity from the real axis); for the logistic potential
+  (d = pi) the 64-node rule errs by 2e-9 at s = 3 and 2e-3 at s = 10. Used for `Custom` potentials without a
+  declared feature.
+
+- **Feature-adapted trapezoid rule** (`feature_rule`), for a potential whose non-analytic behaviour sits near a
+  known point (`center`, e.g. 0 for the logistic, y for Student-t) within a known `width`. In feature units
+  xi = (x - center) / width the nodes are a uniform grid in t under the map
+
+      xi(t) = C log[(2C + e^t) / (2C + e^-t)],     C = s / (beta * width),
+
+  which is xi ~ sinh(t) (geometrically graded nodes, resolving the feature) for |xi| < C and linear
+  (uniform nodes, spacing ~ s h / beta, resolving the Gaussian) beyond. The grid covers xi(x) for
+  x in [m - L s, m + L s]; its ends come from the closed-form inverse t(xi) (a quadratic in e^t). The
+  weights are w_k ∝ exp(-z_k^2 / 2) xi'(t_k), z_k = (x_k - m) / s, normalised to sum to one. xi(t) is analytic
+  in the strip |Im t| < pi, so the rule converges geometrically in K for every (m, s) ratio; when the Gaussian
+  is far from the feature (|m - center| >= 20 s) it is the plain trapezoid rule in z, which is then equally
+  accurate. Measured against scipy.integrate.quad (tests/test_quadrature.py), K = 64 nodes give a relative
+  error (relative to max(1, |E|)) below 1e-10 for E[f], E[f'] and E[f''] of the logistic, probit, Student-t and
+  Cauchy potentials for s from 0 to 100 widths... and beyond: s / width up to ~1e3 (see the potentials' docs).
 
 The derivatives are defined by the identities (Stein's lemma, papers/000 App. B.2)
 
     d/dm  E[f(m + s z)] = E[f'(m + s z)],      d/d(s^2) E[f(m + s z)] = 1/2 E[f''(m + s z)],
 
-each again a quadrature, so gradients and Hessian-vector products are smooth in s^2 down to s^2 = 0 (where
-the chain rule through s = sqrt(s^2) would divide by zero).
+each again an expectation by the same rule, so gradients and Hessian-vector products are smooth in s^2 down to
+s^2 = 0 (where the chain rule through s = sqrt(s^2) would divide by zero). Zero tangents are skipped
+(symbolic zeros), so a gradient in (m, s^2) costs no quadrature over the potential's parameters.
 """
 
 import functools
@@ -13,6 +38,15 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
+from jax.custom_derivatives import SymbolicZero
+
+BETA = 0.4
+"""Linear node spacing of the feature rule far from the feature, in units of s: about h / BETA."""
+HALF_WIDTH = 8.0
+"""The feature rule covers m +- HALF_WIDTH s (Gaussian tail mass beyond: 1.2e-15)."""
+FAR = 20.0
+"""Beyond |m - center| >= FAR s the feature rule is the plain trapezoid rule in z."""
 
 
 @functools.lru_cache(maxsize=None)
@@ -22,6 +56,51 @@ def hermite_rule(num_points: int):
         raise ValueError(f"num_points must be >= 1, got {num_points}")
     z, w = np.polynomial.hermite_e.hermegauss(num_points)
     return z, w / w.sum()
+
+
+def _t_of_xi(xi, C):
+    """The inverse of xi(t) = C log((2C + e^t)/(2C + e^-t)) (odd in xi), without overflow:
+
+    with y = |xi| / C and v = e^-y,  e^|t| = e^y [C (1 - v) + sqrt(C^2 (1 - v)^2 + v)]."""
+    y = jnp.abs(xi) / C
+    c1 = -C * jnp.expm1(-y)
+    return jnp.sign(xi) * (y + jnp.log(c1 + jnp.sqrt(c1 * c1 + jnp.exp(-y))))
+
+
+def feature_rule(m, s2, center, width, num_points: int):
+    """Nodes x (..., K) and weights w (..., K) of the feature-adapted trapezoid rule (module doc) for
+    E[f(x)], x ~ N(m, s2), elementwise over the sites. `center` and `width` broadcast against m."""
+    dtype = jnp.result_type(m, s2, center, width, float)
+    m = jnp.asarray(m, dtype)
+    shape = jnp.broadcast_shapes(jnp.shape(m), jnp.shape(s2), jnp.shape(center), jnp.shape(width))
+    m = jnp.broadcast_to(m, shape)
+    s = jnp.broadcast_to(jnp.sqrt(jnp.maximum(jnp.asarray(s2, dtype), 0)), shape)
+    width = jnp.broadcast_to(jnp.asarray(width, dtype), shape)
+    delta = (m - jnp.asarray(center, dtype)) / width      # Gaussian centre in feature units
+    q = s / width                                          # Gaussian width in feature units
+    far = (jnp.abs(delta) >= FAR * q) | (q <= jnp.sqrt(jnp.finfo(dtype).tiny))
+    q_ = jnp.where(far, 1.0, q)[..., None]
+    d_ = jnp.where(far, 0.0, delta)[..., None]
+    C = q_ / BETA
+    lo = _t_of_xi(d_ - HALF_WIDTH * q_, C)
+    hi = _t_of_xi(d_ + HALF_WIDTH * q_, C)
+    t = lo + (hi - lo) * jnp.linspace(0.0, 1.0, num_points, dtype=dtype)
+    e = jnp.exp(t)
+    xi = C * jnp.log1p((e - 1 / e) / (2 * C + 1 / e))
+    dxi = C * (e / (2 * C + e) + 1 / (2 * C * e + 1))
+    plain = jnp.linspace(-HALF_WIDTH, HALF_WIDTH, num_points, dtype=dtype)
+    z = jnp.where(far[..., None], plain, (xi - d_) / q_)
+    w = jnp.exp(-0.5 * z * z) * jnp.where(far[..., None], 1.0, dxi)
+    w = w / jnp.sum(w, axis=-1, keepdims=True)
+    return m[..., None] + s[..., None] * z, w
+
+
+def _hermite_nodes(m, s2, num_points):
+    z, w = hermite_rule(num_points)
+    dtype = jnp.result_type(m, s2, float)
+    s = jnp.sqrt(jnp.maximum(jnp.asarray(s2, dtype), 0.0))
+    x = jnp.asarray(m, dtype)[..., None] + s[..., None] * jnp.asarray(z, dtype)
+    return x, jnp.asarray(w, dtype)
 
 
 @functools.lru_cache(maxsize=None)
@@ -45,34 +124,61 @@ def _param_tangent(fn):
     return tfn
 
 
-def _nodes_values(fn, num_points, params, m, s2):
-    z, w = hermite_rule(num_points)
-    dtype = jnp.result_type(m, s2)
-    z = jnp.asarray(z, dtype)
-    w = jnp.asarray(w, dtype)
-    s = jnp.sqrt(jnp.maximum(s2, 0.0))
-    x = m[..., None] + s[..., None] * z
+def _nodes_values(fn, num_points, params, m, s2, feature):
+    if feature is None:
+        x, w = _hermite_nodes(m, s2, num_points)
+    else:
+        x, w = feature_rule(m, s2, feature[0], feature[1], num_points)
     vals = jax.vmap(lambda xk: fn(params, xk), in_axes=-1, out_axes=-1)(x)
-    return vals @ w
+    return jnp.sum(vals * w, axis=-1)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1))
-def gauss_hermite(fn, num_points, params, m, s2):
-    """E_{z~N(0,1)}[fn(params, m + sqrt(s2) z)] elementwise over sites.
+def expectation(fn, num_points, params, m, s2, feature):
+    """E_{x~N(m, s2)}[fn(params, x)] elementwise over sites, by Gauss-Hermite (`feature` None) or by the
+    feature-adapted rule (`feature` = (center, width), arrays broadcasting against m).
 
-    `fn(params, x)` must be elementwise in x (x has the shape of m) and twice differentiable in x.
+    `fn(params, x)` must be elementwise in x (x has the shape of m) and twice differentiable in x. The feature
+    only places the nodes: it receives no derivative (the exact expectation does not depend on it).
     """
-    return _nodes_values(fn, num_points, params, m, s2)
+    return _nodes_values(fn, num_points, params, m, s2, feature)
 
 
-@gauss_hermite.defjvp
-def _gauss_hermite_jvp(fn, num_points, primals, tangents):
-    params, m, s2 = primals
-    dparams, dm, ds2 = tangents
-    d1 = _derivative(fn)
-    d2 = _derivative(d1)
-    out = gauss_hermite(fn, num_points, params, m, s2)
-    tangent = (gauss_hermite(d1, num_points, params, m, s2) * dm
-               + 0.5 * gauss_hermite(d2, num_points, params, m, s2) * ds2
-               + gauss_hermite(_param_tangent(fn), num_points, (params, dparams), m, s2))
+def _is_zero(t):
+    return isinstance(t, SymbolicZero)
+
+
+@functools.partial(expectation.defjvp, symbolic_zeros=True)
+def _expectation_jvp(fn, num_points, primals, tangents):
+    params, m, s2, feature = primals
+    dparams, dm, ds2, _ = tangents
+    out = expectation(fn, num_points, params, m, s2, feature)
+    tangent = jnp.zeros_like(out)
+    if not _is_zero(dm):
+        tangent = tangent + expectation(_derivative(fn), num_points, params, m, s2, feature) * dm
+    if not _is_zero(ds2):
+        d2 = _derivative(_derivative(fn))
+        tangent = tangent + 0.5 * expectation(d2, num_points, params, m, s2, feature) * ds2
+    leaves = jax.tree.leaves(dparams, is_leaf=_is_zero)
+    if not all(_is_zero(t) for t in leaves):
+        dparams = jax.tree.map(lambda t, p: jnp.zeros_like(p) if _is_zero(t) else t, dparams, params,
+                               is_leaf=_is_zero)
+        tangent = tangent + expectation(_param_tangent(fn), num_points, (params, dparams), m, s2, feature)
     return out, tangent
+
+
+def gauss_hermite(fn, num_points, params, m, s2):
+    """E_{z~N(0,1)}[fn(params, m + sqrt(s2) z)] elementwise over sites by `num_points`-node Gauss-Hermite."""
+    return expectation(fn, num_points, params, m, s2, None)
+
+
+def continued_fraction(coefficient, t, num_terms: int):
+    """1 / (t + a_2 / (t + a_3 / (t + ... a_n / t))) with a_k = coefficient(k), evaluated backwards in a
+    `lax.fori_loop` (used for the Mills-ratio gap of the probit potential)."""
+
+    def body(i, acc):
+        k = num_terms - i
+        return coefficient(k) / (t + acc)
+
+    acc = lax.fori_loop(0, num_terms - 1, body, jnp.zeros_like(t))
+    return 1 / (t + acc)

@@ -67,7 +67,7 @@ def double_loop(model, rank: int, *, key=None, max_outer: int = 20, max_inner: i
         raise ValueError(f"double_loop: tol must be positive, got {tol}")
     key = jax.random.PRNGKey(0) if key is None else key
     result = _double_loop_jit(model, key, int(rank), int(max_outer), int(max_inner), int(max_cg), int(num_probes),
-                              float(tol))
+                              jnp.asarray(tol, C.dtype_of(model)))
     C.warn_if_not_converged(result.converged, "double_loop", f"the outer loop did not settle (relative change "
                             f"of the variational parameters > tol={tol:g}) within max_outer={max_outer} steps")
     return result

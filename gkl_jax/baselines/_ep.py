@@ -54,7 +54,8 @@ def ep(model, power: float = 1.0, damping: float = 0.5, *, tol: float | None = N
     tol = C.default_tol(dtype) if tol is None else float(tol)
     if tol <= 0:
         raise ValueError(f"ep: tol must be positive, got {tol}")
-    result = _ep_jit(model, power, damping, tol, max_steps)
+    # tol and damping enter as arrays: changing them does not recompile
+    result = _ep_jit(model, power, jnp.asarray(damping, dtype), jnp.asarray(tol, dtype), max_steps)
     C.warn_if_not_converged(result.converged, "ep", f"EP did not converge within max_steps={max_steps} (site "
                             f"parameter change > tol={tol:g}, skipped sites with non-positive cavity precision, "
                             "or an indefinite posterior precision); try a smaller damping or power")

@@ -49,7 +49,7 @@ def laplace(model, *, tol: float | None = None, max_steps: int = 100) -> Result:
     tol = C.default_tol(dtype) if tol is None else float(tol)
     if tol <= 0:
         raise ValueError(f"laplace: tol must be positive, got {tol}")
-    result = _laplace_jit(model, tol, max_steps)
+    result = _laplace_jit(model, jnp.asarray(tol, dtype), max_steps)  # an array: no recompile per tol
     C.warn_if_not_converged(result.converged, "laplace", "Newton's method did not reach max|grad| <= "
                             f"{tol:g} within max_steps={max_steps}, or the Hessian at the point found is not "
                             "negative definite")

@@ -48,7 +48,7 @@ def local(model, *, tol: float | None = None, max_steps: int = 1000) -> Result:
     tol = (1e-10 if jnp.finfo(dtype).bits >= 64 else 1e-5) if tol is None else float(tol)
     if tol <= 0:
         raise ValueError(f"local: tol must be positive, got {tol}")
-    result = _local_jit(model, tol, max_steps)
+    result = _local_jit(model, jnp.asarray(tol, dtype), max_steps)  # an array: no recompile per tol
     C.warn_if_not_converged(result.converged, "local", f"the EM iterations did not reach a relative bound change "
                             f"<= {tol:g} within max_steps={max_steps} (the result is still a valid lower bound)")
     return result

@@ -19,3 +19,9 @@ from ._predict import predict as predict
 from ._models import model as model
 from ._models import sparse_model as sparse_model
 from ._models import sparse_projection as sparse_projection
+from ._ppa import PPAParams as PPAParams
+from ._ppa import PPAResult as PPAResult
+from ._ppa import corrected_bound as corrected_bound
+from ._ppa import ppa as ppa
+from ._ppa import ppa_predict as ppa_predict
+from ._ppa import standard_bound as standard_bound

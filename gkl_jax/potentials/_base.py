@@ -2,7 +2,9 @@
 
 Each potential holds its per-site data (scalars or length-N arrays) and provides log phi(x) and the Gaussian
 expectation I_n = E_{z~N(0,1)}[log phi_n(m_n + z s_n)] (eq. 8): in closed form where one exists, otherwise by
-Gauss-Hermite quadrature, implemented once in `AbstractQuadraturePotential`.
+quadrature, implemented once in `AbstractQuadraturePotential` (gkl_jax._quadrature): the feature-adapted
+trapezoid rule for a potential that declares where its non-analytic behaviour sits (`feature()`), Gauss-Hermite
+otherwise.
 """
 
 import abc
@@ -11,7 +13,7 @@ from typing import ClassVar
 import equinox as eqx
 import jax.numpy as jnp
 
-from .._quadrature import gauss_hermite
+from .._quadrature import expectation
 
 DEFAULT_NUM_POINTS = 64
 
@@ -37,12 +39,20 @@ class AbstractPotential(eqx.Module):
 
 
 class AbstractQuadraturePotential(AbstractPotential):
-    """A potential whose expectation is computed by `num_points`-node Gauss-Hermite quadrature."""
+    """A potential whose expectation I_n = E[log phi_n(m_n + z s_n)] is computed by `num_points`-node quadrature:
+    the feature-adapted trapezoid rule centred on `feature()` = (center, width) when the potential declares one
+    (accurate for every s_n, see gkl_jax._quadrature), Gauss-Hermite when `feature()` is None. Derivatives in
+    (m_n, s_n^2) are E[log phi'] and 1/2 E[log phi''] by the same rule (Stein's lemma)."""
 
     num_points: eqx.AbstractVar[int]
 
     def expected_log_phi(self, m, s2):
-        return gauss_hermite(type(self)._log_phi_fn, self.num_points, self, m, s2)
+        return expectation(type(self)._log_phi_fn, self.num_points, self, m, s2, self.feature())
+
+    def feature(self):
+        """(center, width) of log phi's non-analytic behaviour in x (complex singularities at about
+        center +- i width / 0.75), broadcasting against the sites; None selects Gauss-Hermite."""
+        return None
 
     @staticmethod
     def _log_phi_fn(potential, x):

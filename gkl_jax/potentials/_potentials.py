@@ -1,6 +1,14 @@
-"""The concrete site potentials: closed-form expectations (Gaussian, Laplace, Poisson) and quadrature ones."""
+"""The concrete site potentials: closed-form expectations (Gaussian, Laplace, Poisson) and quadrature ones.
 
-from typing import Callable, ClassVar
+The quadrature potentials declare their `feature()` (where log phi is non-analytic: complex singularities at
+about center +- i width / 0.75), so their expectations use the feature-adapted rule of gkl_jax._quadrature.
+Accuracy with the default 64 nodes, measured against scipy.integrate.quad in float64 over m - center in
+[-1e3, 1e3] and s from 0 to 100 (tests/test_quadrature.py): |error| / max(1, |E|) below 1e-10 for E[log phi],
+E[(log phi)'] and E[(log phi)''] (about 1e-13 for logistic and Student-t; the Cauchy potential with
+s / scale ~ 1e3 is the hardest case, ~1e-10). 48 nodes give ~1e-7, 32 nodes ~1e-4 in the worst case.
+"""
+
+from typing import Callable, ClassVar, Optional
 
 import equinox as eqx
 import jax
@@ -8,7 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import gammaln, log_ndtr, ndtr
 
-from .._validate import is_concrete, site_count, site_vector
+from .._quadrature import continued_fraction
+from .._validate import as_float_array, check_finite, check_positive, is_concrete, site_count, site_vector
 from ._base import (DEFAULT_NUM_POINTS, AbstractPotential, AbstractQuadraturePotential, check_num_points,
                     std_normal_logpdf)
 
@@ -89,7 +98,10 @@ class Poisson(AbstractPotential):
 
 
 class Logistic(AbstractQuadraturePotential):
-    """phi(x) = sigmoid(y x) with y in {-1, +1}."""
+    """phi(x) = sigmoid(y x) with y in {-1, +1}; log phi = -log(1 + exp(-y x)), log-concave.
+
+    Feature: the kink of log phi at x = 0 (poles at +- i pi): center 0, width 0.75 pi.
+    """
 
     y: jax.Array
     num_points: int = eqx.field(static=True)
@@ -102,9 +114,18 @@ class Logistic(AbstractQuadraturePotential):
     def log_phi(self, x):
         return jax.nn.log_sigmoid(self.y * x)
 
+    def feature(self):
+        return 0.0, 0.75 * np.pi
+
 
 class Probit(AbstractQuadraturePotential):
-    """phi(x) = Phi(y x) with y in {-1, +1} (Phi: standard normal cdf)."""
+    """phi(x) = Phi(y x) with y in {-1, +1} (Phi: standard normal cdf); log-concave.
+
+    log Phi and its derivatives are evaluated stably for all x (`log_ndtr`): the first derivative is the inverse
+    Mills ratio lambda(u) = N(u)/Phi(u) and the second -lambda (u + lambda), with u + lambda from a continued
+    fraction for u < -6 (no cancellation as u -> -inf, where jax's own second derivative of log_ndtr errs).
+    Feature: the first complex zeros of Phi(u) at u = 1.92 +- 2.82 i: center 1.9 y, width 2.
+    """
 
     y: jax.Array
     num_points: int = eqx.field(static=True)
@@ -115,11 +136,19 @@ class Probit(AbstractQuadraturePotential):
         self.num_points = check_num_points(num_points)
 
     def log_phi(self, x):
-        return log_ndtr(self.y * x)
+        return log_ndtr_stable(self.y * x)
+
+    def feature(self):
+        return 1.9 * self.y, 2.0
 
 
 class StudentT(AbstractQuadraturePotential):
-    """phi(x) = Student-t(y | x, dof, scale); not log-concave."""
+    """phi(x) = Student-t(y | x, dof, scale); not log-concave.
+
+    log phi = log Gamma((nu+1)/2) - log Gamma(nu/2) - 1/2 log(nu pi) - log scale - (nu+1)/2 log(1 + r^2/nu),
+    r = (y - x)/scale. Feature: the logarithmic branch points at x = y +- i scale sqrt(nu): center y,
+    width 0.75 scale sqrt(nu).
+    """
 
     y: jax.Array
     dof: jax.Array
@@ -140,9 +169,14 @@ class StudentT(AbstractQuadraturePotential):
         return (gammaln(0.5 * (nu + 1)) - gammaln(0.5 * nu) - 0.5 * jnp.log(nu * jnp.pi) - jnp.log(self.scale)
                 - 0.5 * (nu + 1) * jnp.log1p(jnp.square(r) / nu))
 
+    def feature(self):
+        return self.y, 0.75 * self.scale * jnp.sqrt(self.dof)
+
 
 class Cauchy(AbstractQuadraturePotential):
-    """phi(x) = Cauchy(y | x, scale) (Student-t with one degree of freedom); not log-concave."""
+    """phi(x) = Cauchy(y | x, scale) = 1 / (pi scale (1 + r^2)), r = (y - x)/scale (Student-t with one degree of
+    freedom); not log-concave. Feature: branch points at x = y +- i scale: center y, width 0.75 scale.
+    """
 
     y: jax.Array
     scale: jax.Array
@@ -159,23 +193,43 @@ class Cauchy(AbstractQuadraturePotential):
         r = (self.y - x) / self.scale
         return -jnp.log(jnp.pi * self.scale) - jnp.log1p(jnp.square(r))
 
+    def feature(self):
+        return self.y, 0.75 * self.scale
+
 
 class Custom(AbstractQuadraturePotential):
     """Any elementwise, twice-differentiable JAX function `log_phi(x)` of the projection.
 
     Pass `log_concave=True` only if it is (it selects the Newton solver and promises a concave bound).
+    Expectations use Gauss-Hermite, accurate while s_n is below the distance of log_phi's complex singularities
+    from the real axis; pass `center` and `width` (where log_phi bends, and over what scale) to use the
+    feature-adapted rule instead, accurate for every s_n.
     """
 
     fn: Callable = eqx.field(static=True)
     num_points: int = eqx.field(static=True)
     concave: bool = eqx.field(static=True)
+    center: Optional[jax.Array]
+    width: Optional[jax.Array]
 
-    def __init__(self, log_phi, *, log_concave=False, num_points=DEFAULT_NUM_POINTS):
+    def __init__(self, log_phi, *, log_concave=False, num_points=DEFAULT_NUM_POINTS, center=None, width=None):
         if not callable(log_phi):
             raise ValueError("log_phi must be a callable mapping projections to log potentials")
+        if (center is None) != (width is None):
+            raise ValueError("center and width must be given together (or neither)")
         self.fn = log_phi
         self.concave = bool(log_concave)
         self.num_points = check_num_points(num_points)
+        if center is not None:
+            center = as_float_array(center, "center")
+            check_finite(center, "center")
+            width = as_float_array(width, "width")
+            check_positive(width, "width")
+        self.center = center
+        self.width = width
+
+    def feature(self):
+        return None if self.center is None else (self.center, self.width)
 
     @property
     def log_concave(self):  # type: ignore[override]
@@ -183,3 +237,53 @@ class Custom(AbstractQuadraturePotential):
 
     def log_phi(self, x):
         return self.fn(x)
+
+
+_MILLS_SWITCH = -6.0
+_MILLS_TERMS = 24
+
+
+def _mills_pair(u):
+    """(lambda, g) = (N(u)/Phi(u), u + lambda) without cancellation: directly for u >= -6; for u < -6 from the
+    continued fraction g = 1/(t + 2/(t + 3/(t + ...))), t = -u (Laplace's fraction for the Mills ratio; 24 terms
+    give ~1e-16 at t = 6), and lambda = t + g."""
+    direct_lam = jnp.exp(-0.5 * jnp.square(u) - 0.5 * jnp.log(2 * jnp.pi) - log_ndtr(u))
+    t = jnp.maximum(-u, -_MILLS_SWITCH)
+    gap = continued_fraction(lambda k: k, t, _MILLS_TERMS)
+    tail = u < _MILLS_SWITCH
+    return jnp.where(tail, t + gap, direct_lam), jnp.where(tail, gap, u + direct_lam)
+
+
+@jax.custom_jvp
+def _inverse_mills(u):
+    return _mills_pair(u)[0]
+
+
+@jax.custom_jvp
+def _mills_gap(u):
+    return _mills_pair(u)[1]
+
+
+@_inverse_mills.defjvp
+def _inverse_mills_jvp(primals, tangents):
+    (u,), (du,) = primals, tangents
+    lam = _inverse_mills(u)
+    return lam, -lam * _mills_gap(u) * du          # lambda' = -lambda (u + lambda)
+
+
+@_mills_gap.defjvp
+def _mills_gap_jvp(primals, tangents):
+    (u,), (du,) = primals, tangents
+    return _mills_gap(u), (1 - _inverse_mills(u) * _mills_gap(u)) * du     # g' = 1 + lambda'
+
+
+@jax.custom_jvp
+def log_ndtr_stable(u):
+    """log Phi(u) with derivatives lambda(u) = N(u)/Phi(u), -lambda (u + lambda), ... accurate for all u."""
+    return log_ndtr(u)
+
+
+@log_ndtr_stable.defjvp
+def _log_ndtr_stable_jvp(primals, tangents):
+    (u,), (du,) = primals, tangents
+    return log_ndtr_stable(u), _inverse_mills(u) * du

@@ -15,6 +15,7 @@ epoch (a fresh permutation of each group's sites every epoch), and finishes with
 evaluates the exact full-data bound and gradient (`bound_chunked`).
 """
 
+import functools
 import math
 import warnings
 
@@ -138,7 +139,9 @@ def _batch_sizes(model: Model, batch_size):
     return tuple(out)
 
 
+@functools.lru_cache(maxsize=64)
 def _default_optimizer(num_steps: int, learning_rate: float):
+    """Adam with a cosine decay to learning_rate / 100 (cached: the same object compiles once)."""
     schedule = optax.cosine_decay_schedule(learning_rate, num_steps, alpha=1e-2)
     return optax.adam(schedule)
 
@@ -196,7 +199,7 @@ def fit_minibatch(model: Model, factor: AbstractFactor | None = None, *, batch_s
     if not tol > 0:
         raise ValueError(f"tol must be positive, got {tol}")
     q, log_z, grad_max, bad_steps, history = _fit_minibatch_jit(model, q_init, key, optimizer, sizes, chunks,
-                                                                num_steps)
+                                                                num_steps, q0 is None)
     converged = (grad_max / total <= tol) & jnp.isfinite(log_z) & (bad_steps == 0)
     if is_concrete(converged) and not bool(converged):
         why = (f"{int(bad_steps)} steps had a non-finite gradient estimate and were skipped; "
@@ -209,24 +212,56 @@ def fit_minibatch(model: Model, factor: AbstractFactor | None = None, *, batch_s
                   method="gkl-minibatch")
 
 
+def _diagonal_precision(model: Model, q: Gaussian, indices):
+    """Minibatch estimate of diag(Lambda), Lambda = Sigma^{-1} + sum_g H_g^T Gamma_g H_g (eq. 10) at q, with
+    Gamma_n = -2 dI_n/d(s_n^2): the precision the diagonal factor's fixed point would take."""
+    lam = jnp.zeros(model.dim, q.mean.dtype) if model.prior is None else model.prior.precision_diagonal()
+    for sites, idx in zip(model.sites, indices):
+        part = take_sites(sites, idx, model.dim)
+        m, s2 = part.project(q)
+        gamma = -2 * jax.grad(lambda v: jnp.sum(part.potential.expected_log_phi(m, v)))(s2)
+        lam = lam + (num_sites(sites, model.dim) / idx.shape[0]) * part.operator(model.dim).sq_rmv(gamma)
+    return lam
+
+
+def _scaled_start(model, q, key, sizes, estimate):
+    """The start (q with, if `estimate`, its variances shrunk to a minibatch estimate of the fixed-point
+    variances 1 / Lambda_jj) and the scale s of the factor parameters (geometric mean posterior std)."""
+    variances = q.factor.marginal_variances()
+    if estimate:
+        keys = jax.random.split(key, len(sizes))
+        indices = [jax.random.permutation(k, num_sites(sites, model.dim))[:b]
+                   for k, sites, b in zip(keys, model.sites, sizes)]
+        lam = _diagonal_precision(model, q, indices)
+        good = jnp.isfinite(lam) & (lam > 0)
+        variances = jnp.where(good, jnp.minimum(variances, 1 / jnp.where(good, lam, 1.0)), variances)
+        q = Gaussian(q.mean, q.factor.initialise(model.dim, variances))
+    return q, jnp.exp(0.5 * jnp.mean(jnp.log(variances)))
+
+
 @eqx.filter_jit
-def _fit_minibatch_jit(model, q_init, key, optimizer, sizes, chunks, num_steps):
+def _fit_minibatch_jit(model, q_init, key, optimizer, sizes, chunks, num_steps, estimate):
     TRACE_COUNT["fit_minibatch"] += 1
+    frozen = jax.tree.map(lambda x: lax.stop_gradient(x) if eqx.is_inexact_array(x) else x, model)
+    q_init = jax.tree.map(lambda x: lax.stop_gradient(x) if eqx.is_inexact_array(x) else x, q_init)
+    key, start_key = jax.random.split(key)
+    q_init, scale = _scaled_start(frozen, q_init, start_key, sizes, estimate)
     params0, static = eqx.partition(q_init, eqx.is_inexact_array)
     flat0, unravel = ravel_pytree(params0)
-    flat0 = lax.stop_gradient(flat0)
+    # The optimiser works on phi = x / units: the mean in its own units, the factor in units of `scale`.
+    units_tree = jax.tree.map(lambda a: jnp.full_like(a, scale), params0)
+    units, _ = ravel_pytree(eqx.tree_at(lambda p: p.mean, units_tree, jnp.ones_like(params0.mean)))
     to_q = lambda flat: eqx.combine(unravel(flat), static)
-    frozen = jax.tree.map(lambda x: lax.stop_gradient(x) if eqx.is_inexact_array(x) else x, model)
     counts = [num_sites(s, model.dim) for s in model.sites]
     per_epoch = [n // b for n, b in zip(counts, sizes)]
 
-    def loss(flat, indices):
-        return -minibatch_bound(frozen, to_q(flat), indices)
+    def loss(phi, indices):
+        return -minibatch_bound(frozen, to_q(units * phi), indices)
 
     value_and_grad = jax.value_and_grad(loss)
 
     def step(carry, k):
-        x, opt_state, perms, key, bad = carry
+        phi, opt_state, perms, key, bad = carry
         key, *subkeys = jax.random.split(key, len(counts) + 1)
         new_perms, indices = [], []
         for g, (n, b, e) in enumerate(zip(counts, sizes, per_epoch)):
@@ -235,19 +270,21 @@ def _fit_minibatch_jit(model, q_init, key, optimizer, sizes, chunks, num_steps):
                             lambda kk, p=perms[g]: p, subkeys[g])
             new_perms.append(perm)
             indices.append(lax.dynamic_slice_in_dim(perm, pos * b, b))
-        v, g = value_and_grad(x, indices)
+        v, g = value_and_grad(phi, indices)
         ok = jnp.isfinite(v) & jnp.all(jnp.isfinite(g))
         g = jnp.where(ok, g, 0.0)
-        updates, new_state = optimizer.update(g, opt_state, x)
-        x_new = optax.apply_updates(x, updates)
-        ok = ok & jnp.all(jnp.isfinite(x_new))
-        x = jnp.where(ok, x_new, x)
+        updates, new_state = optimizer.update(g, opt_state, phi)
+        phi_new = optax.apply_updates(phi, updates)
+        ok = ok & jnp.all(jnp.isfinite(phi_new))
+        phi = jnp.where(ok, phi_new, phi)
         opt_state = jax.tree.map(lambda a, b: jnp.where(ok, a, b), new_state, opt_state)
-        return (x, opt_state, tuple(new_perms), key, bad + (~ok).astype(jnp.int32)), -v
+        return (phi, opt_state, tuple(new_perms), key, bad + (~ok).astype(jnp.int32)), -v
 
+    phi0 = flat0 / units
     perms0 = tuple(jnp.arange(n, dtype=jnp.int32) for n in counts)
-    carry0 = (flat0, optimizer.init(flat0), perms0, key, jnp.zeros((), jnp.int32))
-    (x, _, _, _, bad), estimates = lax.scan(step, carry0, jnp.arange(num_steps))
+    carry0 = (phi0, optimizer.init(phi0), perms0, key, jnp.zeros((), jnp.int32))
+    (phi, _, _, _, bad), estimates = lax.scan(step, carry0, jnp.arange(num_steps))
+    x = units * phi
     # x carries no derivative (frozen model, stop-gradient start), so log_z is differentiable in the model only.
     log_z, full_grad = jax.value_and_grad(lambda f: bound_chunked(model, to_q(f), chunks))(x)
     history = jnp.concatenate([estimates.astype(log_z.dtype), log_z[None]])

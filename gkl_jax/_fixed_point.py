@@ -1,0 +1,201 @@
+"""The fixed-point solver for factors with a closed-form optimal covariance (`AbstractFixedPointFactor`).
+
+Alternating maximisation of the G-KL bound B(m, C) (papers/000 eq. 7), one outer step:
+
+1. **Factor step.** With Gamma_nn = -E[(log phi_n)''(m_n + z s_n)] = -2 dI_n/d(s_n^2) at the current (m, C), the
+   stationary covariance of eq. 10 (with the sign erratum of the notes, A0 item 1) is
+
+       S* = (Sigma^{-1} + sum_groups H^T diag(Gamma) H)^{-1},     C* = factor.fixed_point(prior, H, Gamma),
+
+   the exact optimum of C for frozen Gamma. The factor moves along C + rho (C* - C), rho in {1, 1/2, ...}, to
+   the first point where the bound does not decrease.
+2. **Mean step.** With the factor fixed the s_n^2 are fixed, and B is a concave (log-concave sites) function of m
+   alone, B(m) = -1/2 (m - mu)^T Sigma^{-1} (m - mu) + sum_n I_n(h_n^T m, s_n^2) + const, evaluated in O(N D).
+   It is maximised by Newton-CG with Hessian-vector products -Sigma^{-1} v + H^T (E[log phi''] . H v) and the
+   preconditioner S = C^T C of the new factor (the inverse Hessian up to the change of Gamma), with Armijo
+   backtracking, to max|dB/dm| <= tol / 10.
+
+Stops when max |dB/d(m, C)| <= tol. Optimising m to convergence for each factor (cheap: no O(N D^2) products)
+is what makes the outer iteration fast: the factor fixed point alone contracts with the rate of
+d Gamma / d S, about 0.3 per step on the logistic benchmark, where the joint damped step of the previous
+version contracted by about 0.6. Each outer step costs four products of the size of H C^T: s_n^2 at the trial
+factor, the weighted Gram matrix of the fixed point, and the value-and-gradient pass at the new point.
+"""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.flatten_util import ravel_pytree
+
+from ._bound import bound
+
+_MAX_HALVINGS = 30
+_MAX_MEAN_STEPS = 50
+
+
+def _to_flat(q):
+    return ravel_pytree(eqx.filter(q, eqx.is_inexact_array))[0]
+
+
+def _site_moments(model, q):
+    """Per group (m_n, s_n^2) of the projections, with offsets."""
+    return [s.project(q) for s in model.sites]
+
+
+def _gammas(model, moments):
+    """Gamma_n = -2 dI_n / d(s_n^2) per group."""
+    out = []
+    for s, (m_n, s2_n) in zip(model.sites, moments):
+        b = jax.grad(lambda v: jnp.sum(s.potential.expected_log_phi(m_n, v)))(s2_n)
+        out.append(-2 * b)
+    return out
+
+
+def _mean_objective(model, ops, s2s):
+    """m -> B(m) at fixed s_n^2, up to terms constant in m (entropy and the trace term)."""
+
+    def value(m):
+        total = jnp.zeros((), m.dtype)
+        if model.prior is not None:
+            d = m - model.prior.mean
+            total = total - 0.5 * d @ model.prior.precision_mv(d)
+        for s, op, s2 in zip(model.sites, ops, s2s):
+            total = total + jnp.sum(s.potential.expected_log_phi(op.mv(m) + s.offset, s2))
+        return total
+
+    return value
+
+
+def _pcg(hvp, g, precond, max_iters, forcing):
+    """Preconditioned CG on (-Hess) p = g, stopped at ||r|| <= forcing ||g||, at negative curvature (returning
+    the last iterate, or the preconditioned gradient at the first step), or after max_iters."""
+    gnorm = jnp.linalg.norm(g)
+    z0 = precond(g)
+
+    def cond(state):
+        _, _, _, _, _, i, done = state
+        return (i < max_iters) & ~done
+
+    def body(state):
+        p, r, z, d, rz, i, _ = state
+        Ad = -hvp(d)
+        curv = d @ Ad
+        bad = ~(curv > 0)
+        alpha = rz / jnp.where(bad, 1.0, curv)
+        p_new = jnp.where(bad, jnp.where(i == 0, z0, p), p + alpha * d)
+        r_new = r - alpha * Ad
+        z_new = precond(r_new)
+        rz_new = r_new @ z_new
+        small = jnp.linalg.norm(r_new) <= forcing * gnorm
+        d_new = z_new + (rz_new / jnp.where(rz == 0, 1.0, rz)) * d
+        keep = lambda a, b: jnp.where(bad, a, b)
+        return (p_new, keep(r, r_new), keep(z, z_new), keep(d, d_new), keep(rz, rz_new), i + 1, bad | small)
+
+    init = (jnp.zeros_like(g), g, z0, z0, g @ z0, 0, gnorm == 0)
+    return lax.while_loop(cond, body, init)[0]
+
+
+def _maximise_mean(value, m0, precond, tol, max_cg):
+    """Preconditioned Newton-CG with Armijo backtracking on the concave m -> B(m); returns the improved m."""
+    value_and_grad = jax.value_and_grad(value)
+    grad = jax.grad(value)
+    f0, g0 = value_and_grad(m0)
+
+    def cond(state):
+        m, f, g, k, ok = state
+        return ok & (k < _MAX_MEAN_STEPS) & (jnp.max(jnp.abs(g)) > tol)
+
+    def body(state):
+        m, f, g, k, _ = state
+        hvp = lambda v: jax.jvp(grad, (m,), (v,))[1]
+        forcing = jnp.minimum(0.1, jnp.sqrt(jnp.linalg.norm(g)))
+        p = _pcg(hvp, g, precond, max_cg, forcing)
+        slope = g @ p
+        noise = 64 * jnp.finfo(f.dtype).eps * (1 + jnp.abs(f))
+
+        def ls_cond(ls):
+            t, f_new, j = ls
+            good = jnp.isfinite(f_new) & ((f_new >= f + 1e-4 * t * slope) | ((slope <= noise) & (f_new >= f)))
+            return ~good & (j < _MAX_HALVINGS)
+
+        def ls_body(ls):
+            t, _, j = ls
+            t = 0.5 * t
+            return t, value(m + t * p), j + 1
+
+        t, f_new, _ = lax.while_loop(ls_cond, ls_body, (jnp.ones((), m.dtype), value(m + p), 0))
+        ok = jnp.isfinite(f_new) & (f_new >= f)
+        m_new = jnp.where(ok, m + t * p, m)
+        f_new, g_new = value_and_grad(m_new)
+        return m_new, f_new, g_new, k + 1, ok & (f_new > f)
+
+    m, *_ = lax.while_loop(cond, body, (m0, f0, g0, 0, jnp.array(True)))
+    return m
+
+
+def fixed_point(model, to_q, flat0, tol, max_steps, max_cg=50):
+    """Alternating factor fixed point / mean Newton-CG (module doc) from the flat parameters `flat0`.
+
+    Returns (x, num_steps, converged, history) like the solvers of `gkl_jax._solvers`."""
+    ops = [s.operator(model.dim) for s in model.sites]
+
+    def objective(flat):
+        """B (eq. 7, as in `bound`) and the projections it used."""
+        q = to_q(flat)
+        moments = _site_moments(model, q)
+        value = q.entropy()
+        if model.prior is not None:
+            value = value + model.prior.expected_log_density(q)
+        for s, (m_n, s2_n) in zip(model.sites, moments):
+            value = value + jnp.sum(s.potential.expected_log_phi(m_n, s2_n))
+        return value, moments
+
+    value_and_grad = jax.value_and_grad(objective, has_aux=True)
+
+    def cond(state):
+        x, f, g, gammas, k, hist, ok = state
+        return ok & (k < max_steps) & (jnp.max(jnp.abs(g)) > tol)
+
+    def body(state):
+        x, f, g, gammas, k, hist, _ = state
+        q = to_q(x)
+        target = q.factor.fixed_point(model.prior, ops, gammas)
+        noise = 64 * jnp.finfo(f.dtype).eps * (1 + jnp.abs(f))
+
+        def at(rho):
+            factor = jax.tree.map(lambda a, b: a + rho * (b - a) if eqx.is_inexact_array(a) else a, q.factor, target)
+            return eqx.tree_at(lambda r: r.factor, q, factor)
+
+        def ls_cond(ls):
+            rho, f_new, j = ls
+            return ~(jnp.isfinite(f_new) & (f_new >= f - noise)) & (j < _MAX_HALVINGS)
+
+        def ls_body(ls):
+            rho, _, j = ls
+            rho = 0.5 * rho
+            return rho, bound(model, at(rho)), j + 1
+
+        one = jnp.ones((), f.dtype)
+        rho, f_fac, _ = lax.while_loop(ls_cond, ls_body, (one, bound(model, at(one)), 0))
+        rho = jnp.where(jnp.isfinite(f_fac) & (f_fac >= f - noise), rho, 0.0)
+        q_fac = at(rho)
+        s2s = [s2 for _, s2 in _site_moments(model, q_fac)]
+        mean = _maximise_mean(_mean_objective(model, ops, s2s), q_fac.mean, q_fac.factor.covariance_mv, 0.1 * tol,
+                              max_cg)
+        x_new = _to_flat(eqx.tree_at(lambda r: r.mean, q_fac, mean))
+        (f_new, moments), g_new = value_and_grad(x_new)
+        ok = jnp.isfinite(f_new) & (f_new >= f - noise)
+        x_new = jnp.where(ok, x_new, x)
+        f_new = jnp.where(ok, f_new, f)
+        g_new = jnp.where(ok, g_new, g)
+        gammas_new = [jnp.where(ok, a, b) for a, b in zip(_gammas(model, moments), gammas)]
+        progress = ok & ((f_new > f) | (jnp.max(jnp.abs(g_new)) < jnp.max(jnp.abs(g))))
+        return x_new, f_new, g_new, gammas_new, k + 1, hist.at[k + 1].set(f_new), progress
+
+    (f0, moments0), g0 = value_and_grad(flat0)
+    hist0 = jnp.full((max_steps + 1,), jnp.nan, dtype=f0.dtype).at[0].set(f0)
+    state0 = (flat0, f0, g0, _gammas(model, moments0), 0, hist0, jnp.array(True))
+    x, f, g, _, k, hist, _ = lax.while_loop(cond, body, state0)
+    converged = (jnp.max(jnp.abs(g)) <= tol) & jnp.isfinite(f)
+    return x, k, converged, hist

@@ -1,0 +1,325 @@
+"""Baselines (Laplace, EP, local bound, double loop, AIS) against exact oracles: Gaussian closed forms, dense
+grid quadrature in 1-2 D, scikit-learn's Laplace GP classifier, and dense linear algebra for the Lanczos
+variances."""
+
+import warnings
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import gaussian_log_evidence
+from scipy import integrate, special
+
+import gkl_jax as gk
+from gkl_jax import _lanczos
+from gkl_jax.baselines import _double_loop
+from gkl_jax.baselines._common import log_joint
+from gkl_jax.operators import AbstractOperator
+
+P = gk.potentials
+
+
+def grid_posterior(model, lim=8.0, num=401):
+    """log Z, mean and covariance of a 2-D target by the trapezoid rule on [-lim, lim]^2."""
+    g = np.linspace(-lim, lim, num)
+    W = np.stack(np.meshgrid(g, g, indexing="ij"), -1).reshape(-1, 2)
+    lj = np.asarray(jax.jit(jax.vmap(lambda w: log_joint(model, w)))(jnp.asarray(W)))
+    h = g[1] - g[0]
+    log_z = float(np.log(np.sum(np.exp(lj - lj.max()))) + lj.max() + 2 * np.log(h))
+    p = np.exp(lj - lj.max())
+    p /= p.sum()
+    mean = p @ W
+    cov = (W - mean).T @ ((W - mean) * p[:, None])
+    return log_z, mean, cov
+
+
+def quad_1d(log_f, kinks=()):
+    """log Z, mean, variance of a 1-D density exp(log_f) by adaptive quadrature (split at kinks)."""
+    edges = [-60.0, *sorted(kinks), 60.0]
+    shift = max(log_f(x) for x in np.linspace(-10, 10, 2001))
+    moment = lambda k: sum(integrate.quad(lambda x: x**k * np.exp(log_f(x) - shift), a, b, limit=400,
+                                          epsabs=1e-14, epsrel=1e-12)[0] for a, b in zip(edges[:-1], edges[1:]))
+    Z, m1, m2 = moment(0), moment(1), moment(2)
+    return np.log(Z) + shift, m1 / Z, m2 / Z - (m1 / Z) ** 2
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 1. Gaussian-only models: every method is exact.
+
+@pytest.fixture(scope="module")
+def gaussian_model():
+    rng = np.random.default_rng(0)
+    D, N = 3, 7
+    X = rng.normal(size=(N, D))
+    y = rng.normal(size=N)
+    offset = rng.normal(size=N)
+    model = gk.Model(gk.priors.Isotropic(D, 1.5), gk.Sites(X, P.Gaussian(y, 0.4), offset=offset))
+    log_z, mean, cov = gaussian_log_evidence(X, y - offset, 0.4, 1.5 * np.eye(D))
+    return model, log_z, mean, cov
+
+
+@pytest.mark.parametrize("method", ["laplace", "ep", "power-ep", "local", "double_loop"])
+def test_gaussian_model_is_exact(gaussian_model, method):
+    model, log_z, mean, cov = gaussian_model
+    run = {"laplace": gk.laplace, "ep": gk.ep, "power-ep": lambda m: gk.ep(m, power=0.7, damping=1.0),
+           "local": gk.local, "double_loop": lambda m: gk.double_loop(m, rank=model.dim)}[method]
+    res = run(model)
+    assert bool(res.converged)
+    np.testing.assert_allclose(res.log_z, log_z, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(res.q.mean, mean, atol=1e-8)
+    if method == "double_loop":  # q = N(u, diag of the (here exact) Lanczos variances)
+        np.testing.assert_allclose(res.q.marginal_variances(), np.diag(cov), rtol=1e-8)
+    else:
+        np.testing.assert_allclose(res.q.covariance(), cov, atol=1e-10)
+    assert res.is_bound == (method == "local")
+    assert res.history.shape[0] >= int(res.num_steps) + 1
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 2. Bound ordering on log-concave models (papers/000 Section 5.1.2) and AIS against quadrature.
+
+def _two_d_sites(kind, rows=slice(None)):
+    rng = np.random.default_rng(1)
+    N = 9
+    X = rng.normal(size=(N, 2))[rows]
+    y = np.where(rng.uniform(size=N) < 0.5, 1.0, -1.0)[rows]
+    potential = {"logistic": P.Logistic(y), "probit": P.Probit(y), "laplace": P.Laplace(2 * y, 0.5)}[kind]
+    return gk.Sites(X, potential)
+
+
+def _two_d_model(kind):
+    return gk.Model(gk.priors.Isotropic(2, 2.0), _two_d_sites(kind))
+
+
+@pytest.fixture(scope="module")
+def mixed():
+    """A 2-D model with logistic, probit and Laplace sites; its G-KL fit and grid quadrature (computed once:
+    compiling gk.fit dominates the cost)."""
+    model = gk.Model(gk.priors.Isotropic(2, 2.0), [_two_d_sites("logistic", slice(0, 3)),
+                                                   _two_d_sites("probit", slice(3, 6)),
+                                                   _two_d_sites("laplace", slice(6, 9))])
+    return model, gk.fit(model), grid_posterior(model)[0]
+
+
+def test_local_bound_below_gkl_below_log_z(mixed):
+    model, gkl, exact = mixed
+    loc = gk.local(model)
+    at_local = float(gk.bound(model, loc.q))
+    assert bool(loc.converged) and loc.is_bound and bool(gkl.converged)
+    assert float(loc.log_z) <= at_local + 1e-10
+    assert at_local <= float(gkl.log_z) + 1e-10
+    assert float(gkl.log_z) <= exact + 1e-6
+    assert float(loc.log_z) < float(gkl.log_z) - 1e-3  # the dominance is strict here
+    finite = loc.history[: int(loc.num_steps) + 1]
+    assert np.all(np.diff(np.asarray(finite)) >= -1e-10)  # EM never decreases the bound
+
+
+@pytest.mark.parametrize("kind", ["logistic", "probit", "laplace"])
+def test_local_bound_and_its_gkl_value_below_log_z(kind):
+    model = _two_d_model(kind)
+    exact, _, _ = grid_posterior(model)
+    loc = gk.local(model)
+    assert bool(loc.converged)
+    assert float(loc.log_z) <= float(gk.bound(model, loc.q)) + 1e-10 <= exact + 1e-6
+
+
+def test_ais_agrees_with_quadrature(mixed):
+    model, gkl, exact = mixed
+    res = gk.ais(model, jax.random.PRNGKey(0), q=gkl, num_chains=128, num_temperatures=60)
+    assert 0 < float(res.stderr) < 0.05 and 0.5 < float(res.acceptance) <= 1
+    assert abs(float(res.log_z) - exact) <= 4 * float(res.stderr)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 3. EP against quadrature; Laplace against scikit-learn.
+
+_NUMPY_LOG_PHI = {  # independent numpy versions of the potentials, for the quadrature oracle
+    "logistic": lambda x, y: -np.logaddexp(0.0, -y * x),
+    "probit": lambda x, y: special.log_ndtr(y * x),
+    "laplace": lambda x, y: -np.abs(x - y) / 0.4 - np.log(0.8),
+    "student": lambda x, y: (special.gammaln(2.5) - special.gammaln(2.0) - 0.5 * np.log(4 * np.pi * 0.25)
+                             - 2.5 * np.log1p((x - y) ** 2 / (4 * 0.25))),
+}
+
+
+def test_ep_exact_on_factorised_posteriors():
+    """Diagonal prior and sites on separate coordinates: the posterior factorises, so EP is exact."""
+    kinds = ["logistic", "probit", "laplace", "student"]
+    ys = [1.0, -1.0, 0.7, 1.5]
+    potentials = [P.Logistic(ys[:1]), P.Probit(ys[1:2]), P.Laplace(ys[2:3], 0.4), P.StudentT(ys[3:], 4.0, 0.5)]
+    prior = gk.priors.Diagonal(np.array([2.0, 0.8, 1.5, 3.0]), mean=np.array([0.3, -0.2, 0.0, -1.0]))
+    model = gk.Model(prior, [gk.Sites(np.eye(4)[i:i + 1], pot) for i, pot in enumerate(potentials)])
+    res = gk.ep(model, tol=1e-11)
+    assert bool(res.converged) and not res.is_bound
+    log_z, means, variances = 0.0, [], []
+    for i, kind in enumerate(kinds):
+        sd, mu, y = float(np.sqrt(prior.variance[i])), float(prior.mean[i]), ys[i]
+        lf = lambda x: (-0.5 * ((x - mu) / sd) ** 2 - np.log(sd * np.sqrt(2 * np.pi)) + _NUMPY_LOG_PHI[kind](x, y))
+        lz, m, v = quad_1d(lf, (y,) if kind == "laplace" else ())
+        log_z, means, variances = log_z + lz, means + [m], variances + [v]
+    np.testing.assert_allclose(res.log_z, log_z, atol=1e-8)
+    np.testing.assert_allclose(res.q.mean, means, atol=1e-8)
+    np.testing.assert_allclose(res.q.covariance(), np.diag(variances), atol=1e-8)
+
+
+def test_ep_marginals_on_a_correlated_gp_and_power_ep_fixed_point():
+    K = 1.5 * np.array([[1.0, 0.9], [0.9, 1.0]])
+    model = gk.Model(gk.priors.Dense(K), gk.Sites(None, P.Logistic(np.array([1.0, 1.0]))))
+    log_z, mean, cov = grid_posterior(model)
+    res = gk.ep(model)
+    np.testing.assert_allclose(res.q.mean, mean, atol=2e-3)
+    np.testing.assert_allclose(np.diag(res.q.covariance()), np.diag(cov), atol=5e-3)
+    assert abs(float(res.log_z) - log_z) < 2e-3
+    # Power EP is a different fixed point, between EP and the KL fit; it is still a valid Gaussian.
+    frac = gk.ep(model, power=0.9)
+    assert bool(frac.converged)
+    assert abs(float(frac.log_z) - log_z) < 2e-2
+
+
+def test_laplace_matches_sklearn_gaussian_process_classifier():
+    sklearn = pytest.importorskip("sklearn.gaussian_process")
+    kernels = pytest.importorskip("sklearn.gaussian_process.kernels")
+    rng = np.random.default_rng(2)
+    X = rng.normal(size=(25, 2))
+    labels = (X[:, 0] + 0.7 * rng.normal(size=25) > 0).astype(int)
+    kernel = kernels.ConstantKernel(2.0, "fixed") * kernels.RBF(0.8, "fixed")
+    gpc = sklearn.GaussianProcessClassifier(kernel, optimizer=None).fit(X, labels)
+    model = gk.Model(gk.priors.Dense(kernel(X)), gk.Sites(None, P.Logistic(2.0 * labels - 1)))
+    res = gk.laplace(model)
+    assert bool(res.converged) and not res.is_bound
+    np.testing.assert_allclose(float(res.log_z), gpc.log_marginal_likelihood_value_, rtol=1e-9)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 4. The double loop: matrix-free at D = 4096, Lanczos variances underestimate and converge.
+
+class _Differences(AbstractOperator):
+    """First differences (x_{i+1} - x_i), matrix-free; densifying it is an error."""
+
+    dim: int = eqx.field(static=True)
+
+    @property
+    def shape(self):
+        return (self.dim - 1, self.dim)
+
+    def mv(self, x):
+        return x[1:] - x[:-1]
+
+    def rmv(self, y):
+        return jnp.concatenate([-y[:1], y[:-1] - y[1:], y[-1:]])
+
+    def sq_mv(self, v):
+        return v[1:] + v[:-1]
+
+    def sq_rmv(self, y):
+        return jnp.concatenate([y[:1], y[:-1] + y[1:], y[-1:]])
+
+    def as_matrix(self):
+        raise AssertionError("the double loop must not densify H")
+
+
+def _sparse_linear_model(dim, seed=0, matrix_free=True):
+    """Denoising a piecewise-constant signal: N(y | u, 0.09 I) times Laplace potentials on u_{i+1} - u_i."""
+    rng = np.random.default_rng(seed)
+    u = np.cumsum(rng.laplace(size=dim) * (rng.uniform(size=dim) < 0.05))
+    y = u + 0.3 * rng.normal(size=dim)
+    B = _Differences(dim) if matrix_free else np.diff(np.eye(dim), axis=0)
+    return gk.Model(None, [gk.Sites(None, P.Gaussian(y, 0.09)), gk.Sites(B, P.Laplace(np.zeros(dim - 1), 0.5))]), u, y
+
+
+def test_double_loop_runs_matrix_free_on_4096_variables():
+    model, u, y = _sparse_linear_model(4096)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # three outer steps need not settle
+        res = gk.double_loop(model, rank=16, max_outer=3, num_probes=2)
+    assert np.isfinite(float(res.log_z)) and not res.is_bound
+    assert int(res.num_steps) == 3
+    assert np.mean(np.abs(res.q.mean - u)) < 0.7 * np.mean(np.abs(y - u))  # it denoises
+    assert np.all(np.asarray(res.q.marginal_variances()) > 0)
+
+
+def test_double_loop_variances_underestimate_and_converge_with_rank():
+    dim = 120
+    model, _, _ = _sparse_linear_model(dim, seed=1)
+    key = jax.random.PRNGKey(3)
+    forms = [gk.baselines._site_bounds.super_gaussian(s.potential, "test") for s in model.sites]
+    groups = [(s.operator(dim), jnp.zeros(s.operator(dim).shape[0]), s.potential) for s in model.sites]
+
+    @jax.jit
+    def at_fixed_point(key):
+        _, xis, _, _, _ = _double_loop._run(model, key, 10, 3, 30, 200, 1e-4)
+        taus, _, _ = _double_loop._coefficients(forms, xis)
+        start = _double_loop._rademacher(key, dim, jnp.float64)
+        return taus, _lanczos.lanczos(_double_loop._precision_mv(model, groups, taus), dim, dim, start)
+
+    taus, (Q, alpha, beta) = at_fixed_point(key)
+    B = np.diff(np.eye(dim), axis=0)
+    exact = np.diag(np.linalg.inv(np.diag(np.asarray(taus[0])) + B.T @ (np.asarray(taus[1])[:, None] * B)))
+    errors = []
+    for k in (5, 20, 60, dim):  # the first k columns are the k-step Lanczos run
+        nu = np.asarray(_lanczos.variance_estimates(Q[:, :k], alpha[:k], beta[: k - 1]))
+        assert np.all(nu <= exact * (1 + 1e-9))
+        errors.append(np.max(exact - nu))
+    assert all(a >= b for a, b in zip(errors, errors[1:])) and errors[-1] < 1e-9 * np.max(exact)
+    assert errors[0] > 1e-3 * np.max(exact)  # few vectors: a real underestimate
+
+
+def test_double_loop_with_full_rank_reaches_the_local_bound():
+    model, _, _ = _sparse_linear_model(30, seed=2, matrix_free=False)
+    res = gk.double_loop(model, rank=30, tol=1e-10, max_outer=300)
+    loc = gk.local(model, tol=1e-13)
+    assert bool(res.converged)
+    np.testing.assert_allclose(res.q.mean, loc.q.mean, atol=1e-5)
+    np.testing.assert_allclose(res.q.marginal_variances(), loc.q.marginal_variances(), rtol=1e-4)
+    np.testing.assert_allclose(res.log_z, loc.log_z, rtol=1e-7)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 5. Input checks and honest failure reports.
+
+def test_bad_inputs_raise_value_errors():
+    model = _two_d_model("logistic")
+    for power in (0.0, 1.5, -1):
+        with pytest.raises(ValueError, match="power"):
+            gk.ep(model, power=power)
+    for damping in (0.0, 2.0):
+        with pytest.raises(ValueError, match="damping"):
+            gk.ep(model, damping=damping)
+    for rank in (0, 3, 1.5):
+        with pytest.raises(ValueError, match="rank"):
+            gk.double_loop(model, rank=rank)
+    poisson = gk.Model(gk.priors.Isotropic(2), gk.Sites(np.ones((3, 2)), P.Poisson(np.array([1.0, 0.0, 2.0]))))
+    with pytest.raises(ValueError, match="Poisson.*super-Gaussian"):
+        gk.local(poisson)
+    with pytest.raises(ValueError, match="Probit.*super-Gaussian"):
+        gk.double_loop(_two_d_model("probit"), rank=1)
+    with pytest.raises(ValueError, match="Laplace.*twice differentiable"):
+        gk.laplace(_two_d_model("laplace"))
+    with pytest.raises(ValueError, match="variance_offset"):
+        gk.ep(gk.Model(gk.priors.Isotropic(2), gk.Sites(np.ones((2, 2)), P.Logistic(np.ones(2)),
+                                                         variance_offset=0.1)))
+    with pytest.raises(ValueError, match="model"):
+        gk.local("not a model")
+
+
+def test_ep_reports_non_convergence_without_nan():
+    model = gk.Model(gk.priors.Dense(1.5 * np.array([[1.0, 0.9], [0.9, 1.0]])),
+                     gk.Sites(None, P.Logistic(np.array([1.0, 1.0]))))
+    with pytest.warns(UserWarning, match="ep"):
+        res = gk.ep(model, tol=1e-300)  # unreachable: stops at max_steps
+    assert not bool(res.converged)
+    assert np.isfinite(float(res.log_z)) and np.all(np.isfinite(res.q.mean))
+
+
+def test_height_functions_match_thesis_table_3_1():
+    """Table 3.1 with the corrections of the notes (seed003_part1 Section 11, check 3)."""
+    from jax.scipy.special import gammaln
+    nu, tau = 3.0, 2.0
+    student = P.StudentT(0.0, nu, np.sqrt(1 / tau))
+    log_norm = float(gammaln(2.0) - gammaln(1.5) - 0.5 * np.log(nu * np.pi) + 0.5 * np.log(tau))
+    np.testing.assert_allclose(gk.baselines.height(student, jnp.array([0.2, 1.0, 5.0])) + 2 * log_norm,
+                               [0.0, 1.423317, 6.661069], atol=2e-6)
+    np.testing.assert_allclose(gk.baselines.height(P.Logistic(1.0), jnp.array([3.0, 5.0, 10.0, 50.0])),
+                               [2 * np.log(2), 1.457999, 2.513911, 12.5], atol=2e-6)
