@@ -28,7 +28,6 @@ import jax.numpy as jnp
 from jax import lax
 from jax.flatten_util import ravel_pytree
 
-from ._bound import bound
 
 _MAX_HALVINGS = 30
 _MAX_MEAN_STEPS = 50
@@ -36,20 +35,6 @@ _MAX_MEAN_STEPS = 50
 
 def _to_flat(q):
     return ravel_pytree(eqx.filter(q, eqx.is_inexact_array))[0]
-
-
-def _site_moments(model, q):
-    """Per group (m_n, s_n^2) of the projections, with offsets."""
-    return [s.project(q) for s in model.sites]
-
-
-def _gammas(model, moments):
-    """Gamma_n = -2 dI_n / d(s_n^2) per group."""
-    out = []
-    for s, (m_n, s2_n) in zip(model.sites, moments):
-        b = jax.grad(lambda v: jnp.sum(s.potential.expected_log_phi(m_n, v)))(s2_n)
-        out.append(-2 * b)
-    return out
 
 
 def _mean_objective(model, ops, s2s):
@@ -140,18 +125,40 @@ def fixed_point(model, to_q, flat0, tol, max_steps, max_cg=50):
     Returns (x, num_steps, converged, history) like the solvers of `gkl_jax._solvers`."""
     ops = [s.operator(model.dim) for s in model.sites]
 
-    def objective(flat):
-        """B (eq. 7, as in `bound`) and the projections it used."""
-        q = to_q(flat)
-        moments = _site_moments(model, q)
-        value = q.entropy()
-        if model.prior is not None:
-            value = value + model.prior.expected_log_density(q)
-        for s, (m_n, s2_n) in zip(model.sites, moments):
-            value = value + jnp.sum(s.potential.expected_log_phi(m_n, s2_n))
-        return value, moments
+    def variances(factor):
+        """s_n^2 per group for a factor (the O(N D^2) products for a full factor)."""
+        return [factor.project_variances(op) + s.variance_offset for s, op in zip(model.sites, ops)]
 
-    value_and_grad = jax.value_and_grad(objective, has_aux=True)
+    def means(mean):
+        return [op.mv(mean) + s.offset for s, op in zip(model.sites, ops)]
+
+    def rest(mean, factor):
+        """Entropy and prior term of eq. 7."""
+        q = Gaussian_like(mean, factor)
+        value = q.entropy()
+        return value if model.prior is None else value + model.prior.expected_log_density(q)
+
+    def site_terms(m_ns, s2s):
+        """sum_n I_n, its gradients alpha_n = dI/dm_n and b_n = dI/ds_n^2 per group."""
+        total, alphas, bs = 0.0, [], []
+        for s, m_n, s2_n in zip(model.sites, m_ns, s2s):
+            fn = lambda a, v: jnp.sum(s.potential.expected_log_phi(a, v))
+            value, (alpha, b) = jax.value_and_grad(fn, argnums=(0, 1))(m_n, s2_n)
+            total, alphas, bs = total + value, alphas + [alpha], bs + [b]
+        return total, alphas, bs
+
+    q_template = to_q(flat0)
+    Gaussian_like = lambda mean, factor: eqx.tree_at(lambda r: (r.mean, r.factor), q_template, (mean, factor))
+
+    def evaluate(mean, factor, s2s, pullback):
+        """B, the flat gradient and Gamma at (mean, factor), given s_n^2 there and the VJP of `variances`."""
+        (value, (g_mean, g_factor)) = jax.value_and_grad(rest, argnums=(0, 1))(mean, factor)
+        total, alphas, bs = site_terms(means(mean), s2s)
+        g_mean = g_mean + sum(op.rmv(a) for op, a in zip(ops, alphas))
+        (g_sites,) = pullback(bs)
+        g_factor = jax.tree.map(lambda a, b: a + b, g_factor, g_sites)
+        grad = _to_flat(Gaussian_like(g_mean, g_factor))
+        return value + total, grad, [-2 * b for b in bs]
 
     def cond(state):
         x, f, g, gammas, k, hist, ok = state
@@ -162,40 +169,52 @@ def fixed_point(model, to_q, flat0, tol, max_steps, max_cg=50):
         q = to_q(x)
         target = q.factor.fixed_point(model.prior, ops, gammas)
         noise = 64 * jnp.finfo(f.dtype).eps * (1 + jnp.abs(f))
+        m_ns = means(q.mean)
 
-        def at(rho):
-            factor = jax.tree.map(lambda a, b: a + rho * (b - a) if eqx.is_inexact_array(a) else a, q.factor, target)
-            return eqx.tree_at(lambda r: r.factor, q, factor)
+        def factor_at(rho):
+            return jax.tree.map(lambda a, b: a + rho * (b - a) if eqx.is_inexact_array(a) else a, q.factor, target)
+
+        def value_at(factor, s2s):
+            return rest(q.mean, factor) + site_terms(m_ns, s2s)[0]
+
+        # Factor step: the full step first (its VJP is kept for the gradient), halved while the bound drops.
+        s2_full, pull_full = jax.vjp(variances, target)
+        f_full = value_at(target, s2_full)
 
         def ls_cond(ls):
-            rho, f_new, j = ls
+            rho, f_new, _, j = ls
             return ~(jnp.isfinite(f_new) & (f_new >= f - noise)) & (j < _MAX_HALVINGS)
 
         def ls_body(ls):
-            rho, _, j = ls
+            rho, _, _, j = ls
             rho = 0.5 * rho
-            return rho, bound(model, at(rho)), j + 1
+            s2s = variances(factor_at(rho))
+            return rho, value_at(factor_at(rho), s2s), s2s, j + 1
 
         one = jnp.ones((), f.dtype)
-        rho, f_fac, _ = lax.while_loop(ls_cond, ls_body, (one, bound(model, at(one)), 0))
+        rho, f_fac, s2s, _ = lax.while_loop(ls_cond, ls_body, (one, f_full, s2_full, 0))
         rho = jnp.where(jnp.isfinite(f_fac) & (f_fac >= f - noise), rho, 0.0)
-        q_fac = at(rho)
-        s2s = [s2 for _, s2 in _site_moments(model, q_fac)]
-        mean = _maximise_mean(_mean_objective(model, ops, s2s), q_fac.mean, q_fac.factor.covariance_mv, 0.1 * tol,
-                              max_cg)
-        x_new = _to_flat(eqx.tree_at(lambda r: r.mean, q_fac, mean))
-        (f_new, moments), g_new = value_and_grad(x_new)
+        factor = factor_at(rho)
+        # Mean step at the fixed factor: O(N D) per iteration.
+        mean = _maximise_mean(_mean_objective(model, ops, s2s), q.mean, factor.covariance_mv, 0.1 * tol, max_cg)
+        f_new, g_new, gammas_new = lax.cond(
+            rho == 1,
+            lambda: evaluate(mean, factor, s2s, pull_full),
+            lambda: evaluate(mean, factor, *jax.vjp(variances, factor)))
+        x_new = _to_flat(Gaussian_like(mean, factor))
         ok = jnp.isfinite(f_new) & (f_new >= f - noise)
         x_new = jnp.where(ok, x_new, x)
         f_new = jnp.where(ok, f_new, f)
         g_new = jnp.where(ok, g_new, g)
-        gammas_new = [jnp.where(ok, a, b) for a, b in zip(_gammas(model, moments), gammas)]
+        gammas_new = [jnp.where(ok, a, b) for a, b in zip(gammas_new, gammas)]
         progress = ok & ((f_new > f) | (jnp.max(jnp.abs(g_new)) < jnp.max(jnp.abs(g))))
         return x_new, f_new, g_new, gammas_new, k + 1, hist.at[k + 1].set(f_new), progress
 
-    (f0, moments0), g0 = value_and_grad(flat0)
+    q0 = to_q(flat0)
+    s2_0, pull_0 = jax.vjp(variances, q0.factor)
+    f0, g0, gammas0 = evaluate(q0.mean, q0.factor, s2_0, pull_0)
     hist0 = jnp.full((max_steps + 1,), jnp.nan, dtype=f0.dtype).at[0].set(f0)
-    state0 = (flat0, f0, g0, _gammas(model, moments0), 0, hist0, jnp.array(True))
+    state0 = (flat0, f0, g0, gammas0, 0, hist0, jnp.array(True))
     x, f, g, _, k, hist, _ = lax.while_loop(cond, body, state0)
     converged = (jnp.max(jnp.abs(g)) <= tol) & jnp.isfinite(f)
     return x, k, converged, hist

@@ -18,6 +18,7 @@ from functools import lru_cache
 import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from ._base import AbstractOperator
 
@@ -37,9 +38,7 @@ def _diff(X, axis, periodic, sign):
     if periodic:
         return jnp.roll(X, -1, axis=axis) + sign * X
     n = X.shape[axis]
-    hi = jnp.take(X, jnp.arange(1, n), axis=axis)
-    lo = jnp.take(X, jnp.arange(0, n - 1), axis=axis)
-    return hi + sign * lo
+    return lax.slice_in_dim(X, 1, n, axis=axis) + sign * lax.slice_in_dim(X, 0, n - 1, axis=axis)
 
 
 def _diff_adjoint(Y, axis, periodic, sign):

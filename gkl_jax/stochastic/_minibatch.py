@@ -148,15 +148,21 @@ def _default_optimizer(num_steps: int, learning_rate: float):
 
 def fit_minibatch(model: Model, factor: AbstractFactor | None = None, *, batch_size, num_steps: int | None = None,
                   num_epochs: float | None = None, optimizer: optax.GradientTransformation | None = None,
-                  learning_rate: float = 1e-2, key=None, q0: Gaussian | None = None, chunk_size: int | None = None,
+                  learning_rate: float = 3e-2, key=None, q0: Gaussian | None = None, chunk_size: int | None = None,
                   tol: float | None = None) -> Result:
     """Maximise the G-KL bound by stochastic gradients on minibatches of sites (module doc).
 
     - `batch_size`: sites per step, one integer for every group or one per group (1 <= b <= N_g).
     - `num_steps` or `num_epochs` (exactly one): optimiser steps, or passes over the largest group.
     - `optimizer`: any `optax.GradientTransformation` (it minimises -B_hat); default Adam with a cosine decay
-      from `learning_rate` to `learning_rate / 100` over the run.
+      from `learning_rate` to `learning_rate / 100` over the run. Pass the same object again to reuse the
+      compiled program (a new optax object is a new static argument).
     - `key`: PRNG key for the batches (default `jax.random.key(0)`); `q0`, `factor` as in `gkl_jax.fit`.
+      Without `q0` the start is the prior mean with variances min(v0, 1 / Lambda_jj), Lambda_jj a minibatch
+      estimate of the diagonal of the fixed-point precision Sigma^{-1} + H^T Gamma H (eq. 10).
+    - The optimiser sees the mean in its own units and the factor entries in units of s, the geometric mean
+      of the starting marginal standard deviations, so that one step size suits both (the posterior standard
+      deviations shrink like N^{-1/2} while the mean does not).
     - `chunk_size`: rows per chunk of the final streamed full-data pass (`bound_chunked`).
 
     Returns a `Result` whose `log_z` is the exact full-data bound at the final q (a valid lower bound on

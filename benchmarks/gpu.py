@@ -1,0 +1,142 @@
+"""The same G-KL code on an accelerator: bound+gradient evaluation rate and time to convergence.
+
+Problems
+- papers/000 Tables 2-4: synthetic Bayesian logistic regression (gk.datasets.synthetic_logistic, prior N(0, I)),
+  D in {250, 500, 1000}, N in {D/2, D, 5D}, Chevron(rows=K), K in {25, 50}, Newton-CG to max|grad| <= 1e-3
+  (the paper's stopping rule); the paper's Matlab times (Intel E5450, 8 cores) are printed beside ours.
+- A 10^6-site logistic regression (D = 100): Diagonal and Chevron(rows=10), full-batch Newton and the minibatch
+  fit (`gk.stochastic.fit_minibatch`, 2 epochs of batch 8192).
+
+For each problem and dtype (float32 and float64) it reports the bound+gradient evaluations per second (jit of
+value_and_grad at the starting q, best of 5 after a warm-up), the fit's wall time (second call, so compilation
+is excluded), its number of Newton steps and the normalised bound B / N. Runs on whatever `jax.devices()[0]` is:
+a GPU when JAX sees one, else the CPU.
+
+    python benchmarks/gpu.py                    # the full set (for a GPU)
+    python benchmarks/gpu.py --small            # tiny sizes, tens of seconds on a CPU (the test of the script)
+    python benchmarks/gpu.py --dtypes float32   # one precision
+
+Writes benchmarks/out/gpu[_small].json and prints a markdown table.
+"""
+
+import argparse
+import json
+import os
+import platform
+import time
+import warnings
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+OUT = os.path.join(HERE, "out")
+
+# papers/000 Tables 2-4, G-KL chevron convergence times in seconds: {(D, N): {K: time}}.
+PAPER_CHEVRON_TIMES = {
+    (500, 250): {25: 0.49, 50: 0.69}, (500, 500): {25: 1.25, 50: 1.36}, (500, 2500): {25: 16.50, 50: 17.31},
+}
+
+
+def problems(small: bool):
+    if small:
+        table = [(20, n, k) for n in (10, 20, 100) for k in (2, 5)]
+        big = [(20_000, 20, 4)]
+    else:
+        table = [(d, n, k) for d in (250, 500, 1000) for n in (d // 2, d, 5 * d) for k in (25, 50)]
+        big = [(1_000_000, 100, 10)]
+    return table, big
+
+
+def _timed(fn, *args, repeats=1):
+    import jax
+
+    jax.block_until_ready(fn(*args))
+    best, out = float("inf"), None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = jax.block_until_ready(fn(*args))
+        best = min(best, time.perf_counter() - t0)
+    return best, out
+
+
+def _model(dim, num, seed, dtype):
+    import gkl_jax as gk
+
+    data = gk.datasets.synthetic_logistic(dim, num, seed=seed)
+    return gk.Model(gk.priors.Isotropic(dim, dtype(1.0)),
+                    gk.Sites(data["X_train"].astype(dtype), gk.potentials.Logistic(data["y_train"].astype(dtype))))
+
+
+def run_problem(dim, num, factor, dtype, *, minibatch=None):
+    import jax
+    import jax.numpy as jnp
+
+    import gkl_jax as gk
+    from gkl_jax._fit import initial_variance
+
+    model = _model(dim, num, 0, dtype)
+    q = gk.Gaussian(jnp.zeros(dim, dtype), factor.initialise(dim, initial_variance(model)))
+    value_grad = jax.jit(jax.value_and_grad(gk.bound, argnums=1))
+    t_eval, _ = _timed(value_grad, model, q, repeats=5)
+    tol = 1e-3
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        t_fit, res = _timed(lambda m: gk.fit(m, factor, tol=tol), model)
+    row = {"D": dim, "N": num, "factor": repr(factor), "dtype": dtype.__name__, "evals_per_s": 1.0 / t_eval,
+           "fit_s": t_fit, "steps": int(res.num_steps), "converged": bool(res.converged),
+           "bound_per_site": float(res.log_z) / num, "load": round(os.getloadavg()[0], 2)}
+    if minibatch is not None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            t_mb, mb = _timed(lambda m: gk.stochastic.fit_minibatch(m, factor, batch_size=minibatch, num_epochs=2),
+                              model)
+        row.update(minibatch_s=t_mb, minibatch_rel_gap=(float(res.log_z) - float(mb.log_z)) / abs(float(res.log_z)))
+    return row
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--small", action="store_true", help="tiny sizes for a CPU smoke run")
+    parser.add_argument("--dtypes", default="float32,float64")
+    args = parser.parse_args()
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    if any(d not in ("float32", "float64") for d in dtypes):
+        raise ValueError(f"--dtypes must list float32 and/or float64, got {args.dtypes!r}")
+    import jax
+
+    jax.config.update("jax_enable_x64", "float64" in dtypes)
+    import numpy as np
+
+    import gkl_jax as gk
+
+    device = jax.devices()[0]
+    results = {"device": f"{device.platform}: {device.device_kind}", "devices": len(jax.devices()),
+               "machine": platform.platform(), "date": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": []}
+    print(f"device {results['device']} x{results['devices']}, {results['date']}")
+    print("| D | N | factor | dtype | bound+grad evals/s | fit s (tol 1e-3) | steps | B/N | paper s | load |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    table, big = problems(args.small)
+    start = time.perf_counter()
+    for name in dtypes:
+        dtype = getattr(np, name)
+        cases = [(d, n, gk.factors.Chevron(rows=k), None) for d, n, k in table]
+        for n, d, k in big:
+            cases += [(d, n, gk.factors.Diagonal(), 8192 if not args.small else 512),
+                      (d, n, gk.factors.Chevron(rows=k), 8192 if not args.small else 512)]
+        for dim, num, factor, mb in cases:
+            row = run_problem(dim, num, factor, dtype, minibatch=mb)
+            paper = PAPER_CHEVRON_TIMES.get((dim, num), {}).get(getattr(factor, "rows", None))
+            row["paper_s"] = paper
+            results["rows"].append(row)
+            extra = (f" minibatch 2 epochs {row['minibatch_s']:.3f} s, rel gap {row['minibatch_rel_gap']:.1e}"
+                     if mb else "")
+            print(f"| {dim} | {num} | {row['factor']} | {name} | {row['evals_per_s']:.1f} | {row['fit_s']:.3f} | "
+                  f"{row['steps']}{'' if row['converged'] else ' (not converged)'} | {row['bound_per_site']:.3f} | "
+                  f"{paper if paper is not None else '-'} | {row['load']} |{extra}", flush=True)
+    results["wall_s"] = time.perf_counter() - start
+    os.makedirs(OUT, exist_ok=True)
+    with open(os.path.join(OUT, "gpu_small.json" if args.small else "gpu.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    print(f"total {results['wall_s']:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
