@@ -17,7 +17,7 @@ from gkl_jax import _fit
 from gkl_jax.factors import Banded, Chevron, Diagonal, FactorAnalysis, Full, Sparse, Subspace
 from gkl_jax.operators import AbstractOperator
 
-from helpers import gaussian_log_evidence, tol
+from helpers import gaussian_log_evidence
 
 D = 10
 
@@ -245,43 +245,47 @@ def test_hessian_negative_definite_for_concave_factors(evaluated):
 # ---------------------------------------------------------------- fits: orderings, exact log Z, patterns kept
 
 FIT_D, FIT_N = 10, 14
+FITTED = ["banded2", "chevron", "sparse", "subspace", "factor_analysis"]
 
 
 @pytest.fixture(scope="module")
 def gaussian_problem():
+    """Gaussian sites: log Z, the Full optimum (q = the posterior: G-KL is exact) and the Diagonal optimum
+    (m = the posterior mean, d_j^2 = 1 / A_jj) are known in closed form."""
     rng = np.random.default_rng(11)
     H = rng.normal(size=(FIT_N, FIT_D))
     y = H @ rng.normal(size=FIT_D) + 0.5 * rng.normal(size=FIT_N)
     model = gk.Model(gk.priors.Isotropic(FIT_D, 1.0), gk.Sites(H, gk.potentials.Gaussian(y, 0.5)))
     log_z, mean, cov = gaussian_log_evidence(H, y, 0.5, np.eye(FIT_D))
-    return model, H, y, log_z
+    mean_field = gk.Gaussian(jnp.asarray(mean), Diagonal(jnp.asarray(1 / np.sqrt(np.diag(np.linalg.inv(cov))))))
+    return model, log_z, mean_field
 
 
 @pytest.fixture(scope="module")
 def fits(gaussian_problem):
     model = gaussian_problem[0]
-    options = {"full": dict(solver="newton"), "factor_analysis": dict(tol=1e-5, max_steps=3000)}
-    return {name: gk.fit(model, factor=CASES[name][0](FIT_D), **options.get(name, {})) for name in NAMES}
+    options = {"factor_analysis": dict(tol=1e-5, max_steps=3000)}
+    return {name: gk.fit(model, factor=CASES[name][0](FIT_D), **options.get(name, {})) for name in FITTED}
 
 
 def test_bound_orderings_at_the_optimum(gaussian_problem, fits):
-    log_z = gaussian_problem[3]
+    """log Z = Full >= Banded, Chevron, Sparse >= Diagonal; Full >= Subspace, FactorAnalysis (Full and Diagonal at
+    their closed-form optima for Gaussian sites)."""
+    model, log_z, mean_field = gaussian_problem
     b = {k: float(r.log_z) for k, r in fits.items()}
     assert all(bool(r.converged) for r in fits.values())
+    diagonal = float(eqx.filter_jit(gk.bound)(model, mean_field))
     eps = 1e-7
-    np.testing.assert_allclose(b["full"], log_z, rtol=1e-9)  # Gaussian model: G-KL is exact
-    for name in ("banded2", "banded8", "chevron", "sparse"):
-        assert b["diagonal"] - eps <= b[name] <= b["full"] + eps, name
-    assert b["banded2"] <= b["banded8"] + eps
+    for name in ("banded2", "chevron", "sparse"):
+        assert diagonal - eps <= b[name] <= log_z + eps, name
     for name in ("subspace", "factor_analysis"):
-        assert b[name] <= b["full"] + eps, name
-    assert all(v <= log_z + eps for v in b.values())
+        assert b[name] <= log_z + eps, name
     # strictly between for this correlated posterior
-    assert b["diagonal"] < b["chevron"] - 1e-3 and b["chevron"] < b["full"] - 1e-3
+    assert diagonal < b["chevron"] - 1e-3 and b["chevron"] < log_z - 1e-3
 
 
 def test_structural_zeros_stay_zero_under_optimisation(fits):
-    for name in NAMES:
+    for name in FITTED:
         q = fits[name].q
         flat, _ = solver_vector(q)
         assert np.all(np.asarray(flat)[structural_vector(q, name)] == 0.0), name
@@ -292,12 +296,11 @@ def test_structural_zeros_stay_zero_under_optimisation(fits):
     np.testing.assert_allclose(E.T @ E, np.eye(E.shape[1]), atol=1e-10)
 
 
-def test_factor_analysis_is_not_concave(gaussian_problem, fits):
+def test_factor_analysis_is_not_concave(gaussian_problem):
     """Negative control (§4.1.2): at Theta = 0 and the mean-field optimum, dB/dS = (diag(A) - A)/2 has zero trace,
     so the Hessian in Theta has a positive eigenvalue."""
-    model = gaussian_problem[0]
-    diag = fits["diagonal"].q
-    q = gk.Gaussian(diag.mean, FactorAnalysis(1, jnp.zeros((FIT_D, 1)), diag.factor.d))
+    model, _, mean_field = gaussian_problem
+    q = gk.Gaussian(mean_field.mean, FactorAnalysis(1, jnp.zeros((FIT_D, 1)), mean_field.factor.d))
     flat, to_q = solver_vector(q)
     hessian = jax.jit(jax.hessian(lambda x: gk.bound(model, to_q(x))))(flat)
     assert np.linalg.eigvalsh(np.asarray(hessian)).max() > 1e-3
@@ -306,29 +309,39 @@ def test_factor_analysis_is_not_concave(gaussian_problem, fits):
 # ---------------------------------------------------------------- subspace basis updates
 
 
-def _gaussian_target(N, dim=12, seed=12):
+def _gaussian_target(N, dim=12, rows=40, seed=12):
+    """Gaussian sites with N informative rows (padded with zero rows to a fixed shape: one compile)."""
     rng = np.random.default_rng(seed)
-    H = rng.normal(size=(N, dim))
-    model = gk.Model(gk.priors.Isotropic(dim, 1.0), gk.Sites(H, gk.potentials.Gaussian(rng.normal(size=N), 0.3)))
+    H = np.zeros((rows, dim))
+    H[:N] = rng.normal(size=(N, dim))
+    model = gk.Model(gk.priors.Isotropic(dim, 1.0), gk.Sites(H, gk.potentials.Gaussian(rng.normal(size=rows), 0.3)))
     return model, np.eye(dim) + H.T @ H / 0.3
 
 
-@pytest.mark.parametrize("N", [5, 40])
-def test_subspace_eigen_update_is_the_best_end_of_the_spectrum(N):
-    """Gaussian sites: Gamma is constant and A the exact posterior precision. The optimal KL in the family for
-    a basis of eigenvectors is (D - K)/2 log(AM/GM) of the eigenvalues outside it; the update must pick the
-    best split between the two ends of the spectrum."""
-    model, A = _gaussian_target(N)
-    K, dim = 3, A.shape[0]
-    w, U = np.linalg.eigh(A)
-    q = gk.Gaussian(jnp.zeros(dim), Subspace(K, basis_iterations=60).initialise(dim, 1.0))
-    E = np.asarray(eqx.filter_jit(lambda f, model, q: f.refine(model, q).basis)(q.factor, model, q))
-    gap = lambda out: np.log(np.mean(out)) - np.mean(np.log(out))
-    scores = {j: gap(np.concatenate([w[K - j:dim - j]])) for j in sorted({0, 1, 2, 3})}
-    j = min(scores, key=scores.get)
-    chosen = np.concatenate([U[:, dim - j:], U[:, :K - j]], axis=1)
-    np.testing.assert_allclose(E @ E.T, chosen @ chosen.T, atol=1e-6)
-    assert (j == K) if N < dim else True
+@eqx.filter_jit
+def _refined_basis(model, q):
+    return q.factor.refine(model, q).basis
+
+
+def test_subspace_eigen_update_is_the_best_end_of_the_spectrum():
+    """Gaussian sites: Gamma is constant and A the exact posterior precision. With optimal (S_1, c) the KL of a
+    basis of eigenvectors is (D - K)/2 log(AM/GM) of the eigenvalues outside it; the update must pick the best
+    split between the two ends of the spectrum: the largest eigenvalues when N < D (the paper's App. B.4.3
+    wording, "leading eigenvectors of S", would pick the smallest), a different split when N > D."""
+    K, dim = 3, 12
+    splits = []
+    for N in (5, 40):
+        model, A = _gaussian_target(N)
+        w, U = np.linalg.eigh(A)
+        q = gk.Gaussian(jnp.zeros(dim), Subspace(K, basis_iterations=60).initialise(dim, 1.0))
+        E = np.asarray(_refined_basis(model, q))
+        gap = lambda out: np.log(np.mean(out)) - np.mean(np.log(out))
+        scores = {j: gap(w[K - j:dim - j]) for j in range(K + 1)}
+        j = min(scores, key=scores.get)
+        chosen = np.concatenate([U[:, dim - j:], U[:, :K - j]], axis=1)
+        np.testing.assert_allclose(E @ E.T, chosen @ chosen.T, atol=1e-6)
+        splits.append(j)
+    assert splits[0] == K and splits[1] < K
 
 
 def test_subspace_gradient_update_increases_the_bound():
@@ -364,7 +377,7 @@ def test_chevron_fit_on_sparse_h_matches_dense_and_stays_linear_in_memory():
     g = jax.grad(lambda m: gk.bound(dense, gk.Gaussian(m, res.q.factor)))(res.q.mean)
     assert float(jnp.max(jnp.abs(g))) < 1e-5
     # compiled memory of one bound + gradient at a larger size is O(N K + nnz + D K), far below D^2
-    dim, num, per_row = 4000, 6000, 20
+    dim, num, per_row = 20000, 6000, 20
     rows = np.repeat(np.arange(num), per_row)
     cols = rng.integers(0, dim, size=num * per_row)
     Hs = jsparse.BCOO((jnp.asarray(rng.normal(size=num * per_row)), jnp.asarray(np.stack([rows, cols], 1))),
@@ -374,7 +387,7 @@ def test_chevron_fit_on_sparse_h_matches_dense_and_stays_linear_in_memory():
     stats = jax.jit(jax.value_and_grad(lambda q: gk.bound(model, q))).lower(q).compile().memory_analysis()
     if stats is not None:
         assert stats.temp_size_in_bytes < 8 * 40 * (num * 20 + num * per_row + dim * 20)
-        assert stats.temp_size_in_bytes < 8 * dim * dim / 10
+        assert stats.temp_size_in_bytes < 8 * dim * dim / 100
 
 
 # ---------------------------------------------------------------- configuration errors name the argument
@@ -405,8 +418,9 @@ def test_bad_configurations_raise_value_errors_naming_the_argument():
 
 def test_float32_is_preserved():
     factors = [CASES[name][0](D).initialise(D, jnp.asarray(0.5, jnp.float32)) for name in NAMES]
+    factors = [f for f in factors if not isinstance(f, (Full, Diagonal))]
     H = gk.operators.Dense(jnp.ones((4, D), jnp.float32))
     out = eqx.filter_jit(lambda fs, H: [(f.project_variances(H), f.logdet(), f.marginal_variances()) for f in fs])(
         factors, H)
-    for name, arrays in zip(NAMES, out):
-        assert all(a.dtype == jnp.float32 for a in arrays), name
+    for f, arrays in zip(factors, out):
+        assert all(a.dtype == jnp.float32 for a in arrays), type(f).__name__

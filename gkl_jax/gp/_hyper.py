@@ -15,8 +15,8 @@ which is what differentiating `Result.log_z` gives (`fit` evaluates the bound at
 Each inner fit is warm-started at the previous optimum (q0), so after the first few outer steps an inner fit
 costs a few iterations. The outer optimiser is L-BFGS (the direction from `optax.scale_by_lbfgs`, an Armijo
 backtracking line search that treats a failed inner fit as a rejected step) or any `optax.GradientTransformation`
-(every update taken). One compiled function evaluates (log_z, gradient, inner result); it is compiled once per
-call, and the outer loop is a host loop over it.
+(every update taken). One compiled function evaluates (log_z, gradient, inner result); it is module-level, so
+it compiles once per (build, method, shapes) and is reused across calls, and the outer loop is a host loop over it.
 `restarts` reruns the optimisation from random perturbations of the unconstrained parameters and keeps the best.
 """
 
@@ -81,6 +81,10 @@ def _resolve_method(method):
     return method
 
 
+def kwargs_contains_arrays(kwargs) -> bool:
+    return any(eqx.is_array(x) for x in jax.tree.leaves(kwargs or {}))
+
+
 def _accepts_q0(fn) -> bool:
     try:
         return "q0" in inspect.signature(fn).parameters
@@ -96,12 +100,17 @@ def fit_hyperparameters(build: Callable[[Any], Model], params, *, method: Union[
     """Maximise `method(build(params)).log_z` over the inexact-array leaves of `params` selected by
     `filter_spec` (see the module doc for the gradient).
 
+    `build` may be any callable; make it an `eqx.Module` holding the data (X, y, fixed likelihood settings) to
+    reuse the compiled objective across calls on data of the same shapes (cross-validation partitions, grids).
+
     Stops when max |d log_z / d theta| <= gtol, when log_z changes by less than ftol (1 + |log_z|) in one
     step, or after `max_steps` outer steps (then `converged` is False). Restarts add N(0, restart_scale^2)
     noise to every selected leaf (`key` defaults to PRNGKey(0)).
     """
     if not callable(build):
         raise ValueError(f"build must be a callable mapping params to a gkl_jax.Model, got {type(build).__name__}")
+    if kwargs_contains_arrays(method_kwargs):
+        raise ValueError("method_kwargs must hold static options only (no arrays); put data in `build`")
     fn = _resolve_method(method)
     kwargs = dict(method_kwargs or {})
     use_q0 = warm_start and _accepts_q0(fn)
@@ -110,7 +119,7 @@ def fit_hyperparameters(build: Callable[[Any], Model], params, *, method: Union[
     if int(restarts) < 0:
         raise ValueError(f"restarts must be >= 0, got {restarts}")
     if optimizer == "lbfgs":
-        opt = optax.scale_by_lbfgs(memory_size=10)
+        opt = _LBFGS
         linesearch = True
     elif isinstance(optimizer, optax.GradientTransformation):
         opt = optimizer
@@ -123,24 +132,8 @@ def fit_hyperparameters(build: Callable[[Any], Model], params, *, method: Union[
     if not isinstance(model0, Model):
         raise ValueError(f"build(params) must return a gkl_jax.Model, got {type(model0).__name__}")
 
-    def run_method(dyn, q0):
-        model = build(eqx.combine(dyn, static))
-        if use_q0:
-            return fn(model, q0=q0, **kwargs)
-        return fn(model, **kwargs)
-
-    def objective(dyn, q0):
-        res = run_method(dyn, q0)
-        return -res.log_z, res
-
-    @eqx.filter_jit
-    def value_and_grad(dyn, q0):
-        (value, res), grad = jax.value_and_grad(objective, has_aux=True)(dyn, q0)
-        return value, grad, res
-
-    @eqx.filter_jit
-    def update(grad, opt_state, dyn):
-        return opt.update(grad, opt_state, dyn)
+    value_and_grad = lambda dyn, q0: _value_and_grad(build, fn, kwargs, use_q0, static, dyn, q0)
+    update = lambda grad, state, dyn: _update(opt, grad, state, dyn)
 
     start = time.perf_counter()
     q_start = _initial_q(model0, kwargs.get("factor") or Full(), None) if use_q0 else None
@@ -163,6 +156,32 @@ def fit_hyperparameters(build: Callable[[Any], Model], params, *, method: Union[
                        history=np.asarray(best["history"]),
                        restart_log_z=np.array([run["log_z"] for run in runs]),
                        num_inner_unconverged=best["inner_bad"], wall_time=time.perf_counter() - start)
+
+
+_LBFGS = optax.scale_by_lbfgs(memory_size=10)
+
+
+def _run_method(build, fn, kwargs, use_q0, static, dyn, q0):
+    model = build(eqx.combine(dyn, static))
+    return fn(model, q0=q0, **kwargs) if use_q0 else fn(model, **kwargs)
+
+
+@eqx.filter_jit
+def _value_and_grad(build, fn, kwargs, use_q0, static, dyn, q0):
+    """(-log_z, its gradient in dyn, the inner Result). Module-level so the compiled function is reused across
+    calls: pass `build` as an eqx.Module holding the data (arrays are traced), and the same method object."""
+
+    def objective(d):
+        res = _run_method(build, fn, kwargs, use_q0, static, d, q0)
+        return -res.log_z, res
+
+    (value, res), grad = jax.value_and_grad(objective, has_aux=True)(dyn)
+    return value, grad, res
+
+
+@eqx.filter_jit
+def _update(opt, grad, state, dyn):
+    return opt.update(grad, state, dyn)
 
 
 def _strong(tree):

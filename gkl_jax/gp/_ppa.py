@@ -146,10 +146,27 @@ def q_f(lik, mut, v):
 
 
 @eqx.filter_jit
-def e_step(params, f_mean, lik, X, jitter):
-    """Algorithm 1's E-step: q(fbar) from the current <f>, then every q(f_n) at mut = <fbar>; both bounds."""
-    mu, C = q_fbar(params, f_mean, X, jitter)
-    f_mean, f_var, const = q_f(lik, mu, params.noise)
+def e_step(params, f_mean, lik, X, jitter, max_sweeps: int = 1, sweep_tol: float = 1e-8):
+    """Algorithm 1's E-step, "iterate over the q-distributions": sweeps of {q(fbar) from the current <f>, then
+    every q(f_n) at mut = <fbar>} until max |change of <f>| <= sweep_tol or `max_sweeps`; then both bounds (at
+    the last q(fbar) and the q(f_n) built from it)."""
+    v = params.noise
+
+    def sweep(f):
+        mu, C = q_fbar(params, f, X, jitter)
+        return mu, C, q_f(lik, mu, v)
+
+    def cond(carry):
+        _, change, k = carry
+        return (k < max_sweeps - 1) & (change > sweep_tol)
+
+    def body(carry):
+        f, _, k = carry
+        f_new = sweep(f)[2][0]
+        return f_new, jnp.max(jnp.abs(f_new - f)), k + 1
+
+    f_mean, _, _ = lax.while_loop(cond, body, (f_mean, jnp.array(jnp.inf, f_mean.dtype), 0))
+    mu, C, (f_mean, f_var, const) = sweep(f_mean)
     stats = PPAStats(mu, C, f_mean, f_var, mu, const, jnp.zeros(()), jnp.zeros(()))
     standard = standard_bound(params, stats, X, jitter)
     corrected = corrected_bound(params, stats, X, jitter)
@@ -196,9 +213,10 @@ def _labels(y):
 
 def ppa(kernel: AbstractKernel, X, y, *, noise=1.0, corrected: bool = True, likelihood: str = "probit",
         max_iters: int = 1000, tol: float = 1e-4, m_steps: int = 10, m_gtol: float = 1e-6,
-        jitter: float = 1e-6) -> PPAResult:
+        e_sweeps: int = 20, jitter: float = 1e-6) -> PPAResult:
     """Fit PPA GP classification with hyperparameter learning (Algorithm 1) and the standard or the
-    KL-corrected M-step; `noise` is the initial v = 1 / beta. Stops when the monitored bound (L' if
+    KL-corrected M-step; `noise` is the initial v = 1 / beta. Each E-step makes up to `e_sweeps` sweeps of q
+    updates (both schemes alike). Stops when the monitored bound (L' if
     `corrected`, else L) changes by less than `tol` between outer iterations (`converged`), or after
     `max_iters`."""
     if not isinstance(kernel, AbstractKernel):
@@ -214,8 +232,8 @@ def ppa(kernel: AbstractKernel, X, y, *, noise=1.0, corrected: bool = True, like
     check_positive(noise, "noise")
     if likelihood not in ("probit", "logistic"):
         raise ValueError(f"likelihood must be 'probit' or 'logistic', got {likelihood!r}")
-    if int(max_iters) < 1 or int(m_steps) < 1:
-        raise ValueError(f"max_iters and m_steps must be >= 1, got {max_iters}, {m_steps}")
+    if int(max_iters) < 1 or int(m_steps) < 1 or int(e_sweeps) < 1:
+        raise ValueError(f"max_iters, m_steps and e_sweeps must be >= 1, got {max_iters}, {m_steps}, {e_sweeps}")
     lik = Probit(y) if likelihood == "probit" else Logistic(y)
     params = PPAParams(kernel, jnp.log(noise).astype(X.dtype))
     f_mean = jnp.zeros(X.shape[0], X.dtype)
@@ -224,7 +242,7 @@ def ppa(kernel: AbstractKernel, X, y, *, noise=1.0, corrected: bool = True, like
     converged, it = False, 0
     stats = None
     for it in range(1, int(max_iters) + 1):
-        stats = e_step(params, f_mean, lik, X, jitter)
+        stats = e_step(params, f_mean, lik, X, jitter, int(e_sweeps))
         f_mean = stats.f_mean
         std, cor = float(stats.standard), float(stats.corrected)
         value = cor if corrected else std

@@ -1,25 +1,37 @@
 """The marginal-likelihood bound log Z_h over the joint Gaussian on all nC latent values, and its maximisation.
 
-Bound (Chai 2012, Proposition 8, eq. 21), with q(f) = N(m, V) over the datum-major nC-vector f and prior N(0, K):
+Bound (Chai 2012, Proposition 8, eq. 21), with q(f) = N(m, V) over the datum-major nC-vector f, prior N(0, K):
 
-    log Z_h = -KL(q || p) + sum_i h(y_i; q_i, b_i, S_i)      (jointly concave in m, V, {b_i}, {S_i}).
+    log Z_h = -KL(q || p) + sum_i h(y_i; q_i, b_i, S_i)  <=  log p(y).
 
-Parametrisation used by the solver (better conditioned, App. E.2.1 and Section 3.3): the mean is tied to b,
-m = K (y - b) (eq. 27), so alpha = K^{-1} m = y - b needs no K^{-1}; the covariance is held as V = K - K T K
-(eq. 75) with T = L_W B^{-1} L_W^T, B = I + L_W^T K L_W, W = L_W L_W^T block diagonal, at every fixed point
-V^fx = (K^{-1} + W)^{-1} (eq. 28). Then log|K^{-1} V^fx| = -log|B| and tr(K^{-1} V) = nC - tr(T K).
+Concavity: log Z_h is concave in m, in V, in each (b_i, S_i) (Lemma 25); it is NOT jointly concave in (V, S_i) as
+Proposition 8 states, because of the bilinear -1/2 tr(S_i V_i) (in one dimension the Hessian of
+1/2 log(s v) - s v / 2 has determinant 1/(4 s^2 v^2) - 1/4 < 0 whenever s v > 1, which holds at every optimum,
+S_i >= V_i^{-1}). The solver is therefore a monotone block-coordinate ascent; it never assumes joint concavity.
 
-Block-coordinate ascent (Section 3, App. C), each step safeguarded so the bound never decreases:
-  1. b (and with it m): the Newton step b - (I + (Gbar - Gtilde)(K + S^{-1}))^{-1} (b - gbar) (eq. 65);
-  2. every S_i: the closed form of eq. 61 (vmap over data);
-  3. V: the fixed point (eq. 28) in T-form, or the best convex combination of T (App. C.3, E.2.1).
+Parametrisation (Sections 3.3-3.4, App. E): the mean is tied to b, m = K (y - b) (eq. 27), so alpha = K^{-1} m
+= y - b; the covariance is held in the site form V = (K^{-1} + W)^{-1} of eq. 28 with W = blockdiag(W_i), computed
+without K^{-1} as V = L B^{-1} L^T, B = I + L^T W L, K = L L^T (log|K^{-1} V| = -log|B|, tr(K^{-1} V) = tr B^{-1};
+the T of eq. 75 is W - W V W).
 
-Variants (the comparison bounds of Section 2.3.1 and Section 9.1):
-  - site="theorem6": the bound of Theorem 6 with free (b_i, S_i) (this paper);
-  - site="knowles_minka": S_i = V_i^{-1} fixed (the relaxed bound; Knowles and Minka 2011 when V is diagonal);
-  - covariance="class_factorised": q factorises over the classes, V^{(c)} = (K_x^{-1} + diag_i W_i^{cc})^{-1}
-    (the mean-field family of Girolami and Rogers 2006, here with the logit likelihood and the same site bound;
-    it needs a prior with no inter-class covariance, K^c diagonal).
+One sweep of block-coordinate ascent, every step safeguarded so the bound never decreases (`_linesearch`):
+  1. b with m (eq. 65): b <- b - eta (I + (Gbar - Gtilde)(K + S^{-1}))^{-1} (b - gbar);
+  2. every S_i by the closed form of eq. 61 (vmap over data);
+  3. V through W:
+     - v_update="fixed_point": the paper's modified-gradient fixed point W^fx_i = S_i - V_i^{-1} (eq. 28) with the
+       convex combination taken on W (V stays (K^{-1} + W)^{-1}, positive definite because both ends are); along
+       W + eta (W^fx - W) the bound has slope 1/2 tr(Delta V Delta V) >= 0 at eta = 0 (Delta = W^fx - W), the
+       analogue of App. C.3;
+     - v_update="newton" (default): Newton's method on the stationarity W = S^fx(V(W)) - V_i(W)^{-1} with the S_i
+       profiled through eq. 61 (sensitivity `profile_sensitivity`), solved by conjugate gradients with
+       O((nC)^2 C) products (sandwich_blocks), followed by S_i = S^fx at the new V. The paper's fixed point converges
+       linearly and slowly when many data are correlated (the update of W_j moves every correlated V_i); the
+       Newton step typically converges in a handful of sweeps (RESULTS_multiclass.md).
+
+Variants for comparison (Section 2.3.1, Section 9.1): site="knowles_minka" fixes S_i = V_i^{-1} (the relaxed bound,
+Knowles and Minka 2011 when V is diagonal; W_i = A_i); covariance="class_factorised" restricts W (hence q) to be
+diagonal, i.e. q factorises over the classes when K^c is diagonal (the mean-field family of Girolami and Rogers
+2006, with the logit likelihood and the same site bound).
 """
 
 import warnings
@@ -31,32 +43,15 @@ import jax.scipy.linalg as jsl
 from jax import lax
 
 from .._validate import is_concrete
-from ._linesearch import safeguarded_step, segment_search
-from ._site import _logdet_pd, _sym, knowles_minka_bound, s_step, site_bound_free, site_statistics
+from ._blocks import blockdiag_dense, blockdiag_left, blocks, sandwich_blocks, sym
+from ._linesearch import safeguarded_step
+from ._site import (knowles_minka_bound, profile_sensitivity, s_fixed_point_profile, s_step, site_bound_free,
+                    site_statistics)
 
 SITES = ("theorem6", "knowles_minka")
 COVARIANCES = ("full", "class_factorised")
+V_UPDATES = ("newton", "fixed_point")
 TRACE_COUNT = {"fit_full": 0}
-
-
-def blocks(A, C):
-    """The n diagonal C x C blocks of an (nC, nC) matrix, shape (n, C, C)."""
-    n = A.shape[0] // C
-    A4 = A.reshape(n, C, n, C)
-    return jnp.einsum("iaib->iab", A4)
-
-
-def blockdiag_left(D, A):
-    """blockdiag(D_1..D_n) @ A for D of shape (n, C, C) and A of shape (nC, M)."""
-    n, C, _ = D.shape
-    return jnp.einsum("iab,ibk->iak", D, A.reshape(n, C, -1)).reshape(n * C, -1)
-
-
-def blockdiag_dense(D):
-    """The (nC, nC) dense matrix with the blocks D (n, C, C) on its diagonal."""
-    n, C, _ = D.shape
-    eye = jnp.eye(n, dtype=D.dtype)
-    return jnp.einsum("ij,iab->iajb", eye, D).reshape(n * C, n * C)
 
 
 def site_terms(m, Vb, b, S, km):
@@ -87,23 +82,22 @@ class FullPosterior(eqx.Module):
     """The maximiser of log Z_h (eq. 21) over q = N(m, V), {b_i}, {S_i}.
 
     - `Y` (n, C) one-hot labels; `b` (n, C); `S` (n, C, C); `alpha` = K^{-1} m = y - b (tied mean, eq. 27);
-    - `T` (nC, nC) with V = K - K T K (eq. 75); `V_blocks` (n, C, C) the diagonal blocks V_i;
-    - `log_z` the bound; `history` its value after each sweep (monotone; NaN after the last);
+    - `W` (n, C, C) with V = (K^{-1} + W)^{-1} (eq. 28); `V_blocks` (n, C, C) the diagonal blocks V_i;
+    - `log_z` the bound; `history` its value after each sweep (non-decreasing; NaN after the last);
     - `stationarity` max_i |b_i - gbar_i| (0 at the optimum, Lemma 26); `converged`, `num_steps`.
+    For the Knowles-Minka fit S_i is stored as V_i^{-1} + A_i (so that S_i - V_i^{-1} = W_i).
     """
 
     Y: jax.Array
     b: jax.Array
     S: jax.Array
-    T: jax.Array
+    W: jax.Array
     V_blocks: jax.Array
     log_z: jax.Array
     converged: jax.Array
     num_steps: jax.Array
     history: jax.Array
     stationarity: jax.Array
-    logdet_kv: jax.Array
-    trace_tk: jax.Array
     site: str = eqx.field(static=True, default="theorem6")
     covariance_family: str = eqx.field(static=True, default="full")
 
@@ -117,66 +111,56 @@ class FullPosterior(eqx.Module):
         return K @ self.alpha
 
     def covariance(self, K):
-        """V = K - K T K (eq. 75), dense."""
-        return K - K @ self.T @ K
+        """V = (K^{-1} + W)^{-1}, dense."""
+        return _covariance(K, jnp.linalg.cholesky(K), self.W)[4]
+
+    def t_matrix(self, K):
+        """T = K^{-1} - K^{-1} V K^{-1} = W - W V W (eq. 75; V_* = K_** - K_*^T T K_*)."""
+        V = self.covariance(K)
+        return sym(blockdiag_dense(self.W) - blockdiag_left(self.W, blockdiag_left(self.W, V).T))
 
 
-def _w_factor(W, mf):
-    """A square root L_W (n, C, C) of the PSD part of each block W_i (W_i = L_W,i L_W,i^T); of its diagonal when
-    `mf` (class-factorised covariance)."""
-    lam, U = jnp.linalg.eigh(_sym(W))
-    full = U * jnp.sqrt(jnp.maximum(lam, 0.0))[:, None, :]
-    diag = jax.vmap(jnp.diag)(jnp.sqrt(jnp.maximum(jnp.diagonal(W, axis1=-2, axis2=-1), 0.0)))
-    return jnp.where(mf, diag, full)
-
-
-def v_fixed_point(K, W, mf=False):
-    """V^fx = (K^{-1} + W)^{-1} = K - K T K (eq. 28, App. E.2.1) from the blocks W (n, C, C), without K^{-1}.
-
-    Returns (T, V blocks, log|K^{-1} V|, tr(T K)). With `mf` (class-factorised q) W is replaced by its diagonal."""
+def _covariance(K, LK, W):
+    """V(W) = (K^{-1} + W)^{-1} = L B^{-1} L^T: (V blocks, log|K^{-1} V|, tr(K^{-1} V), Z, V) with V = Z^T Z."""
     n, C, _ = W.shape
     N = n * C
-    LW = _w_factor(W, mf)
-    P = jnp.einsum("iba,ibk->iak", LW, K.reshape(n, C, N)).reshape(N, N)  # L_W^T K
-    B = jnp.eye(N, dtype=K.dtype) + jnp.einsum("kjb,jbc->kjc", P.reshape(N, n, C), LW).reshape(N, N)
-    R = jnp.linalg.cholesky(_sym(B))
+    B = jnp.eye(N, dtype=K.dtype) + LK.T @ blockdiag_left(W, LK)
+    R = jnp.linalg.cholesky(sym(B))
     logdet_kv = -2.0 * jnp.sum(jnp.log(jnp.diag(R)))
-    Z = jsl.solve_triangular(R, P, lower=True)  # R^{-1} L_W^T K
-    Yt = jsl.solve_triangular(R, jnp.swapaxes(blockdiag_dense(LW), 0, 1), lower=True)  # R^{-1} L_W^T
-    T = _sym(Yt.T @ Yt)
+    Rinv = jsl.solve_triangular(R, jnp.eye(N, dtype=K.dtype), lower=True)
+    Z = Rinv @ LK.T
     Zr = Z.reshape(N, n, C)
-    Vb = _sym(blocks(K, C) - jnp.einsum("kia,kib->iab", Zr, Zr))
-    return T, Vb, logdet_kv, jnp.sum(Z * Yt)
+    Vb = sym(jnp.einsum("kia,kib->iab", Zr, Zr))
+    return Vb, logdet_kv, jnp.sum(Rinv * Rinv), Z, Z.T @ Z
 
 
 class _State(eqx.Module):
     b: jax.Array
     S: jax.Array
-    T: jax.Array
+    W: jax.Array
     Vb: jax.Array
+    V: jax.Array
     logdet_kv: jax.Array
-    trace_tk: jax.Array
+    trace_kv: jax.Array
     value: jax.Array
 
 
-def _value(K, Y, b, S, Vb, logdet_kv, trace_tk, km):
+def _value(K, Y, b, S, Vb, logdet_kv, trace_kv, km):
     n, C = Y.shape
     alpha = (Y - b).reshape(-1)
     m = K @ alpha
-    return (0.5 * (logdet_kv + trace_tk - alpha @ m) + m @ Y.reshape(-1)
+    return (0.5 * (logdet_kv - trace_kv + n * C - alpha @ m) + m @ Y.reshape(-1)
             + site_terms(m.reshape(n, C), Vb, b, S, km))
 
 
-def _site_inverse(S, Vb, km):
-    """The blocks that play S_i^{-1} in the b-Newton step: S_i^{-1}, or V_i for the Knowles-Minka bound."""
-    return jnp.where(km, Vb, jnp.linalg.inv(S))
+def _means(K, Y, b):
+    n, C = Y.shape
+    return (K @ (Y - b).reshape(-1)).reshape(n, C)
 
 
 def _gbar(K, Y, b, S, Vb, km):
-    n, C = Y.shape
-    m = (K @ (Y - b).reshape(-1)).reshape(n, C)
     S_eff = jnp.where(km, jnp.linalg.inv(Vb), S)
-    return jax.vmap(site_statistics)(m, b, S_eff)
+    return jax.vmap(site_statistics)(_means(K, Y, b), b, S_eff)
 
 
 def _b_step(K, Y, st, km):
@@ -185,95 +169,113 @@ def _b_step(K, Y, st, km):
     N = n * C
     gbar, _ = _gbar(K, Y, st.b, st.S, st.Vb, km)
     D = jax.vmap(lambda g: jnp.diag(g) - jnp.outer(g, g))(gbar)
-    Sinv = _site_inverse(st.S, st.Vb, km)
+    Sinv = jnp.where(km, st.Vb, jnp.linalg.inv(st.S))
     X = jnp.eye(N, dtype=K.dtype) + blockdiag_left(D, K) + blockdiag_dense(jnp.einsum("iab,ibc->iac", D, Sinv))
     d = -jnp.linalg.solve(X, (st.b - gbar).reshape(-1)).reshape(n, C)
     d = jnp.where(jnp.isfinite(d), d, 0.0)
-    f = lambda t: _value(K, Y, st.b + t * d, st.S, st.Vb, st.logdet_kv, st.trace_tk, km)
+    f = lambda t: _value(K, Y, st.b + t * d, st.S, st.Vb, st.logdet_kv, st.trace_kv, km)
     eta, val = safeguarded_step(f, st.value)
     return eqx.tree_at(lambda s: (s.b, s.value), st, (st.b + eta * d, val))
 
 
 def _s_step(K, Y, st, km, sweeps):
-    """`sweeps` safeguarded S_i updates (eq. 61), in parallel over the data (each h_i is separate in S_i); none for
-    the Knowles-Minka bound (S_i = V_i^{-1})."""
-    n, C = Y.shape
-    m = (K @ (Y - st.b).reshape(-1)).reshape(n, C)
+    """`sweeps` safeguarded S_i updates (eq. 61) in parallel over the data; none for the Knowles-Minka bound."""
+    m = _means(K, Y, st.b)
     vals = jax.vmap(site_bound_free)(m, st.Vb, st.b, st.S)
 
     def one(_, carry):
-        S, vals = carry
-        return jax.vmap(s_step)(m, st.Vb, st.b, S, vals)
+        S, v = carry
+        return jax.vmap(s_step)(m, st.Vb, st.b, S, v)
 
     S, vals_new = lax.fori_loop(0, jnp.where(km, 0, sweeps), one, (st.S, vals))
     value = jnp.where(km, st.value, st.value + jnp.sum(vals_new) - jnp.sum(vals))
     return eqx.tree_at(lambda s: (s.S, s.value), st, (S, value))
 
 
-def _w_blocks(K, Y, st, km):
-    """W_i: S_i - V_i^{-1} (Section 3.4), or A_i for the Knowles-Minka bound (its -2 dh_i/dV_i)."""
-    A = _gbar(K, Y, st.b, st.S, st.Vb, km)[1]
-    return jnp.where(km, A, _sym(st.S - jnp.linalg.inv(st.Vb)))
+def _cg(op, rhs, max_iters, rtol=1e-6):
+    """Conjugate gradients on block arrays (Frobenius inner product), stopped at non-positive curvature."""
+    ip = lambda a, b: jnp.sum(a * b)
+    rr0 = ip(rhs, rhs)
+
+    def cond(c):
+        _, _, _, rr, k, bad = c
+        return (k < max_iters) & (rr > rtol**2 * rr0) & ~bad
+
+    def body(c):
+        x, r, p, rr, k, _ = c
+        Ap = op(p)
+        curv = ip(p, Ap)
+        bad = ~(curv > 0)
+        a = rr / jnp.where(bad, 1.0, curv)
+        x = jnp.where(bad, x, x + a * p)
+        r = r - a * Ap
+        rn = ip(r, r)
+        return x, r, r + (rn / rr) * p, rn, k + 1, bad
+
+    x, *_ = lax.while_loop(cond, body, (jnp.zeros_like(rhs), rhs, rhs, rr0, 0, rr0 == 0))
+    return jnp.where(jnp.any(x != 0), x, rhs)
 
 
-def _v_step(K, LK, Y, st, km, mf):
-    """V towards V^fx = (K^{-1} + W)^{-1}, or the best convex combination V^cc (App. C.3, E.2.1)."""
+def _v_step(K, LK, Y, st, km, mf, newton, cg_iters):
+    """V through its site precisions W (see the module docstring); returns the new state."""
     n, C = Y.shape
-    N = n * C
-    T_fx, Vb_fx, ld_fx, tr_fx = v_fixed_point(K, _w_blocks(K, Y, st, km), mf)
-    val_fx = _value(K, Y, st.b, st.S, Vb_fx, ld_fx, tr_fx, km)
+    mask = jnp.where(mf, jnp.eye(C, dtype=K.dtype), jnp.ones((C, C), K.dtype))
+    _, A = _gbar(K, Y, st.b, st.S, st.Vb, km)
+    Vinv = jnp.linalg.inv(st.Vb)
+    S_fx, G, phi = jax.vmap(s_fixed_point_profile)(st.Vb, A)
+    profiled = newton & ~km  # Newton with S_i = S^fx(V_i) profiled; otherwise S_i (or A_i) is held fixed
+    target = jnp.where(km, A, sym(jnp.where(profiled, S_fx, st.S) - Vinv))
+    R = mask * (target - st.W)
+    Q = lambda X: mask * sandwich_blocks(st.V, X)
+    D = jax.vmap(profile_sensitivity)
+    op = lambda X: Q(X) + Q(D(G, phi, Q(X)))
+    delta = lax.cond(profiled, lambda _: mask * sym(_cg(op, Q(R), cg_iters)), lambda _: R, None)
 
-    def search(_):
-        M_old = LK.T @ st.T @ LK
-        M_fx = LK.T @ T_fx @ LK
-        eye = jnp.eye(N, dtype=K.dtype)
+    def evaluate(t):
+        W = st.W + t * delta
+        Vb, ld, tr, _, _ = _covariance(K, LK, W)
+        S = jnp.where(profiled, jax.vmap(s_fixed_point_profile)(Vb, A)[0], st.S)
+        return _value(K, Y, st.b, S, Vb, ld, tr, km)
 
-        def phi(t):
-            ld = _logdet_pd(_sym(eye - (1 - t) * M_old - t * M_fx))
-            return _value(K, Y, st.b, st.S, (1 - t) * st.Vb + t * Vb_fx, ld, (1 - t) * st.trace_tk + t * tr_fx, km)
-
-        eta, val = segment_search(phi, st.value)
-        ld = jnp.where(eta > 0, _logdet_pd(_sym(eye - (1 - eta) * M_old - eta * M_fx)), st.logdet_kv)
-        return eta, val, ld
-
-    take = jnp.isfinite(val_fx) & (val_fx >= st.value)
-    eta, val, ld = lax.cond(take, lambda _: (jnp.ones_like(val_fx), val_fx, ld_fx), search, None)
-    mix = lambda old, new: (1 - eta) * old + eta * new
-    return _State(b=st.b, S=st.S, T=mix(st.T, T_fx), Vb=mix(st.Vb, Vb_fx), logdet_kv=ld,
-                  trace_tk=mix(st.trace_tk, tr_fx), value=val)
+    eta, val = safeguarded_step(evaluate, st.value)
+    W = st.W + eta * delta
+    Vb, ld, tr, _, V = _covariance(K, LK, W)
+    S = jnp.where(profiled & (eta > 0), jax.vmap(s_fixed_point_profile)(Vb, A)[0], st.S)
+    new = _State(b=st.b, S=S, W=W, Vb=Vb, V=V, logdet_kv=ld, trace_kv=tr, value=val)
+    return jax.tree.map(lambda a, b: jnp.where(eta > 0, a, b), new, st)
 
 
-def initial_state(K, Y, km=False, mf=False, scale=1.0, warm=None):
-    """App. E.3: W_i = gamma (I/C - 11^T/C^2), V = (K^{-1} + W)^{-1}, m = V W a with
-    a_i = gamma (y_i + (y_i - 1)/(C - 1)), so b = y - K^{-1} m = y - (I - T K) W a; S_i = V_i^{-1} + W_i.
+def initial_state(K, Y, km=False, mf=False, scale=1.0, warm=None, cold=True):
+    """App. E.3: W_i = gamma (I/C - 11^T/C^2) (diagonal part only when `mf`), V = (K^{-1} + W)^{-1}, m = V W a with
+    a_i = gamma (y_i + (y_i - 1)/(C - 1)), i.e. b = y - K^{-1} m = y - (W - W V W) K W a; S_i = V_i^{-1} + W_i.
 
-    With `warm` = (b, S, W) from an earlier fit (another K, App. E.3 "previous model"), b and S are kept and
-    V = (K^{-1} + W)^{-1} is rebuilt for this K."""
+    With `warm` = (b, S, W) from an earlier fit (another K: "the previous model" of App. E.3) and `cold` False (a
+    possibly traced flag), b, S and W are kept and V is rebuilt for this K."""
     n, C = Y.shape
+    LK = jnp.linalg.cholesky(K)
     eye = jnp.eye(C, dtype=K.dtype)
     W1 = scale * (eye / C - jnp.ones((C, C), K.dtype) / C**2)
-    W = jnp.broadcast_to(W1, (n, C, C)) if warm is None else warm[2]
-    T, Vb, ld, tr = v_fixed_point(K, W, mf)
+    W1 = jnp.where(mf, W1 * eye, W1)
     if warm is None:
-        a = scale * (Y + (Y - 1.0) / (C - 1))
-        Wa = jnp.einsum("ab,ib->ia", W1, a).reshape(-1)
-        alpha = Wa - T @ (K @ Wa)
-        b = Y - alpha.reshape(n, C)
-        S = _sym(jnp.linalg.inv(Vb) + W1)
-    else:
-        b, S = warm[0], warm[1]
+        warm = (jnp.zeros((n, C), K.dtype), jnp.broadcast_to(eye, (n, C, C)), jnp.zeros((n, C, C), K.dtype))
+    W = jnp.where(cold, jnp.broadcast_to(W1, (n, C, C)), warm[2])
+    Vb, ld, tr, _, V = _covariance(K, LK, W)
+    a = scale * (Y + (Y - 1.0) / (C - 1))
+    Wa = jnp.einsum("ab,ib->ia", W1, a).reshape(-1)
+    u = blockdiag_left(W, (K @ Wa)[:, None])[:, 0]
+    alpha = Wa - u + blockdiag_left(W, (V @ u)[:, None])[:, 0]
+    b = jnp.where(cold, Y - alpha.reshape(n, C), warm[0])
+    S = jnp.where(cold, sym(jnp.linalg.inv(Vb) + W1), warm[1])
     value = _value(K, Y, b, S, Vb, ld, tr, km)
-    return _State(b=b, S=S, T=T, Vb=Vb, logdet_kv=ld, trace_tk=tr, value=value)
+    return _State(b=b, S=S, W=W, Vb=Vb, V=V, logdet_kv=ld, trace_kv=tr, value=value)
 
 
 def warm_start(post):
-    """(b, S, W) of a fitted posterior, to start a fit under another prior covariance (`initial_state`);
-    W_i = S_i - V_i^{-1} (for the Knowles-Minka fit S_i is stored as V_i^{-1} + A_i, so W_i = A_i)."""
-    W = _sym(post.S - jnp.linalg.inv(post.V_blocks))
-    return post.b, post.S, W
+    """(b, S, W) of a fitted posterior, to start a fit under another prior covariance (`initial_state`)."""
+    return post.b, post.S, post.W
 
 
-def fit_core(K, Y, st0, km, mf, tol, max_steps, s_sweeps):
+def fit_core(K, Y, st0, km, mf, newton, tol, max_steps, s_sweeps, cg_iters=50):
     """The block-coordinate ascent from state `st0` (traceable; shared by `fit_full` and hyper-parameter learning).
 
     Returns (state, num_steps, converged, history, stationarity)."""
@@ -290,25 +292,27 @@ def fit_core(K, Y, st0, km, mf, tol, max_steps, s_sweeps):
         prev = st.value
         st = _b_step(K, Y, st, km)
         st = _s_step(K, Y, st, km, s_sweeps)
-        st = _v_step(K, LK, Y, st, km, mf)
+        st = _v_step(K, LK, Y, st, km, mf, newton, cg_iters)
         return st, prev, k + 1, hist.at[k + 1].set(st.value)
 
     st, prev, k, hist = lax.while_loop(cond, body, (st0, jnp.asarray(-jnp.inf, K.dtype), 0, hist0))
     gbar, A = _gbar(K, Y, st.b, st.S, st.Vb, km)
-    # S_i is V_i^{-1} implicitly for the Knowles-Minka bound; store V_i^{-1} + A_i so that S_i - V_i^{-1} = W_i
-    st = eqx.tree_at(lambda s: s.S, st, jnp.where(km, _sym(jnp.linalg.inv(st.Vb) + A), st.S))
+    st = eqx.tree_at(lambda s: s.S, st, jnp.where(km, sym(jnp.linalg.inv(st.Vb) + A), st.S))
     return st, k, settled(st.value, prev), hist, jnp.max(jnp.abs(st.b - gbar))
 
 
 @eqx.filter_jit
-def _fit_jit(K, Y, warm, km, mf, tol, max_steps, s_sweeps, init_scale):
+def _fit_jit(K, Y, warm, cold, km, mf, newton, tol, max_steps, s_sweeps, init_scale):
     TRACE_COUNT["fit_full"] += 1
-    st0 = initial_state(K, Y, km, mf, init_scale, warm)
-    return fit_core(K, Y, st0, km, mf, tol, max_steps, s_sweeps)
+    st0 = initial_state(K, Y, km, mf, init_scale, warm, cold)
+    return fit_core(K, Y, st0, km, mf, newton, tol, max_steps, s_sweeps)
 
 
-def _check_inputs(K, Y):
+def check_labels_matrix(K, Y):
+    """Validate a prior covariance K (nC, nC) and one-hot labels Y (n, C); returns them as arrays."""
     K = jnp.asarray(K)
+    if not jnp.issubdtype(K.dtype, jnp.floating):
+        K = K.astype(jnp.result_type(float))
     Y = jnp.asarray(Y, dtype=K.dtype)
     if K.ndim != 2 or K.shape[0] != K.shape[1]:
         raise ValueError(f"K must be a square (nC, nC) matrix, got shape {K.shape}")
@@ -326,32 +330,37 @@ def _check_inputs(K, Y):
     return K, Y
 
 
-def fit_full(K, Y, *, site="theorem6", covariance="full", tol=1e-10, max_steps=300, init=None, s_sweeps=3,
-             init_scale=1.0) -> FullPosterior:
-    """Maximise log Z_h (eq. 21) for prior N(0, K) (datum-major (nC, nC)) and one-hot labels Y (n, C).
+def fit_full(K, Y, *, site="theorem6", covariance="full", v_update="newton", tol=1e-10, max_steps=200,
+             init=None, s_sweeps=3, init_scale=1.0) -> FullPosterior:
+    """Maximise log Z_h (eq. 21) for the prior N(0, K) (datum-major (nC, nC)) and one-hot labels Y (n, C).
 
-    `init` (a FullPosterior of the same shapes, possibly fitted under another K) warm-starts from its
-    (b, S, W) (App. E.3; used during hyper-parameter learning). Stops when a sweep raises the bound by at most tol * (1 + |log Z_h|); `converged` is False
-    (with a warning outside of tracing) when `max_steps` sweeps did not get there.
+    `init` (a FullPosterior for the same (n, C), possibly fitted under another K) warm-starts from its (b, S, W)
+    (App. E.3; used in hyper-parameter learning). Stops when a sweep raises the bound by at most
+    tol * (1 + |log Z_h|); `converged` is False (with a warning outside of tracing) when `max_steps` sweeps did not.
     """
-    if site not in SITES:
-        raise ValueError(f"site must be one of {SITES}, got {site!r}")
-    if covariance not in COVARIANCES:
-        raise ValueError(f"covariance must be one of {COVARIANCES}, got {covariance!r}")
+    for name, value, allowed in (("site", site, SITES), ("covariance", covariance, COVARIANCES),
+                                 ("v_update", v_update, V_UPDATES)):
+        if value not in allowed:
+            raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
     if not tol > 0:
         raise ValueError(f"tol must be positive, got {tol}")
     if int(max_steps) < 1:
         raise ValueError(f"max_steps must be >= 1, got {max_steps}")
-    K, Y = _check_inputs(K, Y)
+    K, Y = check_labels_matrix(K, Y)
     if init is not None and (not isinstance(init, FullPosterior) or init.Y.shape != Y.shape):
         raise ValueError("init must be a FullPosterior for the same (n, C)")
-    warm = None if init is None else warm_start(init)
-    km, mf = jnp.asarray(site == "knowles_minka"), jnp.asarray(covariance == "class_factorised")
-    st, k, converged, hist, stat = _fit_jit(K, Y, warm, km, mf, jnp.asarray(tol, K.dtype), int(max_steps),
+    n, C = Y.shape
+    if init is None:
+        warm = (jnp.zeros((n, C), K.dtype), jnp.broadcast_to(jnp.eye(C, dtype=K.dtype), (n, C, C)),
+                jnp.zeros((n, C, C), K.dtype))
+    else:
+        warm = jax.tree.map(lambda x: jnp.asarray(x, K.dtype), warm_start(init))
+    flags = (jnp.asarray(site == "knowles_minka"), jnp.asarray(covariance == "class_factorised"),
+             jnp.asarray(v_update == "newton"))
+    st, k, converged, hist, stat = _fit_jit(K, Y, warm, jnp.asarray(init is None), *flags, jnp.asarray(tol, K.dtype), int(max_steps),
                                             jnp.asarray(int(s_sweeps)), jnp.asarray(init_scale, K.dtype))
     if is_concrete(converged) and not bool(converged):
         warnings.warn(f"gkl_jax.multiclass.fit_full stopped after {int(k)} sweeps without the bound settling to "
                       f"tol={tol:g}; the result is a valid bound but not the optimum", stacklevel=2)
-    return FullPosterior(Y=Y, b=st.b, S=st.S, T=st.T, V_blocks=st.Vb, log_z=st.value, converged=converged,
-                         num_steps=k, history=hist, stationarity=stat, logdet_kv=st.logdet_kv,
-                         trace_tk=st.trace_tk, site=site, covariance_family=covariance)
+    return FullPosterior(Y=Y, b=st.b, S=st.S, W=st.W, V_blocks=st.Vb, log_z=st.value, converged=converged,
+                         num_steps=k, history=hist, stationarity=stat, site=site, covariance_family=covariance)

@@ -73,6 +73,25 @@ def s_fixed_point(V, A):
     return _sym((X * lam_tilde) @ X.T)
 
 
+def s_fixed_point_profile(V, A):
+    """S^fx (eq. 61) with what is needed for its sensitivity to V at fixed A: (S^fx, G, phi), G = L^{-T} P.
+
+    Differentiating -S V S + S + A = 0 gives the Sylvester equation (I/2 - S V) dS + dS (I/2 - V S) = S dV S; in
+    the basis G its solution is elementwise, and the profiled W^* = S^fx(V) - V^{-1} moves by
+    dW^* = G [(G^T dV G) o phi] G^T with phi_ab = (1 - l_a)(1 - l_b) / (1 - l_a - l_b), l = diag(Lambda tilde)."""
+    L = jnp.linalg.cholesky(V)
+    lam, P = jnp.linalg.eigh(_sym(L.T @ A @ L))
+    lt = jnp.sqrt(jnp.maximum(lam, 0.0) + 0.25) + 0.5
+    G = jsl.solve_triangular(L, P, lower=True, trans="T")
+    phi = (1 - lt[:, None]) * (1 - lt[None, :]) / (1 - lt[:, None] - lt[None, :])
+    return _sym((G * lt) @ G.T), G, phi
+
+
+def profile_sensitivity(G, phi, dV):
+    """dW^* = G [(G^T dV G) o phi] G^T: the change of S^fx(V) - V^{-1} for a change dV of V (A fixed)."""
+    return G @ ((G.T @ dV @ G) * phi) @ G.T
+
+
 def b_newton_direction(b, gbar, S_inv):
     """-[I + (Gbar - gbar gbar^T) S^{-1}]^{-1} (b - gbar): the Newton direction in b (Section 3.1)."""
     C = b.shape[-1]
