@@ -66,7 +66,8 @@ def _logistic(dim, num, seed, dtype):
 
     data = gk.datasets.synthetic_logistic(dim, num, seed=seed)
     X = data["X_train"].astype(dtype)
-    return gk.Model(gk.priors.Isotropic(dim, dtype(1.0)), gk.Sites(X, gk.potentials.Logistic(data["y_train"].astype(dtype))))
+    y = data["y_train"].astype(dtype)
+    return gk.Model(gk.priors.Isotropic(dim, dtype(1.0)), gk.Sites(X, gk.potentials.Logistic(y)))
 
 
 # ---------------------------------------------------------------- (1) vmap

@@ -10,8 +10,9 @@ import numpy as np
 
 
 def is_concrete(x) -> bool:
-    """True when `x` holds actual values (not a tracer)."""
-    return not isinstance(x, jax.core.Tracer)
+    """True when `x` holds actual values (not a tracer) and no trace is staging operations: inside `jit` (or
+    `checkpoint`, `eval_shape`) a check on a closed-over concrete array would itself be a tracer, so it is skipped."""
+    return not isinstance(x, jax.core.Tracer) and not isinstance(jnp.zeros(()), jax.core.Tracer)
 
 
 def as_float_array(x, name: str, *, dtype=None):

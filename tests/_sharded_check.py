@@ -11,6 +11,7 @@ import sys
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()
 
 import jax  # noqa: E402
+import jax.flatten_util  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
@@ -43,6 +44,16 @@ def main():
     value_grad = lambda m, q: jax.value_and_grad(gk.bound, argnums=1)(m, q)
     hlo = compiled_text(value_grad, sharded, res.q)
     out["all_reduce_ops"] = hlo.count("all-reduce(") + hlo.count("all-reduce-start(")
+    flat, unravel = jax.flatten_util.ravel_pytree(res.q)
+
+    def hvp(m, v):
+        grad = lambda f: jax.flatten_util.ravel_pytree(jax.grad(gk.bound, argnums=1)(m, unravel(f)))[0]
+        return jax.jvp(grad, (flat,), (v,))[1]
+
+    hlo_hvp = compiled_text(hvp, sharded, jnp.ones_like(flat))
+    out["all_reduce_ops_hvp"] = hlo_hvp.count("all-reduce(") + hlo_hvp.count("all-reduce-start(")
+    out["hvp_diff"] = float(jnp.max(jnp.abs(jax.jit(hvp)(sharded, jnp.ones_like(flat))
+                                            - jax.jit(hvp)(model, jnp.ones_like(flat)))))
     hlo_single = compiled_text(value_grad, model, ref.q)
     out["all_reduce_ops_single"] = hlo_single.count("all-reduce(") + hlo_single.count("all-reduce-start(")
     out["bound_sharded"] = float(gk.bound(sharded, ref.q))

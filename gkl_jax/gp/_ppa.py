@@ -174,10 +174,14 @@ def e_step(params, f_mean, lik, X, jitter, max_sweeps: int = 1, sweep_tol: float
 
 
 @eqx.filter_jit
-def m_step(params, stats, X, jitter, corrected: bool, m_steps: int, gtol: float):
-    """Up to `m_steps` L-BFGS iterations (optax, zoom line search) on the chosen objective in (theta, log v)."""
+def m_step(params, stats, X, jitter, corrected: bool, m_steps: int, gtol: float, learn_noise: bool = True):
+    """Up to `m_steps` L-BFGS iterations (optax, zoom line search) on the chosen objective in theta (and log v
+    when `learn_noise`)."""
     objective = corrected_bound if corrected else standard_bound
-    dyn, static = eqx.partition(params, eqx.is_inexact_array)
+    spec = jax.tree.map(eqx.is_inexact_array, params)
+    if not learn_noise:
+        spec = eqx.tree_at(lambda p: p.log_noise, spec, False)
+    dyn, static = eqx.partition(params, spec)
     f = lambda d: -objective(eqx.combine(d, static), stats, X, jitter)
     opt = optax.lbfgs()
     value_and_grad = optax.value_and_grad_from_state(f)
@@ -213,10 +217,11 @@ def _labels(y):
 
 def ppa(kernel: AbstractKernel, X, y, *, noise=1.0, corrected: bool = True, likelihood: str = "probit",
         max_iters: int = 1000, tol: float = 1e-4, m_steps: int = 10, m_gtol: float = 1e-6,
-        e_sweeps: int = 20, jitter: float = 1e-6) -> PPAResult:
+        e_sweeps: int = 20, learn_noise: bool = True, jitter: float = 1e-6) -> PPAResult:
     """Fit PPA GP classification with hyperparameter learning (Algorithm 1) and the standard or the
     KL-corrected M-step; `noise` is the initial v = 1 / beta. Each E-step makes up to `e_sweeps` sweeps of q
-    updates (both schemes alike). Stops when the monitored bound (L' if
+    updates (both schemes alike). With `learn_noise=False` v stays fixed: the exact marginal likelihood depends on
+    (K, v) only through K / (1 + v) (notes B1), so learning both lets them drift together slowly. Stops when the monitored bound (L' if
     `corrected`, else L) changes by less than `tol` between outer iterations (`converged`), or after
     `max_iters`."""
     if not isinstance(kernel, AbstractKernel):
@@ -253,7 +258,7 @@ def ppa(kernel: AbstractKernel, X, y, *, noise=1.0, corrected: bool = True, like
             converged = True
             break
         hist.append(value)
-        params = m_step(params, stats, X, jitter, bool(corrected), int(m_steps), float(m_gtol))
+        params = m_step(params, stats, X, jitter, bool(corrected), int(m_steps), float(m_gtol), bool(learn_noise))
     return PPAResult(params=params, stats=stats, X=X, history=np.array(hist), history_standard=np.array(hist_std),
                      history_corrected=np.array(hist_cor), num_iters=it, converged=converged,
                      wall_time=time.perf_counter() - start, corrected_m_step=bool(corrected))

@@ -44,7 +44,7 @@ from jax import lax
 
 from .._validate import is_concrete
 from ._blocks import blockdiag_dense, blockdiag_left, blocks, sandwich_blocks, sym
-from ._linesearch import safeguarded_step
+from ._linesearch import safeguarded_step, segment_search
 from ._site import (knowles_minka_bound, profile_sensitivity, s_fixed_point_profile, s_step, site_bound_free,
                     site_statistics)
 
@@ -112,7 +112,8 @@ class FullPosterior(eqx.Module):
 
     def covariance(self, K):
         """V = (K^{-1} + W)^{-1}, dense."""
-        return _covariance(K, jnp.linalg.cholesky(K), self.W)[4]
+        Z = _covariance(K, jnp.linalg.cholesky(K), self.W)[3]
+        return Z.T @ Z
 
     def t_matrix(self, K):
         """T = K^{-1} - K^{-1} V K^{-1} = W - W V W (eq. 75; V_* = K_** - K_*^T T K_*)."""
@@ -121,17 +122,19 @@ class FullPosterior(eqx.Module):
 
 
 def _covariance(K, LK, W):
-    """V(W) = (K^{-1} + W)^{-1} = L B^{-1} L^T: (V blocks, log|K^{-1} V|, tr(K^{-1} V), Z, V) with V = Z^T Z."""
+    """V(W) = (K^{-1} + W)^{-1} = L B^{-1} L^T = Z^T Z: (V blocks, log|K^{-1} V|, tr(K^{-1} V), Z).
+
+    tr(K^{-1} V) = tr(B^{-1}) = nC - sum_i tr(W_i V_i), since B^{-1} (B - I) = B^{-1} L^T W L."""
     n, C, _ = W.shape
     N = n * C
     B = jnp.eye(N, dtype=K.dtype) + LK.T @ blockdiag_left(W, LK)
     R = jnp.linalg.cholesky(sym(B))
     logdet_kv = -2.0 * jnp.sum(jnp.log(jnp.diag(R)))
-    Rinv = jsl.solve_triangular(R, jnp.eye(N, dtype=K.dtype), lower=True)
-    Z = Rinv @ LK.T
+    Z = jsl.solve_triangular(R, LK.T, lower=True)
     Zr = Z.reshape(N, n, C)
     Vb = sym(jnp.einsum("kia,kib->iab", Zr, Zr))
-    return Vb, logdet_kv, jnp.sum(Rinv * Rinv), Z, Z.T @ Z
+    trace_kv = N - jnp.sum(W * Vb)
+    return Vb, logdet_kv, trace_kv, Z
 
 
 class _State(eqx.Module):
@@ -233,16 +236,24 @@ def _v_step(K, LK, Y, st, km, mf, newton, cg_iters):
 
     def evaluate(t):
         W = st.W + t * delta
-        Vb, ld, tr, _, _ = _covariance(K, LK, W)
+        Vb, ld, tr, Z = _covariance(K, LK, W)
         S = jnp.where(profiled, jax.vmap(s_fixed_point_profile)(Vb, A)[0], st.S)
-        return _value(K, Y, st.b, S, Vb, ld, tr, km)
+        return _value(K, Y, st.b, S, Vb, ld, tr, km), (Vb, ld, tr, S, Z)
 
-    eta, val = safeguarded_step(evaluate, st.value)
-    W = st.W + eta * delta
-    Vb, ld, tr, _, V = _covariance(K, LK, W)
-    S = jnp.where(profiled & (eta > 0), jax.vmap(s_fixed_point_profile)(Vb, A)[0], st.S)
-    new = _State(b=st.b, S=S, W=W, Vb=Vb, V=V, logdet_kv=ld, trace_kv=tr, value=val)
-    return jax.tree.map(lambda a, b: jnp.where(eta > 0, a, b), new, st)
+    def state_at(t, aux):
+        W = st.W + t * delta
+        Vb, ld, tr, S, Z = aux
+        return _State(b=st.b, S=S, W=W, Vb=Vb, V=Z.T @ Z, logdet_kv=ld,
+                      trace_kv=tr, value=_value(K, Y, st.b, S, Vb, ld, tr, km))
+
+    val1, aux1 = evaluate(jnp.ones((), K.dtype))
+
+    def search(_):
+        eta, _ = segment_search(lambda t: evaluate(t)[0], st.value)
+        return lax.cond(eta > 0, lambda _: state_at(eta, evaluate(eta)[1]), lambda _: st, None)
+
+    take = jnp.isfinite(val1) & (val1 >= st.value)
+    return lax.cond(take, lambda _: state_at(jnp.ones((), K.dtype), aux1), search, None)
 
 
 def initial_state(K, Y, km=False, mf=False, scale=1.0, warm=None, cold=True):
@@ -259,7 +270,8 @@ def initial_state(K, Y, km=False, mf=False, scale=1.0, warm=None, cold=True):
     if warm is None:
         warm = (jnp.zeros((n, C), K.dtype), jnp.broadcast_to(eye, (n, C, C)), jnp.zeros((n, C, C), K.dtype))
     W = jnp.where(cold, jnp.broadcast_to(W1, (n, C, C)), warm[2])
-    Vb, ld, tr, _, V = _covariance(K, LK, W)
+    Vb, ld, tr, Z = _covariance(K, LK, W)
+    V = Z.T @ Z
     a = scale * (Y + (Y - 1.0) / (C - 1))
     Wa = jnp.einsum("ab,ib->ia", W1, a).reshape(-1)
     u = blockdiag_left(W, (K @ Wa)[:, None])[:, 0]

@@ -1,0 +1,67 @@
+"""Predictive distribution and the bounds on predictive probabilities (Chai 2012, Section 2.3.3, App. B.7).
+
+For test inputs with prior cross-covariance K_* = k_*^x (x) K^c (an (nC, n_* C) matrix) and prior blocks
+K_**,j = k^x(x_*j, x_*j) K^c, the approximate posterior of f_*j is N(m_*j, V_*j) with
+
+    m_* = K_*^T K^{-1} m = K_*^T alpha,        V_*j = K_**,j - K_*j^T T K_*j,   T = W - W V W     (Section 2.3.3)
+
+(alpha = y - b at the optimum, so no K^{-1} is needed). Three quantities per test point and class c:
+
+- the re-normalised probability p~(y_* = c) = softmax(m_*)_c (eq. 25), used for decisions;
+- the approximate lower bound  log p(y_* = c | y) >~ m_*^c + max_{b_*, S_*} [h - m_*^T e^c]  (eq. 24): one
+  optimisation of (b_*, S_*) serves all classes;
+- the upper bound q(y_* = c) <= 1 - sum_{c' != c} exp(l_*^{c'}) (eq. 7), here with the eq. 24 lower bounds in place
+  of l_*, which keeps it an upper bound.
+
+Theorem 12 turns eq. 24 into a proper bound: log p({y_*j = c_j} | y) >= sum_j max h(e^{c_j}) + log Z_h - log p(y).
+"""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from ._site import optimise_site
+
+
+class Predictive(eqx.Module):
+    """Predictive moments at n_* test points: `mean` (n_*, C) and `covariance` (n_*, C, C)."""
+
+    mean: jax.Array
+    covariance: jax.Array
+
+    def renormalised_probabilities(self):
+        """p~(y_* = c | y) = softmax(m_*)_c (eq. 25), shape (n_*, C)."""
+        return jax.nn.softmax(self.mean, axis=-1)
+
+    def log_lower_bounds(self, tol=1e-10, max_steps=300):
+        """m_*^c + max_{b, S}(h - m_*^T e^c) for every class (eq. 24), shape (n_*, C); an approximate lower bound on
+        log p(y_* = c | y) (a lower bound on log q(y_* = c | y), eq. 23)."""
+        opt = jax.vmap(lambda m, V: optimise_site(m, V, tol=tol, max_steps=max_steps))(self.mean, self.covariance)
+        return self.mean + opt.value[:, None]
+
+    def upper_bounds(self, log_lower=None):
+        """1 - sum_{c' != c} exp(lower_c') (eq. 7), shape (n_*, C)."""
+        lower = self.log_lower_bounds() if log_lower is None else log_lower
+        e = jnp.exp(lower)
+        return 1.0 - (jnp.sum(e, axis=-1, keepdims=True) - e)
+
+
+def predictive_moments(alpha, T, K_cross, K_star_blocks):
+    """N(m_*j, V_*j) for every test point: m_* = K_*^T alpha, V_*j = K_**,j - K_*j^T T K_*j.
+
+    alpha: (nC,); T: (nC, nC); K_cross: (nC, n_* C) datum-major on both sides; K_star_blocks: (n_*, C, C)."""
+    n_star, C, _ = K_star_blocks.shape
+    mean = (K_cross.T @ alpha).reshape(n_star, C)
+    TK = (T @ K_cross).reshape(-1, n_star, C)
+    quad = jnp.einsum("kja,kjb->jab", K_cross.reshape(-1, n_star, C), TK)
+    cov = K_star_blocks - quad
+    return Predictive(mean=mean, covariance=0.5 * (cov + jnp.swapaxes(cov, -1, -2)))
+
+
+def theorem12_bound(log_lower, labels, log_z_h, log_marginal):
+    """The proper lower bound of Theorem 12 on the joint log predictive probability of the test labels:
+    sum_j log_lower[j, c_j] + log Z_h - log p(y). `log_marginal` must be an upper estimate of log p(y) (e.g. the
+    importance-sampling 99.9% upper confidence value, App. F) for the result to stay a bound."""
+    labels = jnp.asarray(labels)
+    picked = jnp.take_along_axis(log_lower, labels[:, None], axis=1)[:, 0]
+    return jnp.sum(picked) + log_z_h - log_marginal

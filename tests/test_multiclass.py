@@ -1,0 +1,340 @@
+"""Oracle tests for gk.multiclass (Chai 2012, variational multinomial-logit GP)."""
+
+import math
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import gkl_jax as gk
+from gkl_jax import multiclass as mc
+from gkl_jax.multiclass import _full, _hyper, _site
+
+N_DATA, N_CLASSES = 8, 3  # one problem shape for every fit in this file (one compilation)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _single_threaded_blas():
+    """LAPACK calls (Cholesky, eigh) thrash when several processes share few cores; pin them to one thread."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover
+        yield
+        return
+    with threadpool_limits(1):
+        yield
+
+
+def _problem(seed=0, variance=2.0, lengthscale=1.0, n=N_DATA, C=N_CLASSES):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, 2))
+    labels = np.arange(n) % C
+    rng.shuffle(labels)
+    kernel = gk.kernels.SquaredExponential(variance, lengthscale)
+    K = mc.prior_covariance(kernel, X, C, jitter=1e-8)
+    return X, labels, jnp.eye(C)[labels], K
+
+
+def _random_site(rng, C):
+    m = jnp.asarray(rng.normal(size=C))
+    A = rng.normal(size=(C, C))
+    V = jnp.asarray(A @ A.T / C + 0.3 * np.eye(C))
+    return m, V
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    X, labels, Y, K = _problem()
+    post = mc.fit_full(K, Y)
+    return X, labels, Y, K, post
+
+
+# ----------------------------------------------------------------------------------------------- Theorem 6 (site)
+
+def test_site_bound_orderings_against_monte_carlo():
+    """Jensen (9), (10) <= max h <= ell (MC) <= log softmax(m)_y (Lemma 7); any (b, S) gives h <= max h."""
+    rng = np.random.default_rng(1)
+    for C in (3, 5):
+        m, V = _random_site(rng, C)
+        y = jnp.eye(C)[0]
+        best = mc.max_site_bound(y, m, V)
+        ell, se = mc.expected_log_softmax_mc(jax.random.PRNGKey(C), y, m, V, 400_000)
+        assert best <= ell + 5 * se
+        assert ell - best < 0.05  # the bound is tight (notes: 0.006-0.011 nats per site)
+        assert mc.jensen_bound(y, m, V, variant=9) <= best
+        assert mc.jensen_bound(y, m, V, variant=10) <= best
+        assert ell <= mc.softmax_upper_bound(y, m) + 5 * se
+        b = jnp.asarray(rng.normal(size=C))
+        S = jnp.linalg.inv(V) + jnp.eye(C)
+        assert mc.site_bound(y, m, V, b, S) <= best
+
+
+def test_site_bound_below_exact_expectation_by_quadrature_for_two_classes():
+    """C = 2: ell = E[log sigmoid(f1 - f2)] is a 1-D Gaussian integral (Gauss-Hermite, exact to 1e-12)."""
+    rng = np.random.default_rng(2)
+    x, w = np.polynomial.hermite_e.hermegauss(120)
+    for _ in range(3):
+        m, V = _random_site(rng, 2)
+        y = jnp.eye(2)[1]
+        u = np.array([-1.0, 1.0])  # f^T y - logsumexp = log sigmoid(u^T f)
+        mu, sd = float(u @ m), math.sqrt(float(u @ V @ u))
+        ell = np.sum(w * -np.logaddexp(0.0, -(mu + sd * x))) / np.sqrt(2 * np.pi)
+        best = float(mc.max_site_bound(y, m, V))
+        assert best <= ell + 1e-10
+        assert ell - best < 0.05
+
+
+def test_special_cases_of_h_are_the_jensen_and_knowles_minka_bounds():
+    rng = np.random.default_rng(3)
+    m, V = _random_site(rng, 4)
+    y = jnp.eye(4)[2]
+    Vinv = jnp.linalg.inv(V)
+    np.testing.assert_allclose(mc.site_bound(y, m, V, y, Vinv), mc.jensen_bound(y, m, V, variant=9), rtol=1e-12)
+    np.testing.assert_allclose(mc.site_bound(y, m, V, 0 * y, Vinv), mc.jensen_bound(y, m, V, variant=10),
+                               rtol=1e-12)
+    b = jnp.asarray(rng.normal(size=4))
+    np.testing.assert_allclose(mc.site_bound(y, m, V, b, Vinv), mc.knowles_minka_bound(y, m, V, b), rtol=1e-12)
+
+
+@pytest.mark.parametrize("C, variance, printed", [(3, 1.0, -1.392044), (7, 1.0, -2.348509),
+                                                  (3, math.pi**2 / 6, -1.553772)])
+def test_lemma29_equality_at_zero_mean(C, variance, printed):
+    """max_{b,S} h for q = N(0, s2 I) equals Lemma 29's closed form; b* = 1/C, S* eigenvalues {1/s2, lambda/s2}."""
+    opt = mc.optimise_site(jnp.zeros(C), variance * jnp.eye(C))
+    closed = mc.lemma29_value(C, variance)
+    assert abs(float(closed) - printed) < 5e-7
+    np.testing.assert_allclose(opt.value, closed, atol=1e-10)
+    np.testing.assert_allclose(opt.b, np.full(C, 1 / C), atol=1e-8)
+    lam = math.sqrt(variance / C + 0.25) + 0.5
+    expected = np.sort([1 / variance] + [lam / variance] * (C - 1))
+    np.testing.assert_allclose(np.linalg.eigvalsh(np.asarray(opt.S)), expected, rtol=1e-7)
+
+
+def test_closed_form_s_update_is_the_numerical_maximiser():
+    """For fixed (b, A) eq. 61 solves -S V S + S + A = 0; at the optimum of h the gradient in S vanishes and
+    h(S*) beats a numerical maximiser over the Cholesky factor of S (scipy)."""
+    from scipy.optimize import minimize
+
+    rng = np.random.default_rng(4)
+    C = 3
+    m, V = _random_site(rng, C)
+    A = jnp.asarray(np.cov(rng.normal(size=(C, 10))))
+    S = mc.s_fixed_point(V, A)
+    np.testing.assert_allclose(-S @ V @ S + S + A, 0 * A, atol=1e-10)
+    y = jnp.eye(C)[1]
+    opt = mc.optimise_site(m, V)
+    grad_S = jax.grad(lambda S: mc.site_bound(y, m, V, opt.b, S))(opt.S)
+    assert float(jnp.max(jnp.abs(grad_S))) < 1e-6
+    tril = np.tril_indices(C)
+
+    def negative(theta):
+        L = np.zeros((C, C))
+        L[tril] = theta
+        return -float(mc.site_bound(y, m, V, opt.b, jnp.asarray(L @ L.T + 1e-9 * np.eye(C))))
+
+    L0 = np.linalg.cholesky(np.asarray(jnp.linalg.inv(V)))[tril]
+    numerical = -minimize(negative, L0, method="BFGS", options={"gtol": 1e-10}).fun
+    assert float(mc.site_bound(y, m, V, opt.b, opt.S)) >= numerical - 1e-8
+
+
+# ------------------------------------------------------------------------------------- Theorems 9 and 10 (Table 3)
+
+@pytest.mark.parametrize("n, C, printed, printed_probit", [(90, 3, -125.28, -139.84), (129, 3, -179.57, -200.44),
+                                                           (106, 3, -147.56, -164.70), (128, 7, -300.61, -331.06)])
+def test_theorem10_matches_table3(n, C, printed, printed_probit):
+    assert round(float(mc.theorem10_bound(n, C, 1.0)), 2) == printed
+    assert round(float(mc.theorem10_bound(n, C, math.pi**2 / 6)), 2) == printed_probit
+    assert mc.theorem10_bound(n, C, 1.0, weak=True) < mc.theorem10_bound(n, C, 1.0)
+
+
+def test_theorem9_is_below_theorem10_for_a_correlation_kernel():
+    X, labels, Y, _ = _problem(variance=1.0)
+    K = mc.prior_covariance(gk.kernels.SquaredExponential(1.0, 1.0), X, N_CLASSES, jitter=1e-3)
+    t9 = mc.theorem9_bound(K, N_CLASSES)
+    assert t9 <= mc.theorem10_bound(N_DATA, N_CLASSES, 1.0 + 1e-3)
+    assert t9 >= mc.theorem9_bound(K, N_CLASSES, variational_variance=0.5) - 1e-9
+
+
+@pytest.mark.parametrize("bad", [dict(num_data=0, num_classes=3), dict(num_data=5, num_classes=1),
+                                 dict(num_data=5, num_classes=3, variance=-1.0)])
+def test_theorem10_rejects_bad_arguments(bad):
+    with pytest.raises(ValueError, match=list(bad)[-1] if "variance" in bad else "num_"):
+        mc.theorem10_bound(**bad)
+
+
+# ------------------------------------------------------------------------------------------ log Z_h and its fit
+
+def test_fit_is_monotone_stationary_and_matches_the_reference_formula(fitted):
+    X, labels, Y, K, post = fitted
+    assert bool(post.converged)
+    hist = np.asarray(post.history)
+    hist = hist[np.isfinite(hist)]
+    assert np.all(np.diff(hist) >= -1e-12 * np.abs(hist[1:]))
+    assert float(post.stationarity) < 1e-5  # b = gbar (Lemma 26)
+    m, V = post.mean(K), post.covariance(K)
+    np.testing.assert_allclose(mc.log_z_h(K, Y, m, V, post.b, post.S), post.log_z, rtol=1e-10)
+    alpha = np.asarray(post.alpha).reshape(N_DATA, N_CLASSES)
+    np.testing.assert_allclose(alpha.sum(axis=1), 0.0, atol=1e-10)  # sum-to-zero (Section 5)
+    W = np.asarray(post.W)
+    np.testing.assert_allclose(W @ np.ones(N_CLASSES), 0.0, atol=1e-5)  # null(W*) = span(1)
+    assert np.min(np.linalg.eigvalsh(W)) > -1e-8
+
+
+def test_paper_fixed_point_and_newton_reach_the_same_optimum_monotonically(fitted):
+    X, labels, Y, K, post = fitted
+    paper = mc.fit_full(K, Y, v_update="fixed_point", max_steps=200)
+    hist = np.asarray(paper.history)
+    hist = hist[np.isfinite(hist)]
+    assert np.all(np.diff(hist) >= -1e-12 * np.abs(hist[1:]))
+    np.testing.assert_allclose(paper.log_z, post.log_z, rtol=1e-7)
+    assert int(post.num_steps) < int(paper.num_steps)
+
+
+def test_fit_traces_once():
+    X, labels, Y, K = _problem(seed=5)
+    before = _full.TRACE_COUNT["fit_full"]
+    mc.fit_full(K, Y)
+    after_first = _full.TRACE_COUNT["fit_full"]
+    X2, labels2, Y2, K2 = _problem(seed=6, variance=1.5)
+    mc.fit_full(K2, Y2, site="knowles_minka")
+    mc.fit_full(K2, Y2, covariance="class_factorised")
+    assert _full.TRACE_COUNT["fit_full"] == after_first <= before + 1
+
+
+def test_restricted_bounds_are_below_ours_and_all_below_importance_sampling(fitted):
+    """Knowles-Minka (S = V^{-1}) and the class-factorised (mean-field) family are restrictions of our family, so
+    their optima are lower; every bound sits below the importance-sampling estimate of log p(y) (App. F)."""
+    X, labels, Y, K, post = fitted
+    km = mc.fit_full(K, Y, site="knowles_minka")
+    mf = mc.fit_full(K, Y, covariance="class_factorised")
+    assert km.log_z < post.log_z and mf.log_z < post.log_z
+    est = mc.importance_sampling(jax.random.PRNGKey(0), K, Y, post.mean(K), num_samples=200_000)
+    assert post.log_z <= est.log_z_upper
+    assert est.log_z - post.log_z < 0.5
+    K1 = mc.prior_covariance(gk.kernels.SquaredExponential(1.0, 1.0), X, N_CLASSES, jitter=1e-8)
+    assert mc.theorem10_bound(N_DATA, N_CLASSES, 1.0) <= mc.fit_full(K1, Y).log_z
+
+
+def test_hyperparameter_gradient_matches_finite_differences():
+    """d log Z_h*/d log(lengthscale), d/d log(variance): the envelope gradient (Section 6) against central
+    differences of the re-optimised bound."""
+    X, labels, Y, _ = _problem(seed=7)
+    kernel = gk.kernels.SquaredExponential(2.0, 1.0)
+
+    def optimum(log_var, log_len):
+        k = gk.kernels.SquaredExponential(math.exp(log_var), math.exp(log_len))
+        K = mc.prior_covariance(k, X, N_CLASSES, jitter=1e-8)
+        return K, mc.fit_full(K, Y, tol=1e-14, max_steps=100)
+
+    K, post = optimum(math.log(2.0), 0.0)
+    T = post.t_matrix(K)
+    grad = jax.grad(lambda k: _hyper.envelope_surrogate(mc.prior_covariance(k, X, N_CLASSES, jitter=1e-8),
+                                                         post.alpha, T))(kernel)
+    eps = 1e-4
+    for name, base, analytic in (("var", math.log(2.0), grad.log_variance), ("len", 0.0, grad.log_lengthscale)):
+        args = lambda d: (base + d, 0.0) if name == "var" else (math.log(2.0), base + d)
+        fd = (float(optimum(*args(eps))[1].log_z) - float(optimum(*args(-eps))[1].log_z)) / (2 * eps)
+        np.testing.assert_allclose(float(analytic), fd, rtol=1e-4, atol=1e-6)
+
+
+def test_fit_input_errors():
+    X, labels, Y, K = _problem()
+    with pytest.raises(ValueError, match="site"):
+        mc.fit_full(K, Y, site="probit")
+    with pytest.raises(ValueError, match="K"):
+        mc.fit_full(K[:-1], Y)
+    with pytest.raises(ValueError, match="Y"):
+        mc.fit_full(K, 2 * Y)
+    with pytest.raises(ValueError, match="K contains NaN"):
+        mc.fit_full(K.at[0, 0].set(jnp.nan), Y)
+
+
+# ------------------------------------------------------------------------------------------- prediction, IS, Thm 12
+
+def test_predictions_bounds_and_sum_to_zero(fitted):
+    X, labels, Y, K, post = fitted
+    kernel = gk.kernels.SquaredExponential(2.0, 1.0)
+    Xs = np.random.default_rng(9).normal(size=(4, 2))
+    K_cross = jnp.kron(kernel.gram(X, Xs), jnp.eye(N_CLASSES))
+    K_star = kernel.diag(Xs)[:, None, None] * jnp.eye(N_CLASSES) + 1e-8 * jnp.eye(N_CLASSES)
+    pred = mc.predictive_moments(post.alpha, post.t_matrix(K), K_cross, K_star)
+    np.testing.assert_allclose(jnp.sum(pred.mean, axis=1), 0.0, atol=1e-10)  # eq. 35
+    p = pred.renormalised_probabilities()
+    np.testing.assert_allclose(jnp.sum(p, axis=1), 1.0, rtol=1e-12)
+    lower = pred.log_lower_bounds()
+    assert np.all(np.asarray(lower) <= np.log(np.asarray(p)) + 1e-10)  # eq. 24 <= ell <= log p~ (Lemma 7)
+    for j in range(2):
+        for c in range(N_CLASSES):
+            ell, se = mc.expected_log_softmax_mc(jax.random.PRNGKey(j), jnp.eye(N_CLASSES)[c], pred.mean[j],
+                                                 pred.covariance[j], 200_000)
+            assert lower[j, c] <= ell + 5 * se
+    assert np.all(np.asarray(pred.upper_bounds(lower)) >= np.exp(np.asarray(lower)))
+    # Theorem 12 against importance sampling, one test point at a time (joint = marginal)
+    est = mc.importance_sampling(jax.random.PRNGKey(1), K, Y, post.mean(K), num_samples=100_000)
+    probs = mc.importance_predictive(jax.random.PRNGKey(1), K, Y, post.mean(K), K_cross, K_star,
+                                     num_samples=100_000)
+    for j in range(4):
+        c = int(np.argmax(probs[j]))
+        bound = mc.theorem12_bound(lower[j:j + 1], [c], post.log_z, est.log_z_upper)
+        assert bound <= math.log(float(probs[j, c])) + 0.02
+
+
+# ------------------------------------------------------------------------------------------ learning, classifier
+
+@pytest.fixture(scope="module")
+def iris_split():
+    from sklearn.datasets import load_iris
+
+    X, y = load_iris(return_X_y=True)
+    idx = np.random.default_rng(0).permutation(len(y))
+    tr, te = idx[:45], idx[45:]
+    mu, sd = X[tr].mean(0), X[tr].std(0)
+    return (X[tr] - mu) / sd, y[tr], (X[te] - mu) / sd, y[te]
+
+
+def test_hyperparameter_learning_raises_the_bound_and_traces_once(iris_split):
+    Xtr, ytr, Xte, yte = iris_split
+    Y = np.eye(3)[ytr]
+    kernel = gk.kernels.SquaredExponential(1.0, 1.0)
+    before = _hyper.TRACE_COUNT["hyper"]
+    res = mc.fit_hyperparameters(kernel, Xtr, Y, max_steps=30)
+    hist = np.asarray(res.history)
+    hist = hist[np.isfinite(hist)]
+    assert np.all(np.diff(hist) >= 0)
+    assert float(res.log_z) > hist[0] + 1.0
+    assert float(res.posterior.stationarity) < 1e-4
+    clf = mc.GPClassifier(kernel, max_steps=30).fit(Xtr, np.array(["setosa", "versicolor", "virginica"])[ytr])
+    assert _hyper.TRACE_COUNT["hyper"] == before + 1  # the classifier reuses the compiled learner
+    np.testing.assert_allclose(clf.log_z_, res.log_z, rtol=1e-8)
+    pred = clf.predict(Xte)
+    assert pred.dtype.kind == "U" and set(pred) <= set(clf.classes_)
+    assert np.mean(pred == np.array(["setosa", "versicolor", "virginica"])[yte]) > 0.85
+    proba = clf.predict_proba(Xte)
+    assert proba.shape == (len(yte), 3)
+    np.testing.assert_allclose(proba.sum(1), 1.0)
+
+
+def test_classifier_label_handling_and_errors(iris_split):
+    Xtr, ytr, Xte, _ = iris_split
+    clf = mc.GPClassifier(learn_hyperparameters=False, classes=[10, 20, 30])
+    clf.fit(Xtr[:8, :2], (np.arange(8) % 2 + 1) * 10)  # class 30 has no example: kept, as glass's class 4
+    assert list(clf.classes_) == [10, 20, 30]
+    proba = clf.predict_proba(Xte[:3, :2])
+    assert proba.shape == (3, 3) and np.all(proba[:, 2] < proba.max(axis=1))
+    bad = [
+        (dict(), (Xtr[:8, :2], np.array([0, 0, 1, 1, 2, 2, 2, 3])), "single example"),
+        (dict(), (Xtr[:8, :2], np.zeros(8)), "at least 2 classes"),
+        (dict(), (np.where(np.eye(8, 2) > 0, np.nan, Xtr[:8, :2]), np.arange(8) % 2), "X contains NaN"),
+        (dict(), (Xtr[:8, :2], np.arange(7) % 2), "y has 7 labels"),
+        (dict(), (Xtr[:8, :2], np.arange(8) % 2 + 0.5), "non-integer"),
+        (dict(classes=[0, 1]), (Xtr[:8, :2], np.arange(8) % 3), "not in classes"),
+    ]
+    for kwargs, (X, y), message in bad:
+        with pytest.raises(ValueError, match=message):
+            mc.GPClassifier(learn_hyperparameters=False, **kwargs).fit(X, y)
+    with pytest.raises(ValueError, match="not fitted"):
+        mc.GPClassifier().predict(Xte)
+    with pytest.raises(ValueError, match="site"):
+        mc.GPClassifier(site="nope")
