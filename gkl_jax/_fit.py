@@ -167,11 +167,7 @@ def _solve(model, q_init, name, optimizer, tol, max_steps, max_cg):
     frozen = jax.tree.map(lambda x: lax.stop_gradient(x) if eqx.is_inexact_array(x) else x, model)
     objective = lambda flat: bound(frozen, to_q(flat))
     if name == "fixed-point":
-        x, k, ok, hist = _fixed_point(frozen, to_q, flat0, tol, max_steps)
-        # The fixed point converges linearly; a few Newton-CG steps finish tight tolerances quadratically.
-        x, k2, ok, hist2 = _solvers.newton_cg(objective, x, tol=tol, max_steps=max_steps, max_cg=max_cg)
-        hist = _splice(hist, hist2, k)
-        k = k + k2
+        x, k, ok, hist = _fixed_point(frozen, to_q, flat0, tol, max_steps, max_cg=max_cg)
     elif name == "newton":
         x, k, ok, hist = _solvers.newton_cg(objective, flat0, tol=tol, max_steps=max_steps, max_cg=max_cg)
     elif name == "lbfgs":

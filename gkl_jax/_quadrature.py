@@ -124,47 +124,55 @@ def _param_tangent(fn):
     return tfn
 
 
-def _nodes_values(fn, num_points, params, m, s2, feature):
+def _rule(num_points, m, s2, feature):
     if feature is None:
-        x, w = _hermite_nodes(m, s2, num_points)
-    else:
-        x, w = feature_rule(m, s2, feature[0], feature[1], num_points)
+        return _hermite_nodes(m, s2, num_points)
+    return feature_rule(m, s2, feature[0], feature[1], num_points)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _weighted_sum(fn, params, m, s2, x, w):
+    """sum_k w_k fn(params, x_k): a quadrature of E_{N(m, s2)}[fn] on given nodes x (..., K), weights w.
+
+    Its derivatives are the Stein identities on the same nodes: d/dm -> fn', d/ds2 -> fn''/2, d/dparams -> the
+    parameter tangent of fn; x and w (a discretisation of N(m, s2)) receive none. So every derivative order of
+    an expectation reuses the nodes computed once for its value."""
     vals = jax.vmap(lambda xk: fn(params, xk), in_axes=-1, out_axes=-1)(x)
     return jnp.sum(vals * w, axis=-1)
-
-
-@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1))
-def expectation(fn, num_points, params, m, s2, feature):
-    """E_{x~N(m, s2)}[fn(params, x)] elementwise over sites, by Gauss-Hermite (`feature` None) or by the
-    feature-adapted rule (`feature` = (center, width), arrays broadcasting against m).
-
-    `fn(params, x)` must be elementwise in x (x has the shape of m) and twice differentiable in x. The feature
-    only places the nodes: it receives no derivative (the exact expectation does not depend on it).
-    """
-    return _nodes_values(fn, num_points, params, m, s2, feature)
 
 
 def _is_zero(t):
     return isinstance(t, SymbolicZero)
 
 
-@functools.partial(expectation.defjvp, symbolic_zeros=True)
-def _expectation_jvp(fn, num_points, primals, tangents):
-    params, m, s2, feature = primals
-    dparams, dm, ds2, _ = tangents
-    out = expectation(fn, num_points, params, m, s2, feature)
+@functools.partial(_weighted_sum.defjvp, symbolic_zeros=True)
+def _weighted_sum_jvp(fn, primals, tangents):
+    params, m, s2, x, w = primals
+    dparams, dm, ds2, _, _ = tangents
+    out = _weighted_sum(fn, params, m, s2, x, w)
     tangent = jnp.zeros_like(out)
     if not _is_zero(dm):
-        tangent = tangent + expectation(_derivative(fn), num_points, params, m, s2, feature) * dm
+        tangent = tangent + _weighted_sum(_derivative(fn), params, m, s2, x, w) * dm
     if not _is_zero(ds2):
-        d2 = _derivative(_derivative(fn))
-        tangent = tangent + 0.5 * expectation(d2, num_points, params, m, s2, feature) * ds2
+        tangent = tangent + 0.5 * _weighted_sum(_derivative(_derivative(fn)), params, m, s2, x, w) * ds2
     leaves = jax.tree.leaves(dparams, is_leaf=_is_zero)
     if not all(_is_zero(t) for t in leaves):
         dparams = jax.tree.map(lambda t, p: jnp.zeros_like(p) if _is_zero(t) else t, dparams, params,
                                is_leaf=_is_zero)
-        tangent = tangent + expectation(_param_tangent(fn), num_points, (params, dparams), m, s2, feature)
+        tangent = tangent + _weighted_sum(_param_tangent(fn), (params, dparams), m, s2, x, w)
     return out, tangent
+
+
+def expectation(fn, num_points, params, m, s2, feature):
+    """E_{x~N(m, s2)}[fn(params, x)] elementwise over sites, by Gauss-Hermite (`feature` None) or by the
+    feature-adapted rule (`feature` = (center, width), arrays broadcasting against m).
+
+    `fn(params, x)` must be elementwise in x (x has the shape of m) and twice differentiable in x. Derivatives
+    of every order in (m, s2, params) follow Stein's lemma on the same nodes (`_weighted_sum`); the feature only
+    places the nodes and receives no derivative (the exact expectation does not depend on it).
+    """
+    x, w = lax.stop_gradient(_rule(num_points, m, s2, feature))
+    return _weighted_sum(fn, params, m, s2, x, w)
 
 
 def gauss_hermite(fn, num_points, params, m, s2):

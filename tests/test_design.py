@@ -213,3 +213,32 @@ def test_sequential_loop_records_and_compiles_once(rng):
                                 infer=lambda model, q0: gk.fit(model, factor=gk.factors.Full(), q0=q0))
     rows = out2.measurements[3:]
     assert np.all(np.sort(np.abs(rows), axis=1)[:, -1] == 1.0)
+
+
+def _benchmark(name):
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"_bench_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_sed_synthetic_quick(tmp_path):
+    results = _benchmark("sed_synthetic").main(["--quick", "--out", str(tmp_path)])
+    r = results["signals"]["laplace"]
+    assert set(r["errors"]) == {"gkl", "map"} and len(r["errors"]["gkl"]["mean"]) == len(r["N"]) == 3
+    assert all(np.isfinite(r["errors"][m]["mean"]).all() for m in r["errors"])
+    assert (tmp_path / "sed_synthetic_quick.json").exists() and (tmp_path / "sed_synthetic_quick.png").exists()
+
+
+@pytest.mark.slow
+def test_sed_images_quick(tmp_path):
+    results = _benchmark("sed_images").main(["--quick", "--out", str(tmp_path)])
+    run = results["runs"][0]
+    assert run["N"] == [20, 23, 26] and len(run["map"]) == 3
+    assert run["gkl"][-1] < run["gkl"][0]  # measurements reduce the error
+    assert (tmp_path / "sed_images_quick_panels.png").exists()

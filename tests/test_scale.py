@@ -248,3 +248,4 @@ def test_sharded_matches_single_device(sharded_run):
     assert out["hvp_diff"] < 1e-9
     assert out["process_local_spec"] == rows and out["process_local_equal"]
     assert "no site axis 'batch'" in out["bad_axis_error"]
+    assert out["batched_log_z_diff"] < 1e-10 and out["batched_spec"] == str(PartitionSpec("batch"))

@@ -96,12 +96,15 @@ def fit_hyperparameters(build: Callable[[Any], Model], params, *, method: Union[
                         optimizer: Union[str, optax.GradientTransformation] = "lbfgs", max_steps: int = 100,
                         gtol: float = 1e-4, ftol: float = 1e-9, restarts: int = 0, key=None,
                         restart_scale: float = 0.5, filter_spec=eqx.is_inexact_array,
-                        method_kwargs: Optional[dict] = None, warm_start: bool = True) -> HyperResult:
+                        method_kwargs: Optional[dict] = None, warm_start: bool = True,
+                        jit: bool = True) -> HyperResult:
     """Maximise `method(build(params)).log_z` over the inexact-array leaves of `params` selected by
     `filter_spec` (see the module doc for the gradient).
 
     `build` may be any callable; make it an `eqx.Module` holding the data (X, y, fixed likelihood settings) to
     reuse the compiled objective across calls on data of the same shapes (cross-validation partitions, grids).
+    With `jit=False` the model is built outside any jit (the method compiles itself); use it for methods that
+    check concrete model values (the baselines refuse a traced `variance_offset`).
 
     Stops when max |d log_z / d theta| <= gtol, when log_z changes by less than ftol (1 + |log_z|) in one
     step, or after `max_steps` outer steps (then `converged` is False). Restarts add N(0, restart_scale^2)
@@ -132,7 +135,8 @@ def fit_hyperparameters(build: Callable[[Any], Model], params, *, method: Union[
     if not isinstance(model0, Model):
         raise ValueError(f"build(params) must return a gkl_jax.Model, got {type(model0).__name__}")
 
-    value_and_grad = lambda dyn, q0: _value_and_grad(build, fn, kwargs, use_q0, static, dyn, q0)
+    vg = _value_and_grad if jit else _value_and_grad_eager
+    value_and_grad = lambda dyn, q0: vg(build, fn, kwargs, use_q0, static, dyn, q0)
     update = lambda grad, state, dyn: _update(opt, grad, state, dyn)
 
     start = time.perf_counter()
@@ -166,8 +170,7 @@ def _run_method(build, fn, kwargs, use_q0, static, dyn, q0):
     return fn(model, q0=q0, **kwargs) if use_q0 else fn(model, **kwargs)
 
 
-@eqx.filter_jit
-def _value_and_grad(build, fn, kwargs, use_q0, static, dyn, q0):
+def _value_and_grad_eager(build, fn, kwargs, use_q0, static, dyn, q0):
     """(-log_z, its gradient in dyn, the inner Result). Module-level so the compiled function is reused across
     calls: pass `build` as an eqx.Module holding the data (arrays are traced), and the same method object."""
 
@@ -177,6 +180,9 @@ def _value_and_grad(build, fn, kwargs, use_q0, static, dyn, q0):
 
     (value, res), grad = jax.value_and_grad(objective, has_aux=True)(dyn)
     return value, grad, res
+
+
+_value_and_grad = eqx.filter_jit(_value_and_grad_eager)
 
 
 @eqx.filter_jit

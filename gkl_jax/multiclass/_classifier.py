@@ -149,4 +149,5 @@ class GPClassifier:
 
     def predict(self, X_new):
         """The most probable class label for each row of X_new."""
-        return self.classes_[np.argmax(self.predict_proba(X_new), axis=1)]
+        proba = self.predict_proba(X_new)
+        return self.classes_[np.argmax(proba, axis=1)]

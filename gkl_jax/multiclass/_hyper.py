@@ -32,6 +32,7 @@ from ._full import COVARIANCES, SITES, FullPosterior, _gbar, check_labels_matrix
 TRACE_COUNT = {"hyper": 0}
 
 
+@eqx.filter_jit
 def prior_covariance(kernel, X, num_classes, class_covariance=None, jitter=1e-6):
     """K = K^x (x) K^c + jitter I, datum-major (nC, nC) (eq. 1 with K^c = I by default)."""
     Kx = kernel.gram(X)

@@ -16,6 +16,8 @@ Comparison bounds: the Jensen bounds (9) and (10), the Knowles-Minka bound h(b, 
 NCVMP bound when V is diagonal), the upper bound of Lemma 7, and a Monte Carlo estimate of ell itself.
 """
 
+import functools
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -139,6 +141,7 @@ def s_step(m, V, b, S, val):
     return _sym((1 - eta) * S + eta * S_fx), val_new
 
 
+@functools.partial(jax.jit, static_argnames=("max_steps",))
 def optimise_site(m, V, b=None, S=None, *, tol=1e-12, max_steps=500):
     """Maximise h over (b, S) for one marginal N(m, V) by alternating the b and S updates; vmap over data.
 
@@ -166,9 +169,10 @@ def optimise_site(m, V, b=None, S=None, *, tol=1e-12, max_steps=500):
     return SiteOptimum(b=b, S=S, value=val, converged=converged, num_steps=k)
 
 
-def max_site_bound(y, m, V, **kwargs):
+@functools.partial(jax.jit, static_argnames=("max_steps",))
+def max_site_bound(y, m, V, *, tol=1e-12, max_steps=500):
     """max_{b, S} h(y; N(m, V), b, S) (Theorem 6 at its optimum)."""
-    return optimise_site(m, V, **kwargs).value + m @ y
+    return optimise_site(m, V, tol=tol, max_steps=max_steps).value + m @ y
 
 
 def jensen_bound(y, m, V, *, variant=9):
@@ -192,6 +196,7 @@ def softmax_upper_bound(y, m):
     return m @ y - jax.nn.logsumexp(m)
 
 
+@functools.partial(jax.jit, static_argnames=("num_samples",))
 def expected_log_softmax_mc(key, y, m, V, num_samples=100_000):
     """Monte Carlo estimate (mean, standard error) of ell(y; q) = E_{N(f | m, V)}[log softmax(f)^T y] (eq. 8)."""
     L = jnp.linalg.cholesky(V)

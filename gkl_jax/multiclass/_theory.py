@@ -16,6 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from .._validate import is_concrete
+
 
 def _check_counts(num_data, num_classes):
     if int(num_data) != num_data or int(num_data) < 1:
@@ -25,7 +27,7 @@ def _check_counts(num_data, num_classes):
 
 
 def _check_variance(variance, name):
-    if not np.all(np.asarray(variance) > 0):
+    if is_concrete(variance) and not np.all(np.asarray(variance) > 0):
         raise ValueError(f"{name} must be positive, got {variance!r}")
 
 

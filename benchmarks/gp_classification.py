@@ -1,0 +1,249 @@
+"""GP classification: the comparison of Nickisch's thesis Ch. 4 (papers/003) and a peer timing.
+
+Part 1 (thesis Table 4.10 / Fig. 4.9-4.11 protocol, reduced): data sets ionosphere (200/151), sonar (108/100),
+breast cancer (300/383), pima (350/418) with the thesis' train/test sizes (one random split, inputs standardised
+by the training statistics); probit and logistic likelihoods; SE kernel sigma_f^2 exp(-|x - x'|^2 / (2 l^2)) on a
+G x G grid of (ln l, ln sigma_f). Methods on the same `Model`:
+
+    LA = gk.laplace, EP = gk.ep, KL = gk.fit (G-KL), VB = gk.local, FV = gk.fit(factor=Diagonal()) (mean-field
+    Gaussian), LR = label regression (exact GP regression on y in {-1, +1}, noise sigma_n in [0.5, 2] chosen by
+    its marginal likelihood, evidence = the Jensen bound at its posterior, as in the thesis).
+
+Per grid point and method: the method's log Z, the Jensen (G-KL) bound at its Q, the test errors, and the
+information score I = B + 1/(2 n) sum [(1 + y) log2 p + (1 - y) log2 (1 - p)] (bits; B = the baseline entropy).
+Ground truth log Z by AIS (gk.ais) at `--ais` grid points. Summary per trial (data set x likelihood): each
+method's max information over the grid, counted "below the mean / median of the methods" as in Table 4.10.
+
+Part 2 (`--peer`): scikit-learn's GaussianProcessClassifier (Laplace, its own L-BFGS hyperparameter search) vs
+our G-KL with ML-II (`gp.fit_hyperparameters`, logistic likelihood, SE kernel): wall time and mean test log
+likelihood on the same splits.
+
+Part 3 (`--sparse N,M`): a sparse G-KL GP classifier (probit) on N synthetic 2-D points with M inducing points.
+
+Run: python benchmarks/gp_classification.py --quick
+     python benchmarks/gp_classification.py --datasets sonar,ionosphere --grid 4 --ais 2 --peer --sparse 50000,500
+"""
+
+import argparse
+import os
+import platform
+import time
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import gkl_jax as gk  # noqa: E402
+
+SIZES = {"ionosphere": 200, "sonar": 108, "breast-cancer-wisconsin": 300, "pima": 350}
+TEST = {"ionosphere": 151, "sonar": 100, "breast-cancer-wisconsin": 383, "pima": 418}
+METHODS = ("LA", "EP", "KL", "VB", "FV", "LR")
+
+
+def split(name, seed=0):
+    X, y, _ = gk.datasets.load(name)
+    rng = np.random.default_rng(seed)
+    idx = rng.permutation(len(y))
+    tr, te = idx[: SIZES[name]], idx[SIZES[name]: SIZES[name] + TEST[name]]
+    m, s = X[tr].mean(0), X[tr].std(0)
+    s[s == 0] = 1.0
+    return (X[tr] - m) / s, y[tr], (X[te] - m) / s, y[te]
+
+
+def information(p, y_test, y_train):
+    """Information score in bits (thesis Ch. 4.12.1)."""
+    p = np.clip(np.asarray(p), 1e-12, 1 - 1e-12)
+    base = -sum(np.mean(y_test == c) * np.log2(np.mean(y_train == c)) for c in (-1.0, 1.0))
+    return base + np.mean((1 + y_test) * np.log2(p) + (1 - y_test) * np.log2(1 - p)) / 2
+
+
+def label_regression(kernel, X, y):
+    best = None
+    for sn in (0.5, 0.75, 1.0, 1.5, 2.0):
+        r = gk.gp.exact(gk.gp.model(kernel, X, gk.potentials.Gaussian(y, sn**2)))
+        if best is None or r.log_z > best.log_z:
+            best = r
+    return best
+
+
+def run_method(name, model, kernel, X, y):
+    if name == "LA":
+        return gk.laplace(model)
+    if name == "EP":
+        return gk.ep(model)
+    if name == "KL":
+        return gk.fit(model)
+    if name == "VB":
+        return gk.local(model)
+    if name == "FV":
+        return gk.fit(model, factor=gk.factors.Diagonal())
+    return label_regression(kernel, X, y)
+
+
+def grid_comparison(args):
+    rows = []
+    ln_ell = np.linspace(args.ell_range[0], args.ell_range[1], args.grid)
+    ln_sf = np.linspace(args.sf_range[0], args.sf_range[1], args.grid)
+    for ds in args.datasets:
+        Xtr, ytr, Xte, yte = split(ds)
+        for likname in args.likelihoods:
+            Lik = gk.potentials.Probit if likname == "probit" else gk.potentials.Logistic
+            ais_points = set(range(0, args.grid * args.grid, max(1, args.grid * args.grid // max(args.ais, 1)))[: args.ais])
+            for gi, (le, ls) in enumerate((a, b) for a in ln_ell for b in ln_sf):
+                kernel = gk.kernels.SquaredExponential(np.exp(2 * ls), np.exp(le))
+                model = gk.gp.model(kernel, Xtr, Lik(ytr))
+                truth = np.nan
+                if gi in ais_points:
+                    a = gk.ais(model, jax.random.PRNGKey(gi), num_chains=args.ais_chains,
+                               num_temperatures=args.ais_temps)
+                    truth = float(a.log_z)
+                for mname in args.methods:
+                    t0 = time.perf_counter()
+                    try:
+                        res = run_method(mname, model, kernel, Xtr, ytr)
+                    except Exception as err:
+                        print(f"  {ds}/{likname} ({le:.1f},{ls:.1f}) {mname} failed: {type(err).__name__}: {err}")
+                        continue
+                    secs = time.perf_counter() - t0
+                    pred = gk.gp.predict(res, model.prior, Xte, Lik(yte))
+                    p = np.asarray(pred.probability)
+                    log_z = float(res.log_z) if mname != "LR" else float(gk.bound(model, res.q))
+                    rows.append(dict(ds=ds, lik=likname, ell=le, sf=ls, method=mname, log_z=log_z,
+                                     jensen=float(gk.bound(model, res.q)), ais=truth,
+                                     errors=int(np.sum(np.where(p > 0.5, 1.0, -1.0) != yte)),
+                                     info=information(p, yte, ytr), converged=bool(res.converged), secs=secs))
+    return rows
+
+
+def summarise(rows, methods):
+    print(f"\n{'method':6s} {'|logZ-AIS| mean':>16s} {'(n)':>4s} {'max info':>9s} {'min err':>8s} {'conv':>9s}"
+          f" {'time/fit s':>10s}")
+    for m in methods:
+        rs = [r for r in rows if r["method"] == m]
+        if not rs:
+            continue
+        err = [abs(r["log_z"] - r["ais"]) for r in rs if np.isfinite(r["ais"])]
+        print(f"{m:6s} {np.mean(err) if err else float('nan'):16.2f} {len(err):4d} "
+              f"{max(r['info'] for r in rs):9.3f} {min(r['errors'] for r in rs):8d} "
+              f"{sum(r['converged'] for r in rs):4d}/{len(rs):<4d} {np.median([r['secs'] for r in rs]):10.3f}")
+    trials = sorted({(r["ds"], r["lik"]) for r in rows})
+    below_mean = {m: 0 for m in methods}
+    below_median = {m: 0 for m in methods}
+    for t in trials:
+        best = {m: max((r["info"] for r in rows if (r["ds"], r["lik"]) == t and r["method"] == m), default=np.nan)
+                for m in methods}
+        vals = np.array([v for v in best.values() if np.isfinite(v)])
+        for m, v in best.items():
+            below_mean[m] += int(v < vals.mean())
+            below_median[m] += int(v < np.median(vals))
+    print(f"\nTable 4.10 style, {len(trials)} trials: # trials with max information below the mean / median of methods")
+    print("  " + " ".join(f"{m:>5s}" for m in methods))
+    print("  " + " ".join(f"{below_mean[m]:5d}" for m in methods) + "   (below mean; thesis 96 trials: LA 31 EP 0 "
+          "KL 0 VB 6 FV 34 LR 92)")
+    print("  " + " ".join(f"{below_median[m]:5d}" for m in methods) + "   (below median; thesis: LA 54 EP 0 KL 0 "
+          "VB 15 FV 48 LR 96)")
+    print("\nper grid point (ds, lik, ln l, ln sf): log Z per method [AIS]")
+    for t in sorted({(r["ds"], r["lik"], r["ell"], r["sf"]) for r in rows}):
+        rs = {r["method"]: r for r in rows if (r["ds"], r["lik"], r["ell"], r["sf"]) == t}
+        ais = next(iter(rs.values()))["ais"]
+        cells = " ".join(f"{m}={rs[m]['log_z']:.1f}/I{rs[m]['info']:.2f}" for m in methods if m in rs)
+        print(f"  {t[0][:10]:10s} {t[1]:8s} {t[2]:5.1f} {t[3]:5.1f}  {cells}  AIS={ais:.1f}")
+
+
+def peer(args):
+    import equinox as eqx
+    from sklearn.gaussian_process import GaussianProcessClassifier
+    from sklearn.gaussian_process.kernels import RBF, ConstantKernel
+
+    class Build(eqx.Module):
+        X: jax.Array
+        y: jax.Array
+
+        def __call__(self, kernel):
+            return gk.gp.model(kernel, self.X, gk.potentials.Logistic(self.y))
+
+    print(f"\n## peer: sklearn GaussianProcessClassifier (Laplace, own ML-II) vs G-KL ML-II (logistic, SE)")
+    print(f"{'data':12s} {'sk time s':>10s} {'sk test ll':>10s} {'sk err':>7s} {'ours time s':>11s} {'ours test ll':>12s}"
+          f" {'ours err':>8s} {'ours conv':>9s}")
+    for ds in args.datasets:
+        Xtr, ytr, Xte, yte = split(ds)
+        t0 = time.perf_counter()
+        sk = GaussianProcessClassifier(ConstantKernel(1.0) * RBF(np.sqrt(Xtr.shape[1])), random_state=0).fit(Xtr, ytr)
+        sk_time = time.perf_counter() - t0
+        p = np.clip(sk.predict_proba(Xte)[:, list(sk.classes_).index(1.0)], 1e-12, 1 - 1e-12)
+        sk_ll = np.mean(np.where(yte > 0, np.log(p), np.log(1 - p)))
+        sk_err = np.mean(np.where(p > 0.5, 1.0, -1.0) != yte)
+        t0 = time.perf_counter()
+        hr = gk.gp.fit_hyperparameters(Build(jnp.asarray(Xtr), jnp.asarray(ytr)),
+                                       gk.kernels.SquaredExponential(1.0, np.sqrt(Xtr.shape[1])), max_steps=50,
+                                       gtol=1e-3)
+        pred = gk.gp.predict(hr.result, gk.gp.model(hr.params, Xtr, gk.potentials.Logistic(ytr)).prior, Xte,
+                             gk.potentials.Logistic(yte))
+        ours_time = time.perf_counter() - t0
+        ours_ll = float(jnp.mean(pred.log_density))
+        ours_err = np.mean(np.where(np.asarray(pred.probability) > 0.5, 1.0, -1.0) != yte)
+        print(f"{ds[:12]:12s} {sk_time:10.2f} {sk_ll:10.4f} {sk_err:7.3f} {ours_time:11.2f} {ours_ll:12.4f} "
+              f"{ours_err:8.3f} {str(hr.converged):>9s}")
+
+
+def sparse(n, m):
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-3, 3, size=(n + 2000, 2))
+    f = np.sin(X[:, 0]) * np.cos(X[:, 1]) * 2
+    y = np.where(rng.uniform(size=len(f)) < 1 / (1 + np.exp(-3 * f)), 1.0, -1.0)
+    Z = X[rng.choice(n, m, replace=False)]
+    kernel = gk.kernels.SquaredExponential(4.0, 1.0)
+    t0 = time.perf_counter()
+    model = gk.gp.sparse_model(kernel, X[:n], Z, gk.potentials.Probit(y[:n]))
+    res = gk.fit(model)
+    jax.block_until_ready(res.log_z)
+    secs = time.perf_counter() - t0
+    pred = gk.gp.predict(res, model.prior, X[n:], gk.potentials.Probit(y[n:]))
+    err = np.mean(np.where(np.asarray(pred.probability) > 0.5, 1.0, -1.0) != y[n:])
+    print(f"\n## sparse G-KL GP classification: N = {n}, M = {m}: {secs:.1f} s (build + fit, compile included), "
+          f"bound {float(res.log_z):.1f}, converged {bool(res.converged)}, steps {int(res.num_steps)}, "
+          f"test error {err:.3f}, test log lik {float(jnp.mean(pred.log_density)):.4f}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--datasets", default="ionosphere,sonar,breast-cancer-wisconsin,pima")
+    ap.add_argument("--likelihoods", default="probit,logistic")
+    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--grid", type=int, default=4, help="G: the grid is G x G over (ln l, ln sigma_f)")
+    ap.add_argument("--ell-range", type=float, nargs=2, default=(0.0, 4.0))
+    ap.add_argument("--sf-range", type=float, nargs=2, default=(-1.0, 4.0))
+    ap.add_argument("--ais", type=int, default=2, help="number of grid points per trial with an AIS reference")
+    ap.add_argument("--ais-chains", type=int, default=64)
+    ap.add_argument("--ais-temps", type=int, default=200)
+    ap.add_argument("--peer", action="store_true", help="also time scikit-learn's GaussianProcessClassifier")
+    ap.add_argument("--no-grid", action="store_true", help="skip part 1")
+    ap.add_argument("--sparse", default=None, help="N,M for the sparse GP demonstration (e.g. 50000,500)")
+    args = ap.parse_args()
+    args.datasets = args.datasets.split(",")
+    args.likelihoods = args.likelihoods.split(",")
+    args.methods = args.methods.split(",")
+    if args.quick:
+        args.datasets, args.likelihoods, args.grid, args.ais = ["sonar"], ["probit"], 2, 1
+        args.ais_chains, args.ais_temps = 16, 50
+        args.methods = ["LA", "EP", "KL", "FV", "LR"]
+    start = time.time()
+    print(f"# gp_classification  {time.strftime('%Y-%m-%d %H:%M')}  {platform.machine()}  "
+          f"load {os.getloadavg()[0]:.1f}  args {vars(args)}")
+    if not args.no_grid:
+        rows = grid_comparison(args)
+        summarise(rows, args.methods)
+    if args.peer:
+        peer(args)
+    if args.sparse:
+        n, m = (int(v) for v in args.sparse.split(","))
+        sparse(n, m)
+    print(f"\nwall time {time.time() - start:.1f} s, load {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()
