@@ -91,7 +91,9 @@ def grid_comparison(args):
         Xtr, ytr, Xte, yte = split(ds)
         for likname in args.likelihoods:
             Lik = gk.potentials.Probit if likname == "probit" else gk.potentials.Logistic
-            ais_points = set(range(0, args.grid * args.grid, max(1, args.grid * args.grid // max(args.ais, 1)))[: args.ais])
+            n_grid = args.grid * args.grid
+            ais_points = set(np.unique(np.round(np.linspace(n_grid - 1, 0, args.ais)).astype(int)).tolist()
+                             if args.ais > 0 else [])
             for gi, (le, ls) in enumerate((a, b) for a in ln_ell for b in ln_sf):
                 kernel = gk.kernels.SquaredExponential(np.exp(2 * ls), np.exp(le))
                 model = gk.gp.model(kernel, Xtr, Lik(ytr))

@@ -255,11 +255,13 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--sizes", type=float, nargs="+", default=[0.5, 1.0, 5.0], help="N_trn / D")
     p.add_argument("--ks", type=float, nargs="+", default=[0.05, 0.1], help="K / D")
-    p.add_argument("--factors", nargs="+", default=["chevron", "banded", "subspace", "fa", "diagonal", "full"])
+    p.add_argument("--factors", nargs="+", default=None,
+                   help="default: chevron banded subspace fa diagonal full (--quick: chevron diagonal)")
     p.add_argument("--full-max-dim", type=int, default=500)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--float32", action="store_true")
-    p.add_argument("--quick", action="store_true", help="one small cell (D=100, N=50, K=5, 2 data sets)")
+    p.add_argument("--quick", action="store_true", help="one small cell (D=100, N=50, K=5, 2 data sets, Chevron and "
+                   "Diagonal unless --factors is given)")
     p.add_argument("--memory", action="store_true", help="the D=20,000 Chevron(50) sparse-H fit; peak RSS")
     p.add_argument("--memory-max-steps", type=int, default=None)
     p.add_argument("--numpyro", type=float, default=0.0, metavar="SECONDS",
@@ -288,8 +290,10 @@ def main(argv=None):
         cells = ([(100, 50, 5)] if args.quick else
                  [(D, int(round(s * D)), int(round(k * D))) for D in args.dims for s in args.sizes for k in args.ks])
         repeats = 2 if args.quick else args.repeats
+        chosen = args.factors or (["chevron", "diagonal"] if args.quick else
+                                  ["chevron", "banded", "subspace", "fa", "diagonal", "full"])
         for D, N, K in cells:
-            factors = [f for f in args.factors if f != "full" or D <= args.full_max_dim]
+            factors = [f for f in chosen if f != "full" or D <= args.full_max_dim]
             cell = run_cell(gk, D, N, K, factors, repeats, args.seed, dtype, args.numpyro)
             results["cells"].append(dict(D=D, N=N, K=K, load=os.getloadavg(), factors=cell))
     results["header"]["loadavg_end"] = os.getloadavg()

@@ -82,18 +82,20 @@ def _pcg(hvp, g, precond, max_iters, forcing):
 
 
 def _maximise_mean(value, m0, precond, tol, max_cg):
-    """Preconditioned Newton-CG with Armijo backtracking on the concave m -> B(m); returns the improved m."""
+    """Preconditioned Newton-CG with Armijo backtracking on the concave m -> B(m); returns the improved m.
+
+    Each iteration linearises the gradient once (E[log phi''] evaluated once; each CG iteration is then O(N D))
+    and stops, without stepping, when max|dB/dm| <= tol."""
     value_and_grad = jax.value_and_grad(value)
-    grad = jax.grad(value)
-    f0, g0 = value_and_grad(m0)
 
     def cond(state):
-        m, f, g, k, ok = state
-        return ok & (k < _MAX_MEAN_STEPS) & (jnp.max(jnp.abs(g)) > tol)
+        m, k, go = state
+        return go & (k < _MAX_MEAN_STEPS)
 
     def body(state):
-        m, f, g, k, _ = state
-        _, hvp = jax.linearize(grad, m)        # E[log phi''] evaluated once; each CG iteration is then O(N D)
+        m, k, _ = state
+        (f, g), lin = jax.linearize(value_and_grad, m)
+        hvp = lambda v: lin(v)[1]
         forcing = jnp.minimum(0.1, jnp.sqrt(jnp.linalg.norm(g)))
         p = _pcg(hvp, g, precond, max_cg, forcing)
         slope = g @ p
@@ -110,13 +112,11 @@ def _maximise_mean(value, m0, precond, tol, max_cg):
             return t, value(m + t * p), j + 1
 
         t, f_new, _ = lax.while_loop(ls_cond, ls_body, (jnp.ones((), m.dtype), value(m + p), 0))
-        ok = jnp.isfinite(f_new) & (f_new >= f)
-        m_new = jnp.where(ok, m + t * p, m)
-        f_new, g_new = value_and_grad(m_new)
-        return m_new, f_new, g_new, k + 1, ok & (f_new > f)
+        done = jnp.max(jnp.abs(g)) <= tol
+        ok = ~done & jnp.isfinite(f_new) & (f_new >= f)
+        return jnp.where(ok, m + t * p, m), k + 1, ok & (f_new > f)
 
-    m, *_ = lax.while_loop(cond, body, (m0, f0, g0, 0, jnp.array(True)))
-    return m
+    return lax.while_loop(cond, body, (m0, 0, jnp.array(True)))[0]
 
 
 def fixed_point(model, to_q, flat0, tol, max_steps, max_cg=50):
@@ -124,6 +124,8 @@ def fixed_point(model, to_q, flat0, tol, max_steps, max_cg=50):
 
     Returns (x, num_steps, converged, history) like the solvers of `gkl_jax._solvers`."""
     ops = [s.operator(model.dim) for s in model.sites]
+    q_template = to_q(flat0)
+    gaussian = lambda mean, factor: eqx.tree_at(lambda r: (r.mean, r.factor), q_template, (mean, factor))
 
     def variances(factor):
         """s_n^2 per group for a factor (the O(N D^2) products for a full factor)."""
@@ -134,35 +136,28 @@ def fixed_point(model, to_q, flat0, tol, max_steps, max_cg=50):
 
     def rest(mean, factor):
         """Entropy and prior term of eq. 7."""
-        q = Gaussian_like(mean, factor)
+        q = gaussian(mean, factor)
         value = q.entropy()
         return value if model.prior is None else value + model.prior.expected_log_density(q)
 
-    def site_terms(m_ns, s2s):
-        """sum_n I_n, its gradients alpha_n = dI/dm_n and b_n = dI/ds_n^2 per group."""
-        total, alphas, bs = 0.0, [], []
-        for s, m_n, s2_n in zip(model.sites, m_ns, s2s):
-            fn = lambda a, v: jnp.sum(s.potential.expected_log_phi(a, v))
-            value, (alpha, b) = jax.value_and_grad(fn, argnums=(0, 1))(m_n, s2_n)
-            total, alphas, bs = total + value, alphas + [alpha], bs + [b]
-        return total, alphas, bs
+    def sites_value(m_ns, s2s):
+        return sum(jnp.sum(s.potential.expected_log_phi(m_n, s2)) for s, m_n, s2 in zip(model.sites, m_ns, s2s))
 
-    q_template = to_q(flat0)
-    Gaussian_like = lambda mean, factor: eqx.tree_at(lambda r: (r.mean, r.factor), q_template, (mean, factor))
-
-    def evaluate(mean, factor, s2s, pullback):
-        """B, the flat gradient and Gamma at (mean, factor), given s_n^2 there and the VJP of `variances`."""
-        (value, (g_mean, g_factor)) = jax.value_and_grad(rest, argnums=(0, 1))(mean, factor)
-        total, alphas, bs = site_terms(means(mean), s2s)
+    def evaluate(x):
+        """B, its flat gradient and Gamma at x; one VJP through the projected variances."""
+        q = to_q(x)
+        s2s, pullback = jax.vjp(variances, q.factor)
+        value, (g_mean, g_factor) = jax.value_and_grad(rest, argnums=(0, 1))(q.mean, q.factor)
+        m_ns = means(q.mean)
+        total, (alphas, bs) = jax.value_and_grad(sites_value, argnums=(0, 1))(m_ns, s2s)
         g_mean = g_mean + sum(op.rmv(a) for op, a in zip(ops, alphas))
         (g_sites,) = pullback(bs)
         g_factor = jax.tree.map(lambda a, b: a + b, g_factor, g_sites)
-        grad = _to_flat(Gaussian_like(g_mean, g_factor))
-        return value + total, grad, [-2 * b for b in bs]
+        return value + total, _to_flat(gaussian(g_mean, g_factor)), [-2 * b for b in bs]
 
     def cond(state):
-        x, f, g, gammas, k, hist, ok = state
-        return ok & (k < max_steps) & (jnp.max(jnp.abs(g)) > tol)
+        x, f, g, gammas, k, hist, go = state
+        return go & (k < max_steps) & (jnp.max(jnp.abs(g)) > tol)
 
     def body(state):
         x, f, g, gammas, k, hist, _ = state
@@ -174,48 +169,35 @@ def fixed_point(model, to_q, flat0, tol, max_steps, max_cg=50):
         def factor_at(rho):
             return jax.tree.map(lambda a, b: a + rho * (b - a) if eqx.is_inexact_array(a) else a, q.factor, target)
 
-        def value_at(factor, s2s):
-            sites = sum(jnp.sum(s.potential.expected_log_phi(m_n, s2)) for s, m_n, s2 in zip(model.sites, m_ns, s2s))
-            return rest(q.mean, factor) + sites
-
-        # Factor step: the full step first (its VJP is kept for the gradient), halved while the bound drops.
-        s2_full, pull_full = jax.vjp(variances, target)
-        f_full = value_at(target, s2_full)
-
+        # Factor step: C + rho (C* - C), rho = 1, 1/2, ..., until the bound does not decrease.
         def ls_cond(ls):
             rho, f_new, _, j = ls
-            return ~(jnp.isfinite(f_new) & (f_new >= f - noise)) & (j < _MAX_HALVINGS)
+            return (j == 0) | (~(jnp.isfinite(f_new) & (f_new >= f - noise)) & (j <= _MAX_HALVINGS))
 
         def ls_body(ls):
             rho, _, _, j = ls
-            rho = 0.5 * rho
-            s2s = variances(factor_at(rho))
-            return rho, value_at(factor_at(rho), s2s), s2s, j + 1
+            rho = jnp.where(j == 0, rho, 0.5 * rho)
+            factor = factor_at(rho)
+            s2s = variances(factor)
+            return rho, rest(q.mean, factor) + sites_value(m_ns, s2s), s2s, j + 1
 
-        one = jnp.ones((), f.dtype)
-        rho, f_fac, s2s, _ = lax.while_loop(ls_cond, ls_body, (one, f_full, s2_full, 0))
+        init = (jnp.ones((), f.dtype), f, [jnp.zeros(v.shape, v.dtype) for v in variances_shapes], 0)
+        rho, f_fac, s2s, _ = lax.while_loop(ls_cond, ls_body, init)
         rho = jnp.where(jnp.isfinite(f_fac) & (f_fac >= f - noise), rho, 0.0)
         factor = factor_at(rho)
         # Mean step at the fixed factor: O(N D) per iteration.
         mean = _maximise_mean(_mean_objective(model, ops, s2s), q.mean, factor.covariance_mv, 0.1 * tol, max_cg)
-        f_new, g_new, gammas_new = lax.cond(
-            rho == 1,
-            lambda: evaluate(mean, factor, s2s, pull_full),
-            lambda: evaluate(mean, factor, *jax.vjp(variances, factor)))
-        x_new = _to_flat(Gaussian_like(mean, factor))
+        x_new = _to_flat(gaussian(mean, factor))
+        f_new, g_new, gammas_new = evaluate(x_new)
         ok = jnp.isfinite(f_new) & (f_new >= f - noise)
-        x_new = jnp.where(ok, x_new, x)
-        f_new = jnp.where(ok, f_new, f)
-        g_new = jnp.where(ok, g_new, g)
-        gammas_new = [jnp.where(ok, a, b) for a, b in zip(gammas_new, gammas)]
         progress = ok & ((f_new > f) | (jnp.max(jnp.abs(g_new)) < jnp.max(jnp.abs(g))))
-        return x_new, f_new, g_new, gammas_new, k + 1, hist.at[k + 1].set(f_new), progress
+        keep = lambda new, old: jnp.where(ok, new, old)
+        return (keep(x_new, x), keep(f_new, f), keep(g_new, g), [keep(a, b) for a, b in zip(gammas_new, gammas)],
+                k + 1, hist.at[k + 1].set(keep(f_new, f)), progress)
 
-    q0 = to_q(flat0)
-    s2_0, pull_0 = jax.vjp(variances, q0.factor)
-    f0, g0, gammas0 = evaluate(q0.mean, q0.factor, s2_0, pull_0)
+    variances_shapes = jax.eval_shape(variances, q_template.factor)
+    f0, g0, gammas0 = evaluate(flat0)
     hist0 = jnp.full((max_steps + 1,), jnp.nan, dtype=f0.dtype).at[0].set(f0)
-    state0 = (flat0, f0, g0, gammas0, 0, hist0, jnp.array(True))
-    x, f, g, _, k, hist, _ = lax.while_loop(cond, body, state0)
+    x, f, g, _, k, hist, _ = lax.while_loop(cond, body, (flat0, f0, g0, gammas0, 0, hist0, jnp.array(True)))
     converged = (jnp.max(jnp.abs(g)) <= tol) & jnp.isfinite(f)
     return x, k, converged, hist

@@ -14,7 +14,7 @@ from scipy import integrate, special
 
 import gkl_jax as gk
 from gkl_jax import _lanczos
-from gkl_jax.baselines import _double_loop
+from gkl_jax.baselines import _double_loop, _ep, _laplace, _local
 from gkl_jax.baselines._common import log_joint
 from gkl_jax.operators import AbstractOperator
 
@@ -75,6 +75,11 @@ def test_gaussian_model_is_exact(gaussian_model, method):
         np.testing.assert_allclose(res.q.covariance(), cov, atol=1e-10)
     assert res.is_bound == (method == "local")
     assert res.history.shape[0] >= int(res.num_steps) + 1
+    # jit once: a second call on a model of the same structure does not retrace.
+    module = {"laplace": _laplace, "ep": _ep, "power-ep": _ep, "local": _local, "double_loop": _double_loop}[method]
+    count = dict(module.TRACE_COUNT)
+    run(eqx.tree_at(lambda m: m.sites[0].potential.y, model, model.sites[0].potential.y + 0.1))
+    assert module.TRACE_COUNT == count
 
 
 # ----------------------------------------------------------------------------------------------------------

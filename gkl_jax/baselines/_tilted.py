@@ -17,6 +17,8 @@ are smooth and decay like Gaussians the uniform trapezoid rule converges geometr
 so the moments are accurate to round-off while the tilted width exceeds ~1/50 of the cavity width.
 """
 
+import math
+
 import jax
 import jax.numpy as jnp
 from jax.scipy.special import log_ndtr, logsumexp
@@ -24,7 +26,7 @@ from jax.scipy.special import log_ndtr, logsumexp
 from .. import potentials as P
 
 GRID_POINTS = 1024
-_LOG_SQRT_2PI = 0.5 * jnp.log(2 * jnp.pi)
+_LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
 
 def _lam(z):

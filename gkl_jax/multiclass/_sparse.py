@@ -1,0 +1,307 @@
+"""The sparse (inducing-variable) approximation (Chai 2012, Section 4, App. C.2.1, C.3.1, E.1, E.2.2).
+
+Inducing variables z (s of them; each a single latent f^c(x), Remark 14) with prior N(0, K_zz), cross-covariance
+K_zf (s, nC) and latent blocks K_ff,i; q(f, z) = p(f | z) q(z), q(z) = N(m, V). The bound (eq. 32)
+
+    log Z~_h = -KL(q(z) || p(z)) + sum_i h(y_i; q_i, b_i, S_i),  m_f = K_f^T K^{-1} m,
+    V_f = K_ff - K_f^T K^{-1} K_f + K_f^T K^{-1} V K^{-1} K_f                                         (eq. 31)
+
+is computed in whitened form u = L^{-1} z (K_zz = L L^T), Ltil = K_zf^T L^{-T} (nC, s): m = L Ltil^T (y - b) (the
+tied mean m = K_f (y - b), Section 4.2), q(u) = N(Ltil^T (y - b), B^{-1}), B = I + Ltil^T W Ltil (the fixed point of
+eq. 33 in site form, E.2.2), so every step costs O(nC^3 + nC s^2 + s^3):
+
+  - b: Newton (C.2.1) with X^{-1} by Woodbury (E.1): X^{-1} = S M - (S - SMS) Ltil (I + Ltil^T (S - SMS) Ltil)^{-1}
+    Ltil^T S M, M = (S + Gbar - Gtilde)^{-1} (block diagonal);
+  - S_i: eq. 61 with (m_f, V_f);
+  - W: as in the full case (`_full`): Newton on W = S^fx(V_f) - V_f^{-1} with dV_f = -P dW P, P = Ltil B^{-1}
+    Ltil^T (low rank), or the fixed point of eq. 33.
+With z = f (K_zz = K_zf = K, K_ff = K) the bound and its optimum equal the full ones (Theorem 15).
+
+A boolean `mask` (s,) switches inducing variables off (their K_zz rows become the identity and their K_zf rows
+zero, so they contribute nothing): one compiled solver serves a growing inducing set (Section 6.1).
+"""
+
+import warnings
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.scipy.linalg as jsl
+from jax import lax
+
+from .._validate import is_concrete
+from ._blocks import blockdiag_left, sym
+from ._full import V_UPDATES, _cg, site_terms
+from ._linesearch import safeguarded_step, segment_search
+from ._site import profile_sensitivity, s_fixed_point_profile, s_step, site_bound_free, site_statistics
+
+TRACE_COUNT = {"fit_sparse": 0}
+
+
+def masked_prior(Kzz, Kzf, mask):
+    """K_zz and K_zf with the inducing variables outside `mask` made inert (identity rows, zero cross-covariance)."""
+    mm = mask[:, None] & mask[None, :]
+    eye = jnp.eye(Kzz.shape[0], dtype=Kzz.dtype)
+    return jnp.where(mm, Kzz, eye), jnp.where(mask[:, None], Kzf, 0.0)
+
+
+def whitened_cross(Kzz, Kzf):
+    """Ltil = K_zf^T L^{-T}, K_zz = L L^T: (nC, s)."""
+    L = jnp.linalg.cholesky(Kzz)
+    return jsl.solve_triangular(L, Kzf, lower=True).T
+
+
+class SparsePosterior(eqx.Module):
+    """The maximiser of log Z~_h (eq. 32): q(u) = N(Ltil^T (y - b), (I + Ltil^T W Ltil)^{-1}) in whitened
+    coordinates, the site parameters (b, S, W), the latent blocks `Vf_blocks`, the bound and bookkeeping."""
+
+    Y: jax.Array
+    b: jax.Array
+    S: jax.Array
+    W: jax.Array
+    Vf_blocks: jax.Array
+    log_z: jax.Array
+    converged: jax.Array
+    num_steps: jax.Array
+    history: jax.Array
+    stationarity: jax.Array
+
+    def inducing_moments(self, Kzz, Kzf, mask=None):
+        """(m, V) of q(z) (eq. 31's m and V), dense."""
+        if mask is not None:
+            Kzz, Kzf = masked_prior(Kzz, Kzf, mask)
+        L = jnp.linalg.cholesky(Kzz)
+        Lt = jsl.solve_triangular(L, Kzf, lower=True).T
+        alpha = (self.Y - self.b).reshape(-1)
+        mu = Lt.T @ alpha
+        Sigma = jnp.linalg.inv(sym(jnp.eye(L.shape[0], dtype=L.dtype) + Lt.T @ blockdiag_left(self.W, Lt)))
+        return L @ mu, L @ Sigma @ L.T
+
+
+class _SState(eqx.Module):
+    b: jax.Array
+    S: jax.Array
+    W: jax.Array
+    Vb: jax.Array
+    Z: jax.Array  # R^{-1} Ltil^T, (s, nC): V_f = K_ff - Ltil Ltil^T + Z^T Z
+    logdet: jax.Array  # log|Sigma_u|
+    trace: jax.Array  # tr Sigma_u
+    value: jax.Array
+
+
+def _moments(Lt, W, Kff):
+    """(V_f blocks, log|Sigma_u|, tr Sigma_u, Z) for the site precisions W."""
+    s = Lt.shape[1]
+    n, C, _ = W.shape
+    B = jnp.eye(s, dtype=Lt.dtype) + Lt.T @ blockdiag_left(W, Lt)
+    R = jnp.linalg.cholesky(sym(B))
+    Z = jsl.solve_triangular(R, Lt.T, lower=True)
+    Rinv = jsl.solve_triangular(R, jnp.eye(s, dtype=Lt.dtype), lower=True)
+    Ltr, Zr = Lt.reshape(n, C, s), Z.T.reshape(n, C, s)
+    Vb = sym(Kff - jnp.einsum("ias,ibs->iab", Ltr, Ltr) + jnp.einsum("ias,ibs->iab", Zr, Zr))
+    return Vb, -2.0 * jnp.sum(jnp.log(jnp.diag(R))), jnp.sum(Rinv * Rinv), Z
+
+
+def _value(Lt, Y, b, S, Vb, logdet, trace, km):
+    n, C = Y.shape
+    mu = Lt.T @ (Y - b).reshape(-1)
+    mf = Lt @ mu
+    return (0.5 * (logdet - trace - mu @ mu + Lt.shape[1]) + mf @ Y.reshape(-1)
+            + site_terms(mf.reshape(n, C), Vb, b, S, km))
+
+
+def _mf(Lt, Y, b):
+    n, C = Y.shape
+    return (Lt @ (Lt.T @ (Y - b).reshape(-1))).reshape(n, C)
+
+
+def _gbar(Lt, Y, b, S, Vb, km):
+    S_eff = jnp.where(km, jnp.linalg.inv(Vb), S)
+    return jax.vmap(site_statistics)(_mf(Lt, Y, b), b, S_eff)
+
+
+def _b_step(Lt, Y, st, km):
+    """Newton in b with m = K_f (y - b) (App. C.2.1), the inverse by Woodbury (App. E.1)."""
+    n, C = Y.shape
+    gbar, _ = _gbar(Lt, Y, st.b, st.S, st.Vb, km)
+    D = jax.vmap(lambda g: jnp.diag(g) - jnp.outer(g, g))(gbar)
+    Sb = jnp.where(km, jnp.linalg.inv(st.Vb), st.S)  # the blocks whose inverse is added to K_f^T K^{-1} K_f
+    M = jnp.linalg.inv(sym(Sb + D))
+    SM = jnp.einsum("iab,ibc->iac", Sb, M)
+    E = sym(Sb - jnp.einsum("iab,ibc->iac", SM, Sb))  # S - S M S
+    r = (st.b - gbar).reshape(-1)
+    u = blockdiag_left(SM, r[:, None])[:, 0]
+    ELt = blockdiag_left(E, Lt)
+    inner = jnp.eye(Lt.shape[1], dtype=Lt.dtype) + Lt.T @ ELt
+    w = jnp.linalg.solve(inner, Lt.T @ u)
+    d = -(u - ELt @ w).reshape(n, C)
+    d = jnp.where(jnp.isfinite(d), d, 0.0)
+    f = lambda t: _value(Lt, Y, st.b + t * d, st.S, st.Vb, st.logdet, st.trace, km)
+    eta, val = safeguarded_step(f, st.value)
+    return eqx.tree_at(lambda s: (s.b, s.value), st, (st.b + eta * d, val))
+
+
+def _s_step(Lt, Y, st, km, sweeps):
+    m = _mf(Lt, Y, st.b)
+    vals = jax.vmap(site_bound_free)(m, st.Vb, st.b, st.S)
+
+    def one(_, carry):
+        S, v = carry
+        return jax.vmap(s_step)(m, st.Vb, st.b, S, v)
+
+    S, vals_new = lax.fori_loop(0, jnp.where(km, 0, sweeps), one, (st.S, vals))
+    value = jnp.where(km, st.value, st.value + jnp.sum(vals_new) - jnp.sum(vals))
+    return eqx.tree_at(lambda s: (s.S, s.value), st, (S, value))
+
+
+def _v_step(Lt, Kff, Y, st, km, newton, cg_iters):
+    """W towards the stationarity of eq. 33 (Newton with profiled S_i, or the fixed point), safeguarded."""
+    _, A = _gbar(Lt, Y, st.b, st.S, st.Vb, km)
+    Vinv = jnp.linalg.inv(st.Vb)
+    S_fx, G, phi = jax.vmap(s_fixed_point_profile)(st.Vb, A)
+    profiled = newton & ~km
+    target = jnp.where(km, A, sym(jnp.where(profiled, S_fx, st.S) - Vinv))
+    R = target - st.W
+    n, C, _ = R.shape
+    H = st.Z.T.reshape(n, C, -1)  # P = H H^T
+
+    def Q(X):
+        core = jnp.einsum("ias,iab,ibt->st", H, X, H)
+        return jnp.einsum("ias,st,ibt->iab", H, core, H)
+
+    op = lambda X: Q(X) + Q(jax.vmap(profile_sensitivity)(G, phi, Q(X)))
+    delta = lax.cond(profiled, lambda _: sym(_cg(op, Q(R), cg_iters)), lambda _: R, None)
+
+    def evaluate(t):
+        W = st.W + t * delta
+        Vb, ld, tr, Z = _moments(Lt, W, Kff)
+        S = jnp.where(profiled, jax.vmap(s_fixed_point_profile)(Vb, A)[0], st.S)
+        return _value(Lt, Y, st.b, S, Vb, ld, tr, km), (W, Vb, ld, tr, Z, S)
+
+    def state(val, aux):
+        W, Vb, ld, tr, Z, S = aux
+        return _SState(b=st.b, S=S, W=W, Vb=Vb, Z=Z, logdet=ld, trace=tr, value=val)
+
+    val1, aux1 = evaluate(jnp.ones((), Lt.dtype))
+
+    def search(_):
+        eta, _ = segment_search(lambda t: evaluate(t)[0], st.value)
+        return lax.cond(eta > 0, lambda _: state(*evaluate(eta)), lambda _: st, None)
+
+    return lax.cond(jnp.isfinite(val1) & (val1 >= st.value), lambda _: state(val1, aux1), search, None)
+
+
+def _initial(Lt, Kff, Y, km, warm, cold, scale=1.0):
+    """App. E.3 for the sparse case: W_i = gamma (I/C - 11^T/C^2), m = V K^{-1} K_f W a (here through b)."""
+    n, C = Y.shape
+    eye = jnp.eye(C, dtype=Lt.dtype)
+    W1 = scale * (eye / C - jnp.ones((C, C), Lt.dtype) / C**2)
+    W = jnp.where(cold, jnp.broadcast_to(W1, (n, C, C)), warm[2])
+    Vb, ld, tr, Z = _moments(Lt, W, Kff)
+    a = scale * (Y + (Y - 1.0) / (C - 1))
+    Wa = jnp.einsum("ab,ib->ia", W1, a).reshape(-1)
+    # m = V K^{-1} K_f W a  <=>  mu_u = Sigma_u Ltil^T W a; b = y - alpha with Ltil^T alpha = mu_u (minimum norm)
+    mu = jnp.linalg.solve(sym(jnp.eye(Lt.shape[1], dtype=Lt.dtype) + Lt.T @ blockdiag_left(W, Lt)), Lt.T @ Wa)
+    alpha = Wa - blockdiag_left(W, (Lt @ mu)[:, None])[:, 0]  # Woodbury: (I + W K~)^{-1} W a, K~ = Ltil Ltil^T
+    b = jnp.where(cold, Y - alpha.reshape(n, C), warm[0])
+    S = jnp.where(cold, sym(jnp.linalg.inv(Vb) + W1), warm[1])
+    return _SState(b=b, S=S, W=W, Vb=Vb, Z=Z, logdet=ld, trace=tr, value=_value(Lt, Y, b, S, Vb, ld, tr, km))
+
+
+def sparse_core(Lt, Kff, Y, st0, km, newton, tol, max_steps, s_sweeps, cg_iters=50):
+    hist0 = jnp.full((max_steps + 1,), jnp.nan, Lt.dtype).at[0].set(st0.value)
+    settled = lambda v, prev: (v - prev <= tol * (1 + jnp.abs(v))) & jnp.isfinite(v)
+
+    def cond(carry):
+        st, prev, k, _ = carry
+        return (k < max_steps) & ~settled(st.value, prev) & jnp.isfinite(st.value)
+
+    def body(carry):
+        st, _, k, hist = carry
+        prev = st.value
+        st = _b_step(Lt, Y, st, km)
+        st = _s_step(Lt, Y, st, km, s_sweeps)
+        st = _v_step(Lt, Kff, Y, st, km, newton, cg_iters)
+        return st, prev, k + 1, hist.at[k + 1].set(st.value)
+
+    st, prev, k, hist = lax.while_loop(cond, body, (st0, jnp.asarray(-jnp.inf, Lt.dtype), 0, hist0))
+    gbar, A = _gbar(Lt, Y, st.b, st.S, st.Vb, km)
+    st = eqx.tree_at(lambda s: s.S, st, jnp.where(km, sym(jnp.linalg.inv(st.Vb) + A), st.S))
+    return st, k, settled(st.value, prev), hist, jnp.max(jnp.abs(st.b - gbar))
+
+
+@eqx.filter_jit
+def _sparse_jit(Kzz, Kzf, Kff, Y, mask, warm, cold, km, newton, tol, max_steps, s_sweeps):
+    TRACE_COUNT["fit_sparse"] += 1
+    Kzz, Kzf = masked_prior(Kzz, Kzf, mask)
+    Lt = whitened_cross(Kzz, Kzf)
+    st0 = _initial(Lt, Kff, Y, km, warm, cold)
+    return sparse_core(Lt, Kff, Y, st0, km, newton, tol, max_steps, s_sweeps)
+
+
+def fit_sparse(Kzz, Kzf, Kff_blocks, Y, *, mask=None, site="theorem6", v_update="newton", tol=1e-10,
+               max_steps=200, init=None, s_sweeps=3) -> SparsePosterior:
+    """Maximise log Z~_h (eq. 32) for inducing prior K_zz (s, s), cross-covariance K_zf (s, nC) (datum-major
+    columns), latent blocks K_ff,i (n, C, C) and one-hot labels Y (n, C). `mask` (s,) selects the active
+    inducing variables (default all); `init` (a SparsePosterior for the same data) warm-starts from (b, S, W)."""
+    if site not in ("theorem6", "knowles_minka"):
+        raise ValueError(f"site must be 'theorem6' or 'knowles_minka', got {site!r}")
+    if v_update not in V_UPDATES:
+        raise ValueError(f"v_update must be one of {V_UPDATES}, got {v_update!r}")
+    Kzz, Kzf, Kff, Y = (jnp.asarray(a) for a in (Kzz, Kzf, Kff_blocks, Y))
+    Y = Y.astype(Kzz.dtype)
+    n, C = Y.shape if Y.ndim == 2 else (0, 0)
+    s = Kzz.shape[0] if Kzz.ndim == 2 else 0
+    if Y.ndim != 2 or C < 2:
+        raise ValueError(f"Y must be (n, C) one-hot with C >= 2, got shape {Y.shape}")
+    if Kzz.shape != (s, s) or s < 1:
+        raise ValueError(f"Kzz must be a square (s, s) matrix, got shape {Kzz.shape}")
+    if Kzf.shape != (s, n * C):
+        raise ValueError(f"Kzf must have shape (s, nC) = ({s}, {n * C}), got {Kzf.shape}")
+    if Kff.shape != (n, C, C):
+        raise ValueError(f"Kff_blocks must have shape (n, C, C) = ({n}, {C}, {C}), got {Kff.shape}")
+    for name, a in (("Kzz", Kzz), ("Kzf", Kzf), ("Kff_blocks", Kff)):
+        if is_concrete(a) and not bool(jnp.all(jnp.isfinite(a))):
+            raise ValueError(f"{name} contains NaN or inf")
+    mask = jnp.ones(s, bool) if mask is None else jnp.asarray(mask, bool)
+    if mask.shape != (s,):
+        raise ValueError(f"mask must have shape ({s},), got {mask.shape}")
+    if init is None:
+        warm = (jnp.zeros((n, C), Kzz.dtype), jnp.broadcast_to(jnp.eye(C, dtype=Kzz.dtype), (n, C, C)),
+                jnp.zeros((n, C, C), Kzz.dtype))
+    else:
+        warm = (init.b, init.S, init.W)
+    st, k, converged, hist, stat = _sparse_jit(Kzz, Kzf, Kff, Y, mask, warm, jnp.asarray(init is None),
+                                               jnp.asarray(site == "knowles_minka"),
+                                               jnp.asarray(v_update == "newton"), jnp.asarray(tol, Kzz.dtype),
+                                               int(max_steps), jnp.asarray(int(s_sweeps)))
+    if is_concrete(converged) and not bool(converged):
+        warnings.warn(f"gkl_jax.multiclass.fit_sparse stopped after {int(k)} sweeps without the bound settling",
+                      stacklevel=2)
+    return SparsePosterior(Y=Y, b=st.b, S=st.S, W=st.W, Vf_blocks=st.Vb, log_z=st.value, converged=converged,
+                           num_steps=k, history=hist, stationarity=stat)
+
+
+def sparse_log_z(Kzz, Kzf, Kff_blocks, Y, m, V, b, S, mask=None):
+    """log Z~_h of eq. 32 at arbitrary q(z) = N(m, V) and (b, S), by the textbook formulas (eq. 31) with K_zz^{-1}
+    through its Cholesky factor. Differentiable in the covariances: with the variational parameters held at the
+    optimum its gradient is d log Z~_h*/d theta (App. C.4, envelope theorem)."""
+    if mask is not None:
+        Kzz, Kzf = masked_prior(Kzz, Kzf, mask)
+    n, C = Y.shape
+    s = Kzz.shape[0]
+    L = jnp.linalg.cholesky(Kzz)
+    A = jsl.solve_triangular(L, Kzf, lower=True)  # L^{-1} K_f
+    LV = jnp.linalg.cholesky(V)
+    B = jsl.solve_triangular(L, LV, lower=True)
+    a = jsl.solve_triangular(L, m, lower=True)
+    logdet = 2 * (jnp.sum(jnp.log(jnp.diag(LV))) - jnp.sum(jnp.log(jnp.diag(L))))
+    neg_kl = 0.5 * (logdet - jnp.sum(B * B) - a @ a + s)
+    mf = A.T @ a
+    G = jsl.solve_triangular(L.T, A, lower=False)  # K^{-1} K_f
+    Gr = G.reshape(s, n, C)
+    Ar = A.reshape(s, n, C)
+    VG = jnp.einsum("st,tia->sia", V, Gr)
+    Vf = Kff_blocks - jnp.einsum("sia,sib->iab", Ar, Ar) + jnp.einsum("sia,sib->iab", Gr, VG)
+    sites = jax.vmap(lambda y, mm, VV, bb, SS: site_bound_free(mm, VV, bb, SS) + mm @ y)
+    return neg_kl + jnp.sum(sites(Y, mf.reshape(n, C), sym(Vf), b, S))
