@@ -40,6 +40,11 @@ _MAX_STEPS = {"fixed-point": 500, "newton": 200, "lbfgs": 2000, "optax": 5000}
 TRACE_COUNT = {"fit": 0}
 
 
+# One compiled evaluation of the bound for the returned log_z (op-by-op dispatch of the quadrature would
+# compile every primitive separately on first use); still differentiable in the model (envelope theorem).
+_bound_jit = eqx.filter_jit(bound)
+
+
 def default_tol(dtype) -> float:
     return 1e-6 if jnp.finfo(dtype).bits >= 64 else 1e-3
 
@@ -81,7 +86,7 @@ def fit(model: Model, factor: AbstractFactor | None = None, *, solver=None, q0: 
     q, num_steps, converged, history = _fit_jit(work_model, q_init, name, optimizer, tol, max_steps, max_cg)
     if whiten:
         q = Gaussian(mu + L @ q.mean, Full(q.factor.dense() @ L.T))
-    log_z = bound(model, jax.lax.stop_gradient(q))
+    log_z = _bound_jit(model, jax.lax.stop_gradient(q))
     if is_concrete(converged) and not bool(converged):
         warnings.warn(f"gkl_jax.fit: the {name} solver stopped after {int(num_steps)} steps without reaching "
                       f"max|grad| <= {tol:g}; the result is a valid bound but not the optimum", stacklevel=2)

@@ -342,3 +342,64 @@ def test_classifier_label_handling_and_errors(iris_split):
         mc.GPClassifier().predict(Xte)
     with pytest.raises(ValueError, match="site"):
         mc.GPClassifier(site="nope")
+
+
+# ------------------------------------------------------------------------------------- sparse approximation
+
+def test_sparse_with_every_latent_inducing_equals_the_full_bound(fitted):
+    """z = f (K_zz = K_zf = K): log Z~_h* = log Z_h* (Theorem 15's equality case), at the same optimum."""
+    from gkl_jax.multiclass._blocks import blocks
+
+    X, labels, Y, K, post = fitted
+    sp = mc.fit_sparse(K, K, blocks(K, N_CLASSES), Y)
+    np.testing.assert_allclose(sp.log_z, post.log_z, rtol=1e-9)
+    np.testing.assert_allclose(sp.b, post.b, atol=1e-5)
+    m, V = sp.inducing_moments(K, K)
+    np.testing.assert_allclose(mc.sparse_log_z(K, K, blocks(K, N_CLASSES), Y, m, V, sp.b, sp.S), sp.log_z,
+                               rtol=1e-10)
+
+
+def test_sparse_bound_grows_with_the_inducing_set_and_d2_bounds_the_gain():
+    """Proposition 17 (monotone in the inducing set), Lemma 16 (0 <= d_2 <= the gain of re-optimising), and the
+    sparse hyper-parameter gradient (App. C.4) against finite differences."""
+    X, labels, Y, _ = _problem(seed=11)
+    kernel = gk.kernels.SquaredExponential(2.0, 1.0)
+    sites = np.random.default_rng(3).permutation(N_DATA * N_CLASSES)[:9]
+    Kzz, Kzf, Kff = mc.inducing_prior(kernel, X, N_CLASSES, sites)
+    values, posts = [], []
+    for k in (3, 6, 8, 9):
+        posts.append(mc.fit_sparse(Kzz, Kzf, Kff, Y, mask=np.arange(9) < k, tol=1e-13))
+        values.append(float(posts[-1].log_z))
+        hist = np.asarray(posts[-1].history)
+        hist = hist[np.isfinite(hist)]
+        assert np.all(np.diff(hist) >= -1e-12 * np.abs(hist[1:]))
+    assert np.all(np.diff(values) >= -1e-9)
+    mask8 = np.arange(9) < 8
+    d2 = mc.selection_scores(kernel, X, Y, posts[2], sites, mask8, np.array([sites[8], sites[0]]))
+    assert 0 <= float(d2[0]) <= values[3] - values[2] + 1e-8
+    assert abs(float(d2[1])) < 1e-6  # an inducing latent already in the set brings nothing
+    d3 = mc.selection_scores(kernel, X, Y, posts[2], sites, mask8, np.array([sites[8]]), data=[0, 1, 2])
+    assert np.isfinite(float(d3[0]))
+    grad = mc.sparse_hyper_gradient(kernel, X, Y, sites, mask8, posts[2])
+    eps = 1e-4
+
+    def bound(log_len):
+        k = gk.kernels.SquaredExponential(2.0, math.exp(log_len))
+        Kzz, Kzf, Kff = mc.inducing_prior(k, X, N_CLASSES, sites)
+        return float(mc.fit_sparse(Kzz, Kzf, Kff, Y, mask=mask8, tol=1e-14).log_z)
+
+    fd = (bound(eps) - bound(-eps)) / (2 * eps)
+    np.testing.assert_allclose(float(grad.log_lengthscale), fd, rtol=1e-4, atol=1e-6)
+
+
+def test_greedy_selection_active_and_random():
+    X, labels, Y, _ = _problem(seed=12)
+    kernel = gk.kernels.SquaredExponential(2.0, 1.0)
+    out = {}
+    for method in ("random", "active"):
+        sites, hist, post = mc.select_inducing(kernel, X, Y, 9, method=method, batch=3, top=6, seed=0)
+        assert len(set(sites.tolist())) == 9 and np.all(np.diff(hist) >= -1e-9)
+        out[method] = hist
+    assert out["active"][0] == out["random"][0]  # the same random start
+    with pytest.raises(ValueError, match="method"):
+        mc.select_inducing(kernel, X, Y, 9, method="greedy")

@@ -22,6 +22,7 @@ stage warm-started), which converges to the MAP as eps -> 0 (for Laplace the smo
 eps sqrt(2/pi) of |x|).
 """
 
+import warnings
 from typing import Sequence, Union
 
 import equinox as eqx
@@ -30,7 +31,7 @@ import jax.numpy as jnp
 
 from .. import _solvers
 from .._model import Model, Sites
-from .._validate import as_float_array, check_finite, check_ndim
+from .._validate import as_float_array, check_finite, check_ndim, is_concrete
 from ..operators import AbstractOperator, as_operator
 from ..potentials import AbstractPotential
 from ..potentials import Gaussian as GaussianPotential
@@ -99,6 +100,9 @@ def map_estimate(model: Model, *, w0=None, smoothing=(1e-1, 1e-2, 1e-3, 1e-4), t
     ok = jnp.array(False)
     for e in eps:
         w, ok = _map_stage(model, w, jnp.asarray(e * e, w.dtype), tol, int(max_steps), model.log_concave)
+    if is_concrete(ok) and not bool(ok):
+        warnings.warn(f"gkl_jax.design.map_estimate: the last smoothing stage (eps={eps[-1]:g}) stopped without "
+                      f"reaching max|grad| <= {tol:g} in max_steps={max_steps}", stacklevel=2)
     return w, ok
 
 

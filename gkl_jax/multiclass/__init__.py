@@ -11,8 +11,9 @@ Functional core (datum-major nC-vectors; K is the (nC, nC) prior covariance, Y t
 - prediction `predictive_moments` -> `Predictive` (eq. 25 probabilities, eq. 24 bounds), `theorem12_bound`;
 - reference values by importance sampling (App. F): `importance_sampling`, `importance_predictive`;
 - model learning `fit_hyperparameters` (Section 6) with `prior_covariance`;
-- the sparse approximation (Section 4) and inducing-set selection (Section 6.1, App. D): see `fit_sparse`,
-  `selection_scores`, `select_inducing`;
+- the sparse approximation (Section 4): `inducing_prior`, `fit_sparse`, `sparse_log_z` (eq. 32),
+  `sparse_hyper_gradient` (App. C.4); inducing-set selection (Section 6.1, App. D): `selection_scores`
+  (d_2, d_3), `select_inducing` (active or random);
 - `GPClassifier`, the scikit-learn-style estimator.
 """
 
@@ -26,9 +27,16 @@ from ._hyper import prior_covariance as prior_covariance
 from ._predict import Predictive as Predictive
 from ._predict import predictive_moments as predictive_moments
 from ._predict import theorem12_bound as theorem12_bound
+from ._sparse import SparsePosterior as SparsePosterior
+from ._sparse import fit_sparse as fit_sparse
+from ._sparse import sparse_log_z as sparse_log_z
 from ._sampling import ImportanceEstimate as ImportanceEstimate
 from ._sampling import importance_predictive as importance_predictive
 from ._sampling import importance_sampling as importance_sampling
+from ._selection import inducing_prior as inducing_prior
+from ._selection import select_inducing as select_inducing
+from ._selection import selection_scores as selection_scores
+from ._selection import sparse_hyper_gradient as sparse_hyper_gradient
 from ._site import SiteOptimum as SiteOptimum
 from ._site import expected_log_softmax_mc as expected_log_softmax_mc
 from ._site import jensen_bound as jensen_bound

@@ -169,3 +169,22 @@ def select_inducing(kernel, X, Y, num_inducing, *, method="active", batch=None, 
         sites[k:k + add] = new
         k += add
     return sites, np.array(history), post
+
+
+def sparse_hyper_gradient(kernel, X, Y, sites, mask, post, *, noise=1e-6, jitter=1e-6):
+    """d log Z~_h* / d(kernel parameters) at the sparse optimum `post` (App. C.4): by the envelope theorem, the
+    gradient of eq. 32 in the covariances with q(z), {b_i}, {S_i} held fixed (autodiff of `sparse_log_z`)."""
+    from ._sparse import sparse_log_z
+
+    X = jnp.asarray(X)
+    Y = jnp.asarray(Y, X.dtype)
+    n, C = Y.shape
+    mask = jnp.asarray(mask, bool)
+    Kzz, Kzf, _ = inducing_prior(kernel, X, C, sites, noise=noise, jitter=jitter)
+    m, V = jax.lax.stop_gradient(post.inducing_moments(Kzz, Kzf, mask))
+
+    def bound(k):
+        Kzz, Kzf, Kff = inducing_prior(k, X, C, sites, noise=noise, jitter=jitter)
+        return sparse_log_z(Kzz, Kzf, Kff, Y, m, V, post.b, post.S, mask)
+
+    return jax.grad(bound)(kernel)
