@@ -1,0 +1,180 @@
+"""The quadrature of the site expectations I = E[f(m + s z)] (gkl_jax._quadrature) against scipy.integrate.quad.
+
+f = log phi and its first two derivatives (through the custom JVP: dI/dm = E[f'], dI/ds^2 = E[f'']/2) for the
+four quadrature potentials, over m - center up to 1e3 and s from 0 to 100, to 1e-10 relative to max(1, |I|).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import reference_expectation
+
+import gkl_jax as gk
+from gkl_jax import _quadrature
+
+SCALES = [0.0, 1e-6, 0.3, 3.0, 30.0, 100.0]
+OFFSETS = [0.0, 0.5, -2.0, 6.0, -25.0, 1e3]
+
+# potential, feature center and width used to place the reference's breakpoints
+POTENTIALS = {
+    "logistic": (lambda: gk.potentials.Logistic(jnp.array([-1.0])), 0.0, 1.0),
+    "probit": (lambda: gk.potentials.Probit(jnp.array([1.0])), 0.0, 1.0),
+    "student_t": (lambda: gk.potentials.StudentT(jnp.array([0.7]), 4.0, 0.5), 0.7, 1.0),
+    "cauchy": (lambda: gk.potentials.Cauchy(jnp.array([0.7]), 0.1), 0.7, 0.1),
+}
+
+
+def _log_phi_derivatives(pot):
+    f = lambda x: pot.log_phi(x)
+    d1 = jax.grad(lambda x: jnp.sum(f(x)))
+    d2 = jax.grad(lambda x: jnp.sum(d1(x)))
+    return [jax.jit(g) for g in (f, d1, d2)]
+
+
+def _library(pot, m, s2):
+    """(I, dI/dm, 2 dI/ds2) elementwise, through the custom JVP."""
+
+    @jax.jit
+    def run(m, s2):
+        value = lambda m, s2: jnp.sum(pot.expected_log_phi(m, s2))
+        return pot.expected_log_phi(m, s2), *jax.grad(value, argnums=(0, 1))(m, s2)
+
+    I, dm, ds2 = run(m, s2)
+    return np.asarray(I), np.asarray(dm), 2 * np.asarray(ds2)
+
+
+@pytest.mark.parametrize("name", list(POTENTIALS))
+def test_expectation_and_derivatives_match_scipy_quad(name):
+    make, center, width = POTENTIALS[name]
+    pot = make()
+    cases = [(center + off * max(s, 0.05), s) for s in SCALES for off in OFFSETS]
+    m = jnp.array([c[0] for c in cases])
+    s2 = jnp.array([c[1] ** 2 for c in cases])
+    got = _library(pot, m, s2)
+    fns = _log_phi_derivatives(pot)
+    worst = 0.0
+    for i, g in enumerate(fns):
+        f = lambda x, g=g: np.asarray(g(jnp.asarray(x)))
+        for j, (mj, sj) in enumerate(cases):
+            ref = reference_expectation(f, mj, sj, center, width)
+            err = abs(got[i][j] - ref) / max(1.0, abs(ref))
+            worst = max(worst, err)
+            assert err < 1e-10, (name, ["E[f]", "E[f']", "E[f'']"][i], mj, sj, got[i][j], ref)
+    assert worst > 0  # the comparison is not vacuous
+
+
+def test_gauss_hermite_loses_accuracy_where_the_feature_rule_does_not():
+    """The weakness the feature rule fixes: 64-node Gauss-Hermite on log sigmoid at s = 10 errs by ~1e-3."""
+    y = jnp.array([1.0])
+    f = lambda x: np.asarray(jax.nn.log_sigmoid(jnp.asarray(x)))
+    ref = reference_expectation(f, 0.0, 10.0)
+    hermite = gk.potentials.Custom(lambda x: jax.nn.log_sigmoid(x))
+    feature = gk.potentials.Custom(lambda x: jax.nn.log_sigmoid(x), center=0.0, width=0.75 * np.pi)
+    logistic = gk.potentials.Logistic(y)
+    m, s2 = jnp.zeros(1), jnp.full(1, 100.0)
+    run = jax.jit(lambda p, m, s2: p.expected_log_phi(m, s2)[0])
+    assert abs(float(run(hermite, m, s2)) - ref) > 1e-4
+    assert abs(float(run(feature, m, s2)) - ref) < 1e-12
+    assert abs(float(run(logistic, m, s2)) - ref) < 1e-12
+
+
+def test_accuracy_improves_with_num_points():
+    """num_points is honoured: the worst error over hard cases (large s, Cauchy) decreases with the node count."""
+    m = jnp.array([0.7, 5.0, -30.0])
+    s2 = jnp.array([100.0, 900.0, 1e4])
+    f = lambda x: np.asarray(-np.log1p(((0.7 - x) / 0.1) ** 2) - np.log(np.pi * 0.1))
+    ref = np.array([reference_expectation(f, float(a), float(np.sqrt(b)), 0.7, 0.1) for a, b in zip(m, s2)])
+    errs = []
+    for k in (24, 40, 64):
+        pot = gk.potentials.Cauchy(jnp.full(3, 0.7), 0.1, num_points=k)
+        got = np.asarray(jax.jit(lambda a, b: pot.expected_log_phi(a, b))(m, s2))
+        errs.append(np.max(np.abs(got - ref) / np.maximum(1, np.abs(ref))))
+    assert errs[0] > errs[1] > errs[2]
+    assert errs[2] < 1e-10 and errs[0] > 1e-8
+
+
+def test_gauss_hermite_is_exact_for_polynomials():
+    """E[x^4] = m^4 + 6 m^2 s^2 + 3 s^4 and E[x^3] = m^3 + 3 m s^2, by the 8-node rule (degree < 16)."""
+    pot = gk.potentials.Custom(lambda x: x ** 4 - 2 * x ** 3, num_points=8)
+    m = jnp.array([-1.3, 0.0, 2.0])
+    s2 = jnp.array([0.5, 2.0, 0.0])
+    exact = (m ** 4 + 6 * m ** 2 * s2 + 3 * s2 ** 2) - 2 * (m ** 3 + 3 * m * s2)
+    np.testing.assert_allclose(jax.jit(lambda m, s2: pot.expected_log_phi(m, s2))(m, s2), exact, rtol=1e-13, atol=1e-13)
+    # Stein identities on the same rule: dI/dm = E[f'], dI/ds2 = E[f'']/2
+    dm, ds2 = jax.jit(jax.grad(lambda a, b: jnp.sum(pot.expected_log_phi(a, b)), argnums=(0, 1)))(m, s2)
+    np.testing.assert_allclose(dm, 4 * (m ** 3 + 3 * m * s2) - 6 * (m ** 2 + s2), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(ds2, 0.5 * (12 * (m ** 2 + s2) - 12 * m), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["logistic", "student_t"])
+def test_smooth_down_to_zero_variance(name):
+    """At s^2 = 0 the value is f(m), dI/dm = f'(m) and dI/ds^2 = f''(m)/2 (finite: no 1/s from the chain rule);
+    second derivatives exist there too, and I is continuous as s^2 -> 0."""
+    pot = POTENTIALS[name][0]()
+    f, d1, d2 = _log_phi_derivatives(pot)
+    value = lambda m, s2: jnp.sum(pot.expected_log_phi(m, s2))
+
+    @jax.jit
+    def everything(m, s2):
+        return value(m, s2), jax.grad(value, argnums=(0, 1))(m, s2), jax.hessian(value, argnums=(0, 1))(m, s2)
+
+    m = jnp.array([0.3])
+    v0, (dm, ds2), hess = everything(m, jnp.zeros(1))
+    np.testing.assert_allclose(v0, f(m)[0], rtol=1e-14)
+    np.testing.assert_allclose(dm, d1(m), rtol=1e-12)
+    np.testing.assert_allclose(ds2, 0.5 * d2(m), rtol=1e-12)
+    assert all(np.all(np.isfinite(np.asarray(h))) for row in hess for h in row)
+    for s2 in (1e-12, 1e-8, 1e-4):
+        approx = float(f(m)[0]) + 0.5 * s2 * float(d2(m)[0])
+        assert abs(float(everything(m, jnp.array([s2]))[0]) - approx) < 1e-14 + s2 ** 2
+
+
+def test_feature_rule_derivatives_are_consistent_with_its_values():
+    """The rule is smooth in (m, s^2): central differences of I agree with the custom-JVP derivatives."""
+    pot = gk.potentials.Probit(jnp.ones(4))
+    m = jnp.array([-3.0, 0.2, 2.5, 40.0])
+    s2 = jnp.array([0.04, 9.0, 400.0, 100.0])
+    value = jax.jit(lambda m, s2: jnp.sum(pot.expected_log_phi(m, s2)))
+    dm, ds2 = jax.jit(jax.grad(value, argnums=(0, 1)))(m, s2)
+    h = 1e-5
+    for i in range(4):
+        e = jnp.zeros(4).at[i].set(h)
+        fd_m = (value(m + e, s2) - value(m - e, s2)) / (2 * h)
+        fd_s = (value(m, s2 + e * s2[i]) - value(m, s2 - e * s2[i])) / (2 * h * s2[i])
+        assert abs(fd_m - dm[i]) < 1e-7 * max(1, abs(dm[i]))
+        assert abs(fd_s - ds2[i]) < 1e-6 * max(1, abs(ds2[i]))
+
+
+def test_feature_rule_weights_are_a_normalised_rule_for_the_gaussian():
+    """Nodes and weights integrate 1, x and x^2 against N(m, s^2) for every regime (near, far, s = 0)."""
+    m = jnp.array([0.0, 3.0, -50.0, 1e3, 0.1])
+    s2 = jnp.array([1.0, 1e4, 4.0, 1.0, 0.0])
+    x, w = jax.jit(lambda m, s2: _quadrature.feature_rule(m, s2, 0.0, 1.0, 64))(m, s2)
+    assert x.shape == (5, 64) and w.shape == (5, 64)
+    assert np.all(np.asarray(w) >= 0)
+    np.testing.assert_allclose(jnp.sum(w, -1), 1.0, rtol=1e-14)
+    np.testing.assert_allclose(jnp.sum(w * x, -1), m, rtol=1e-12, atol=1e-9)
+    np.testing.assert_allclose(jnp.sum(w * (x - m[:, None]) ** 2, -1), s2, rtol=1e-10, atol=1e-12)
+
+
+def test_float32_rule_is_finite_and_accurate_to_float32():
+    pot = gk.potentials.Logistic(jnp.ones(3, jnp.float32))
+    m = jnp.array([0.0, 5.0, -2.0], jnp.float32)
+    s2 = jnp.array([100.0, 1.0, 0.0], jnp.float32)
+    out = jax.jit(lambda m, s2: pot.expected_log_phi(m, s2))(m, s2)
+    assert out.dtype == jnp.float32
+    f = lambda x: np.asarray(jax.nn.log_sigmoid(jnp.asarray(x, jnp.float64)))
+    ref = [reference_expectation(f, float(a), float(np.sqrt(b))) for a, b in zip(m, s2)]
+    np.testing.assert_allclose(np.asarray(out), ref, rtol=1e-5)
+
+
+def test_num_points_validated():
+    with pytest.raises(ValueError, match="num_points"):
+        gk.potentials.Logistic(jnp.ones(2), num_points=1)
+    with pytest.raises(ValueError, match="num_points"):
+        _quadrature.hermite_rule(0)
+    with pytest.raises(ValueError, match="center and width"):
+        gk.potentials.Custom(lambda x: -x ** 2, center=0.0)
+    with pytest.raises(ValueError, match="width"):
+        gk.potentials.Custom(lambda x: -x ** 2, center=0.0, width=-1.0)
