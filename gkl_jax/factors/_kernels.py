@@ -163,7 +163,16 @@ def precision_trace(model, curvatures):
 
 
 def orthonormal(X):
-    """Q with orthonormal columns spanning X (QR, signs fixed so that diag(R) >= 0: continuous in X)."""
-    Q, R = jnp.linalg.qr(X)
-    sign = jnp.where(jnp.diagonal(R) < 0, -1.0, 1.0).astype(Q.dtype)
-    return Q * sign
+    """Q with orthonormal columns spanning X (D, M): shifted Cholesky QR followed by two Cholesky QR passes
+    (shiftedCholeskyQR3, Fukaya et al. 2020): matrix products and M x M Cholesky factors only, stable for any
+    numerically full-rank X (jaxlib's LAPACK QR is ~50x slower than this on CPU). diag(R) > 0, so Q is continuous
+    in X."""
+    D, M = X.shape
+    eye = jnp.eye(M, dtype=X.dtype)
+
+    def cholesky_qr(X, shift):
+        R = jnp.linalg.cholesky(X.T @ X + shift * eye).T
+        return jax.scipy.linalg.solve_triangular(R, X.T, trans="T", lower=False).T
+
+    shift = 11 * (D * M + M * (M + 1)) * jnp.finfo(X.dtype).eps * jnp.sum(jnp.square(X))
+    return cholesky_qr(cholesky_qr(cholesky_qr(X, shift), 0.0), 0.0)
