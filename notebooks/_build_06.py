@@ -113,7 +113,7 @@ is_probs = np.asarray(mc.importance_predictive(jax.random.PRNGKey(0), K, Y, clf.
 for j, x in enumerate(Xs):
     print(f"x = {x}:")
     for c in range(C):
-        print(f"   {clf.classes_[c]:>9}: eq. 24 bound {lower[j, c]:.3f} <= IS {is_probs[j, c]:.3f};  "
+        print(f"   {clf.classes_[c]:>9}: eq. 24 bound {lower[j, c]:.3f}, IS {is_probs[j, c]:.3f},  "
               f"eq. 25 {renorm[j, c]:.3f}")"""),
     ("md", """## Bounds on $\\log p(y)$
 
