@@ -82,7 +82,7 @@ for name, factor in [("Full", gk.factors.Full()), ("Diagonal", gk.factors.Diagon
           f"test log-lik: {np.mean(np.log(p)):.3f}   ({seconds:.1f} s incl. JIT compilation)")"""),
     ("md", """The Full factor family contains the diagonal one, so its optimal bound is higher. The mean-field
 (Diagonal) fit cannot represent the correlations between weights and underestimates the marginal
-variances: below, every Diagonal marginal sd lies under the diagonal line."""),
+variances: below, the Diagonal marginal sds fall under the dashed diagonal line."""),
     ("code", """fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(13, 4), gridspec_kw={"width_ratios": [3, 1]})
 index = np.arange(model.dim)
 for offset, (name, res) in zip((-0.2, 0.2), results.items()):

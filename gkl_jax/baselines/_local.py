@@ -36,8 +36,8 @@ def local(model, *, tol: float | None = None, max_steps: int = 1000) -> Result:
     """Maximise the local variational lower bound on log Z over the site-bound parameters xi.
 
     Returns a `Result` with q = N(A^{-1} b, A^{-1}) (a Full factor), `log_z` = B(xi) (a guaranteed lower bound,
-    `is_bound=True`), `history` the bound after each EM step. Stops when the bound changes by less than
-    tol * (1 + |B|) (default 1e-10 in float64) or after `max_steps`. Raises ValueError for potentials without a
+    `is_bound=True`), `history` the best bound after each evaluation. Stops when the bound changes by less than
+    tol * (1 + |B|) (default 1e-10 in float64) or after `max_steps` evaluations. Raises ValueError for potentials without a
     tight exponentiated-quadratic bound (Poisson, Custom).
     """
     C.check_model(model, "local")

@@ -109,7 +109,7 @@ class _Progress:
 def sequential(base_model: Model, measure: Callable, M0, y0, noise_variance, *, steps: int, per_step: int = 3,
                infer: Optional[Callable] = None, factor: Optional[AbstractFactor] = None, design="free",
                q0: Optional[Gaussian] = None, callback: Optional[Callable] = None, progress: bool = True,
-               key=None, num_vectors: Optional[int] = None) -> SequentialDesign:
+               key=None, num_vectors: Optional[int] = None, pad: bool = True) -> SequentialDesign:
     """Run the sequential design loop (module doc) and return a `SequentialDesign`.
 
     - `base_model`: the model without the measurements (e.g. `Model(None, Sites(B, Laplace(0, tau)))`);
@@ -120,7 +120,10 @@ def sequential(base_model: Model, measure: Callable, M0, y0, noise_variance, *, 
       `infer=lambda model, q0: gk.ep(model, power=0.9)`;
     - `design`: "free" (greedy leading eigenvectors of S, `optimal_directions`), "random" (random unit rows), or
       a candidate pool (a (P, D) array or an operator whose rows are the candidates; `greedy_selection`);
-    - `callback(step: DesignStep)`: called after every fit; `progress`: print a progress line per step.
+    - `callback(step: DesignStep)`: called after every fit; `progress`: print a progress line per step;
+    - `pad`: pad the measurements to their final count with inert zero rows (module doc) so that the fit compiles
+      once; pass False for inference methods that cannot take zero rows (a site with zero projected variance),
+      at the price of one compilation per step.
     """
     if not isinstance(base_model, Model):
         raise ValueError(f"base_model must be a gkl_jax.Model, got {type(base_model).__name__}")
@@ -157,7 +160,8 @@ def sequential(base_model: Model, measure: Callable, M0, y0, noise_variance, *, 
     bar = _Progress(steps, progress)
     records, q = [], q0
     for t in range(steps + 1):
-        model = Model(base_model.prior, (padded_measurement_sites(M, y, v2, capacity),) + base_model.sites)
+        n_rows = capacity if pad else M.shape[0]
+        model = Model(base_model.prior, (padded_measurement_sites(M, y, v2, n_rows),) + base_model.sites)
         start = time.perf_counter()
         res = infer(model, q)
         if not isinstance(res, Result):
