@@ -6,6 +6,9 @@ Problems
   (the paper's stopping rule); the paper's Matlab times (Intel E5450, 8 cores) are printed beside ours.
 - A 10^6-site logistic regression (D = 100): Diagonal and Chevron(rows=10), full-batch Newton and the minibatch
   fit (`gk.stochastic.fit_minibatch`, batch 8192, max(2 epochs, 300 steps)).
+- A batch of 256 logistic regressions (D = 50, N = 500, Full and Diagonal factors): one vmapped program
+  (`gk.distributed.fit_batched`) against a Python loop of `gk.fit` calls (the target is a >= 20x ratio, which a
+  2-core CPU cannot show: there the loop is compute-bound, see benchmarks/RESULTS_scale.md).
 
 For each problem and dtype (float32 and float64) it reports the bound+gradient evaluations per second (jit of
 value_and_grad at the starting q, best of 5 after a warm-up), the fit's wall time (second call, so compilation
@@ -95,6 +98,29 @@ def run_problem(dim, num, factor, dtype, *, minibatch=None):
     return row
 
 
+def run_vmap(num_models, dim, num, factor, dtype):
+    """Python loop of warm gk.fit calls vs one gk.distributed.fit_batched program (second call)."""
+    import jax
+    import numpy as np
+
+    import gkl_jax as gk
+
+    models = [_model(dim, num, seed, dtype) for seed in range(num_models)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        gk.fit(models[0], factor)
+        t0 = time.perf_counter()
+        loop = jax.block_until_ready([gk.fit(m, factor).log_z for m in models])
+        t_loop = time.perf_counter() - t0
+        stacked = gk.distributed.stack_models(models)
+        t_vmap, res = _timed(lambda m: gk.distributed.fit_batched(m, factor), stacked)
+    label = type(factor).__name__
+    return {"models": num_models, "D": dim, "N": num, "factor": label, "dtype": dtype.__name__, "loop_s": t_loop,
+            "vmap_s": t_vmap, "speedup": t_loop / t_vmap,
+            "max_abs_log_z_diff": float(np.max(np.abs(np.asarray(res.log_z) - np.asarray(loop)))),
+            "load": round(os.getloadavg()[0], 2)}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--small", action="store_true", help="tiny sizes for a CPU smoke run")
@@ -135,6 +161,16 @@ def main():
             print(f"| {dim} | {num} | {row['factor']} | {name} | {row['evals_per_s']:.1f} | {row['fit_s']:.3f} | "
                   f"{row['steps']}{'' if row['converged'] else ' (not converged)'} | {row['bound_per_site']:.3f} | "
                   f"{paper if paper is not None else '-'} | {row['load']} |{extra}", flush=True)
+    print("| models | D | N | factor | dtype | loop s | vmap s | ratio | max abs log Z diff | load |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    results["vmap"] = []
+    for name in dtypes:
+        for factor in (gk.factors.Full(), gk.factors.Diagonal()):
+            row = run_vmap(*((16, 10, 100) if args.small else (256, 50, 500)), factor, getattr(np, name))
+            results["vmap"].append(row)
+            print(f"| {row['models']} | {row['D']} | {row['N']} | {row['factor']} | {name} | {row['loop_s']:.3f} | "
+                  f"{row['vmap_s']:.3f} | x{row['speedup']:.1f} | {row['max_abs_log_z_diff']:.1e} | {row['load']} |",
+                  flush=True)
     results["wall_s"] = time.perf_counter() - start
     os.makedirs(OUT, exist_ok=True)
     with open(os.path.join(OUT, "gpu_small.json" if args.small else "gpu.json"), "w") as f:

@@ -288,7 +288,7 @@ def main(argv=None):
         print(json.dumps(results["memory"]), flush=True)
     else:
         cells = ([(100, 50, 5)] if args.quick else
-                 [(D, int(round(s * D)), int(round(k * D))) for D in args.dims for s in args.sizes for k in args.ks])
+                 [(D, int(s * D + 0.5), int(k * D + 0.5)) for D in args.dims for s in args.sizes for k in args.ks])
         repeats = 2 if args.quick else args.repeats
         chosen = args.factors or (["chevron", "diagonal"] if args.quick else
                                   ["chevron", "banded", "subspace", "fa", "diagonal", "full"])

@@ -234,3 +234,16 @@ def test_log_concavity_flags():
 def test_bad_inputs_raise_value_error_naming_the_argument(make, arg):
     with pytest.raises(ValueError, match=arg):
         make()
+
+
+@pytest.mark.parametrize("name", ["gaussian", "laplace", "poisson", "logistic", "probit", "custom"])
+def test_expected_log_phi_is_concave_in_m_and_s_for_log_concave_potentials(name):
+    """I(m, s) = E[log phi(m + s z)] is an average of concave functions of the affine map (m, s) -> m + s z, so
+    its Hessian in (m, s) (s, not s^2) is negative semi-definite: the one-site core of papers/000 Sec. 3.2."""
+    pot = _all_potentials(1)[name]
+    value = lambda th: jnp.sum(pot.expected_log_phi(th[:1], th[1:] ** 2))
+    hessian = jax.jit(jax.hessian(value))
+    rng = np.random.default_rng(7)
+    for m, s in zip(rng.normal(scale=3, size=6), rng.uniform(0.05, 4, size=6)):
+        eig = np.linalg.eigvalsh(np.asarray(hessian(jnp.array([m, s]))))
+        assert eig.max() <= 1e-10 * max(1.0, np.abs(eig).max()), (name, m, s, eig)

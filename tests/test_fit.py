@@ -1,0 +1,243 @@
+"""`gk.fit`: exactness on Gaussian models, agreement of the solvers, envelope and implicit derivatives against
+finite differences of re-optimised fits, jit/vmap behaviour, float32, and input validation."""
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from helpers import central_difference, gaussian_log_evidence
+
+import gkl_jax as gk
+from gkl_jax import _fit
+
+
+def _gaussian_data(seed, D, N):
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=(N, D)), rng.normal(size=N), rng.uniform(0.3, 1.5, size=N), rng
+
+
+def test_exact_on_gaussian_model_with_isotropic_prior():
+    H, y, noise, _ = _gaussian_data(0, 4, 7)
+    model = gk.Model(gk.priors.Isotropic(4, 1.7), gk.Sites(H, gk.potentials.Gaussian(y, noise)))
+    log_z, mean, cov = gaussian_log_evidence(H, y, noise, 1.7 * np.eye(4))
+    res = gk.fit(model)
+    assert bool(res.converged)
+    assert abs(float(res.log_z) - log_z) < 1e-8
+    np.testing.assert_allclose(res.q.mean, mean, atol=1e-8)
+    np.testing.assert_allclose(res.q.covariance(), cov, atol=1e-8)
+    np.testing.assert_allclose(res.q.marginal_variances(), np.diag(cov), atol=1e-8)
+    assert abs(float(gk.bound(model, res.q)) - float(res.log_z)) < 1e-10
+
+
+def test_exact_on_gaussian_model_with_diagonal_prior_offsets_and_mean():
+    """Diagonal prior with a mean; one group with per-site offsets (y - offset is what the data sees)."""
+    H, y, noise, rng = _gaussian_data(1, 4, 7)
+    v = rng.uniform(0.5, 2.0, size=4)
+    mu = rng.normal(size=4)
+    off = rng.normal(size=7)
+    model = gk.Model(gk.priors.Diagonal(v, mean=mu), gk.Sites(H, gk.potentials.Gaussian(y, noise), offset=off))
+    log_z, mean, cov = gaussian_log_evidence(H, y - off, noise, np.diag(v), mu)
+    res = gk.fit(model)
+    assert abs(float(res.log_z) - log_z) < 1e-8
+    np.testing.assert_allclose(res.q.mean, mean, atol=1e-8)
+    np.testing.assert_allclose(res.q.covariance(), cov, atol=1e-8)
+
+
+@pytest.mark.parametrize("whiten", [False, True])
+def test_exact_on_gaussian_model_with_dense_prior_and_several_groups(whiten):
+    """Dense prior N(mu, Sigma) and two Sites groups (one with offsets, one with its own noise levels)."""
+    H, y, noise, rng = _gaussian_data(2, 4, 9)
+    A = rng.normal(size=(4, 4))
+    Sigma = A @ A.T / 4 + 0.3 * np.eye(4)
+    mu = rng.normal(size=4)
+    off = rng.normal(size=5)
+    model = gk.Model(gk.priors.Dense(Sigma, mu), [
+        gk.Sites(H[:5], gk.potentials.Gaussian(y[:5], noise[:5]), offset=off),
+        gk.Sites(H[5:], gk.potentials.Gaussian(y[5:], noise[5:])),
+    ])
+    log_z, mean, cov = gaussian_log_evidence(H, y - np.concatenate([off, np.zeros(4)]), noise, Sigma, mu)
+    res = gk.fit(model, whiten=whiten)
+    assert bool(res.converged)
+    assert abs(float(res.log_z) - log_z) < 1e-8
+    np.testing.assert_allclose(res.q.mean, mean, atol=1e-8)
+    np.testing.assert_allclose(res.q.covariance(), cov, atol=1e-8)
+
+
+def test_prior_free_model_with_an_identity_sites_group_is_exact():
+    """prior None: a Sites(None, Gaussian) group over w itself plays the prior's role (h_n = e_n)."""
+    H, y, noise, _ = _gaussian_data(3, 3, 6)
+    model = gk.Model(None, [gk.Sites(None, gk.potentials.Gaussian(jnp.zeros(3), 2.0)),
+                            gk.Sites(H, gk.potentials.Gaussian(y, noise))])
+    log_z, mean, cov = gaussian_log_evidence(H, y, noise, 2.0 * np.eye(3))
+    res = gk.fit(model)
+    assert abs(float(res.log_z) - log_z) < 1e-8
+    np.testing.assert_allclose(res.q.covariance(), cov, atol=1e-8)
+
+
+def _logistic(seed=0, D=2, N=8, variance=2.0):
+    """The same shapes as tests/test_bound.py's 2-D logistic model, so the compiled fit is shared."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(N, D)) * 1.5
+    w = rng.normal(size=D)
+    y = np.where(rng.uniform(size=N) < 1 / (1 + np.exp(-X @ w)), 1.0, -1.0)
+    return X, y
+
+
+def _logistic_model(X, y, variance=2.0):
+    return gk.Model(gk.priors.Isotropic(X.shape[1], variance), gk.Sites(X, gk.potentials.Logistic(y)))
+
+
+def test_solvers_agree_on_a_logistic_model():
+    X, y = _logistic()
+    model = _logistic_model(X, y)
+    results = {name: gk.fit(model, solver=name) for name in ("fixed-point", "newton", "lbfgs")}
+    results["optax"] = gk.fit(model, solver=optax.adam(0.05), tol=1e-5)
+    ref = results["fixed-point"]
+    assert bool(ref.converged)
+    for name, res in results.items():
+        assert bool(res.converged), name
+        tol = 1e-8 if name != "optax" else 1e-7
+        assert abs(float(res.log_z) - float(ref.log_z)) < tol, name
+        np.testing.assert_allclose(res.q.mean, ref.q.mean, atol=1e-5 if name != "optax" else 1e-4)
+    # the fixed point never lets the bound decrease; history is NaN after the last step
+    hist = np.asarray(ref.history)
+    k = int(ref.num_steps)
+    assert np.all(np.diff(hist[: k + 1]) >= -1e-12) and np.all(np.isnan(hist[k + 1:]))
+    assert abs(hist[k] - float(ref.log_z)) < 1e-10
+
+
+def test_full_factor_beats_diagonal_and_warm_start_is_faster():
+    X, y = _logistic()
+    model = _logistic_model(X, y)
+    full = gk.fit(model)
+    diag = gk.fit(model, gk.factors.Diagonal())
+    assert bool(diag.converged)
+    assert float(full.log_z) > float(diag.log_z)
+    again = gk.fit(model, q0=full.q)
+    assert int(again.num_steps) <= 1 and abs(float(again.log_z) - float(full.log_z)) < 1e-10
+
+
+def test_log_z_gradient_is_the_envelope_derivative():
+    """d log_z / d theta (theta: prior variance and the entries of H) through fit equals central differences of
+    the re-optimised bound (tol 1e-10 so the optimisation error is below the FD error)."""
+    X, y = _logistic()
+
+    def log_z(theta, tol=1e-10):
+        model = _logistic_model(theta[1:].reshape(X.shape), y, variance=theta[0])
+        return gk.fit(model, tol=tol).log_z
+
+    theta = np.concatenate([[2.0], X.ravel()])
+    grad = np.asarray(jax.grad(lambda t: log_z(t, tol=1e-6))(jnp.asarray(theta)))
+    fd = central_difference(lambda t: log_z(jnp.asarray(t)), theta, eps=1e-5)
+    np.testing.assert_allclose(grad, fd, rtol=1e-5, atol=1e-6)
+
+
+def test_log_z_gradient_is_exact_on_a_gaussian_model():
+    """d log_z / d(prior variance, noise variance) through fit equals the analytic derivative of
+    log N(y | 0, v H H^T + s I): 1/2 tr[(K^{-1} y y^T K^{-1} - K^{-1}) dK]."""
+    H, y, _, _ = _gaussian_data(4, 3, 6)
+
+    def log_z(theta):
+        model = gk.Model(gk.priors.Isotropic(3, theta[0]), gk.Sites(H, gk.potentials.Gaussian(y, theta[1])))
+        return gk.fit(model).log_z
+
+    v, s = 1.3, 0.4
+    K = v * H @ H.T + s * np.eye(6)
+    Ki = np.linalg.inv(K)
+    a = Ki @ y
+    exact = [0.5 * np.trace((np.outer(a, a) - Ki) @ (H @ H.T)), 0.5 * np.trace(np.outer(a, a) - Ki)]
+    np.testing.assert_allclose(jax.grad(log_z)(jnp.array([v, s])), exact, rtol=1e-8)
+
+
+def test_mean_jacobian_is_the_implicit_derivative():
+    """d q.mean / d theta (prior variance, one row of H) through fit (implicit function theorem) equals central
+    differences of the re-optimised mean."""
+    X, y = _logistic()
+
+    def mean(theta, tol=1e-10):
+        H = jnp.asarray(X).at[0].set(theta[1:])
+        return gk.fit(_logistic_model(H, y, variance=theta[0]), tol=tol).q.mean
+
+    theta = np.concatenate([[2.0], X[0]])
+    jac = np.asarray(jax.jacfwd(lambda t: mean(t, tol=1e-6))(jnp.asarray(theta)))
+    for i in range(2):
+        fd = central_difference(lambda t: mean(jnp.asarray(t))[i], theta, eps=1e-5)
+        np.testing.assert_allclose(jac[i], fd, rtol=1e-5, atol=1e-6)
+
+
+def test_refitting_new_data_of_the_same_shapes_does_not_retrace():
+    X, y = _logistic(seed=10)
+    gk.fit(_logistic_model(X, y))
+    before = _fit.TRACE_COUNT["fit"]
+    for seed in (11, 12):
+        X2, y2 = _logistic(seed=seed)
+        res = gk.fit(_logistic_model(X2, y2, variance=1.5))
+        assert bool(res.converged)
+    assert _fit.TRACE_COUNT["fit"] == before
+
+
+def test_vmap_over_fit_matches_separate_fits():
+    X, _ = _logistic()
+    labels = np.stack([_logistic(seed=s)[1] for s in (20, 21, 22)])
+    batched = jax.vmap(lambda y: gk.fit(_logistic_model(X, y)).log_z)(jnp.asarray(labels))
+    single = [float(gk.fit(_logistic_model(X, y)).log_z) for y in labels]
+    np.testing.assert_allclose(batched, single, rtol=1e-10)
+
+
+def test_float32_fit_converges_with_the_default_float32_tolerance():
+    X, y = _logistic()
+    X32, y32 = jnp.asarray(X, jnp.float32), jnp.asarray(y, jnp.float32)
+    model = gk.Model(gk.priors.Isotropic(2, jnp.float32(2.0)), gk.Sites(X32, gk.potentials.Logistic(y32)))
+    for factor in (gk.factors.Full(), gk.factors.Diagonal()):
+        res = gk.fit(model, factor)
+        assert res.log_z.dtype == jnp.float32 and res.q.mean.dtype == jnp.float32
+        assert bool(res.converged)
+        ref = gk.fit(_logistic_model(X, y), factor)
+        assert abs(float(res.log_z) - float(ref.log_z)) < 1e-4 * abs(float(ref.log_z))
+    assert _fit.default_tol(jnp.float32) == 1e-3
+
+
+def test_too_few_steps_reports_not_converged_with_a_warning_and_no_nan():
+    X, y = _logistic()
+    model = _logistic_model(X, y)
+    for solver in ("fixed-point", "newton"):
+        with pytest.warns(UserWarning, match="without reaching"):
+            res = gk.fit(model, solver=solver, max_steps=1)
+        assert not bool(res.converged) and int(res.num_steps) == 1
+        assert np.isfinite(float(res.log_z)) and np.all(np.isfinite(np.asarray(res.q.mean)))
+        assert np.all(np.isfinite(np.asarray(res.q.covariance())))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        gk.fit(model)           # converged: no warning
+
+
+def test_bad_arguments_raise_value_error():
+    X, y = _logistic()
+    model = _logistic_model(X, y)
+    with pytest.raises(ValueError, match="solver"):
+        gk.fit(model, solver="gradient-descent")
+    with pytest.raises(ValueError, match="solver"):
+        gk.fit(model, solver=3)
+    t_model = gk.Model(gk.priors.Isotropic(2, 1.0), gk.Sites(X, gk.potentials.StudentT(y, 3.0)))
+    with pytest.raises(ValueError, match="log-concave"):
+        gk.fit(t_model, solver="fixed-point")
+    with pytest.raises(ValueError, match="tol"):
+        gk.fit(model, tol=0.0)
+    with pytest.raises(ValueError, match="max_steps"):
+        gk.fit(model, max_steps=0)
+    with pytest.raises(ValueError, match="model"):
+        gk.fit("not a model")
+    with pytest.raises(ValueError, match="factor"):
+        gk.fit(model, factor="full")
+    with pytest.raises(ValueError, match="whiten"):
+        gk.fit(gk.Model(None, gk.Sites(X, gk.potentials.Logistic(y))), whiten=True)
+    q0 = gk.Gaussian(jnp.zeros(2), gk.factors.Full())
+    with pytest.raises(ValueError, match="q0"):
+        gk.fit(model, q0=q0, whiten=True)
+    with pytest.raises(ValueError, match="q0"):
+        gk.fit(model, gk.factors.Diagonal(), q0=q0)
+    with pytest.raises(ValueError, match="q0"):
+        gk.fit(model, q0=gk.Gaussian(jnp.zeros(3), gk.factors.Full()))
