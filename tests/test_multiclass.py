@@ -200,6 +200,13 @@ def test_paper_fixed_point_and_newton_reach_the_same_optimum_monotonically(fitte
     assert int(post.num_steps) < int(paper.num_steps)
 
 
+def test_log_z_h_is_not_jointly_concave_in_v_and_s():
+    """Erratum to Proposition 8: -tr(S_i V_i)/2 is bilinear, so a midpoint can fall below the chord."""
+    K, Y, m, b = 100.0 * jnp.eye(2), jnp.array([[1.0, 0.0]]), jnp.zeros(2), jnp.array([[0.5, 0.5]])
+    f = lambda v, s: float(mc.log_z_h(K, Y, m, v * jnp.eye(2), b, (s * jnp.eye(2))[None]))
+    assert f(2.0, 2.0) < 0.5 * (f(1.0, 3.0) + f(3.0, 1.0)) - 0.5
+
+
 def test_fit_traces_once():
     X, labels, Y, K = _problem(seed=5)
     before = _full.TRACE_COUNT["fit_full"]

@@ -125,8 +125,9 @@ def _local_jit(model, tol, max_steps):
         params, best_params, best_sol, best_value, omega, hist, k, _, _ = state
         sol, value = solve(model, groups, params)
         ok = sol.ok & jnp.isfinite(value)
-        accept = ok & (value >= best_value)
-        done = accept & (value - best_value <= tol * (1 + jnp.abs(value)))
+        slack = tol * (1 + jnp.abs(value))
+        accept = ok & (value >= best_value - slack)  # (equal up to round-off counts as no decrease)
+        done = accept & (value - best_value <= slack)
         pick = lambda new, old: jax.tree.map(lambda a, b: jnp.where(accept, a, b), new, old)
         best_params, best_sol, best_value = pick((params, sol, value), (best_params, best_sol, best_value))
         omega = jnp.where(accept, jnp.minimum(1.5 * omega, 10.0), 1.0)

@@ -4,10 +4,12 @@ Bound (Chai 2012, Proposition 8, eq. 21), with q(f) = N(m, V) over the datum-maj
 
     log Z_h = -KL(q || p) + sum_i h(y_i; q_i, b_i, S_i)  <=  log p(y).
 
-Concavity: log Z_h is concave in m, in V, in each (b_i, S_i) (Lemma 25); it is NOT jointly concave in (V, S_i) as
-Proposition 8 states, because of the bilinear -1/2 tr(S_i V_i) (in one dimension the Hessian of
-1/2 log(s v) - s v / 2 has determinant 1/(4 s^2 v^2) - 1/4 < 0 whenever s v > 1, which holds at every optimum,
-S_i >= V_i^{-1}). The solver is therefore a monotone block-coordinate ascent; it never assumes joint concavity.
+Concavity: log Z_h is concave in m, in V, and in each (b_i, S_i) (Lemma 25), but NOT jointly concave in
+(V, S_i) as Proposition 8 states: -1/2 tr(S_i V_i) is bilinear. For one datum with K = 100 I_2, m = 0,
+b = (1/2, 1/2), the midpoint of (V, S) = (I, 3I) and (3I, I) has log Z_h = -5.364 below the chord's -4.837
+(tests/test_multiclass.py); for one latent the (s, v) Hessian is indefinite once s v > sqrt(2), and the profiled
+site bound max_S h is even convex in v. The solver is therefore a monotone block-coordinate ascent that never
+assumes joint concavity; each block (b with m, each S_i, V) is concave.
 
 Parametrisation (Sections 3.3-3.4, App. E): the mean is tied to b, m = K (y - b) (eq. 27), so alpha = K^{-1} m
 = y - b; the covariance is held in the site form V = (K^{-1} + W)^{-1} of eq. 28 with W = blockdiag(W_i), computed
