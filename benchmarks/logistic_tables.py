@@ -117,14 +117,14 @@ def test_log_likelihood(gk, q, X, y, num_points=64):
     return float(np.sum(np.log(np.sum(w * 0.5 * (1 + np.tanh(0.5 * a)), axis=1))))
 
 
-def run_cell(gk, D, N, K, factors, repeats, seed0, dtype, numpyro_budget):
+def run_cell(gk, D, N, K, factors, repeats, seed0, dtype, numpyro_budget, num_points=64):
     import jax
     import jax.numpy as jnp
 
     out = {}
     datasets = [gk.datasets.synthetic_logistic(D, N, 10 * D, seed=seed0 + r) for r in range(repeats)]
     models = [gk.Model(gk.priors.Isotropic(D, jnp.asarray(1.0, dtype)),
-                       gk.Sites(jnp.asarray(d["X_train"], dtype), gk.potentials.Logistic(jnp.asarray(d["y_train"], dtype))))
+                       gk.Sites(jnp.asarray(d["X_train"], dtype), gk.potentials.Logistic(jnp.asarray(d["y_train"], dtype), num_points=num_points)))
               for d in datasets]
     for name in factors:
         rows = []
@@ -260,6 +260,7 @@ def main(argv=None):
     p.add_argument("--full-max-dim", type=int, default=500)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--float32", action="store_true")
+    p.add_argument("--num-points", type=int, default=64, help="Gauss-Hermite points of the logistic sites")
     p.add_argument("--quick", action="store_true", help="one small cell (D=100, N=50, K=5, 2 data sets, Chevron and "
                    "Diagonal unless --factors is given)")
     p.add_argument("--memory", action="store_true", help="the D=20,000 Chevron(50) sparse-H fit; peak RSS")
@@ -280,7 +281,7 @@ def main(argv=None):
     dtype = jnp.float32 if args.float32 else jnp.float64
     header = dict(command=" ".join([os.path.basename(sys.executable)] + sys.argv), date=datetime.datetime.now().isoformat(
         timespec="seconds"), machine=f"{platform.machine()} {os.cpu_count()} cores, {platform.processor()}",
-        jax=jax.__version__, dtype=str(jnp.dtype(dtype)), loadavg_start=os.getloadavg())
+        jax=jax.__version__, dtype=str(jnp.dtype(dtype)), num_points=args.num_points, loadavg_start=os.getloadavg())
     print(json.dumps(header), flush=True)
     results = dict(header=header, cells=[])
     if args.memory:
@@ -294,7 +295,7 @@ def main(argv=None):
                                   ["chevron", "banded", "subspace", "fa", "diagonal", "full"])
         for D, N, K in cells:
             factors = [f for f in chosen if f != "full" or D <= args.full_max_dim]
-            cell = run_cell(gk, D, N, K, factors, repeats, args.seed, dtype, args.numpyro)
+            cell = run_cell(gk, D, N, K, factors, repeats, args.seed, dtype, args.numpyro, args.num_points)
             results["cells"].append(dict(D=D, N=N, K=K, load=os.getloadavg(), factors=cell))
     results["header"]["loadavg_end"] = os.getloadavg()
     if args.json:

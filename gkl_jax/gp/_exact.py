@@ -14,6 +14,7 @@ regression, H = I) and through the D x D posterior precision (Woodbury, the matr
 G-KL fixed point produces it.
 """
 
+import equinox as eqx
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 
@@ -53,6 +54,15 @@ def exact(model: Model) -> Result:
         raise ValueError("exact inference needs a Gaussian prior (model.prior is None)")
     if not model.sites:
         raise ValueError("exact inference needs at least one Sites group")
+    for i, s in enumerate(model.sites):
+        if not isinstance(s.potential, GaussianLik):
+            raise ValueError(f"exact inference needs Gaussian potentials; sites[{i}] has "
+                             f"{type(s.potential).__name__}")
+    return _exact_jit(model)
+
+
+@eqx.filter_jit
+def _exact_jit(model):
     prior = model.prior
     H, y, offset, v, extra = _stacked(model)
     N, D = H.shape

@@ -58,6 +58,11 @@ class Prediction(eqx.Module):
 
 def latent(q: Gaussian, prior: GP, X_new, mean_new=None):
     """(mu_*, s2_*) of the latent predictive at the rows of X_new (App. F.1)."""
+    X_new = _check_inputs(q, prior, X_new)
+    return _latent(q, prior, X_new, _mean_at(prior, X_new.shape[0], mean_new, X_new.dtype))
+
+
+def _check_inputs(q, prior, X_new):
     if not isinstance(prior, GP):
         raise ValueError(f"prior must be a gkl_jax.priors.GP, got {type(prior).__name__}")
     if q.dim != prior.dim:
@@ -68,9 +73,12 @@ def latent(q: Gaussian, prior: GP, X_new, mean_new=None):
     if X_new.ndim != 2 or X_new.shape[1] != prior.X.shape[1]:
         raise ValueError(f"X_new must have shape (n, {prior.X.shape[1]}), got {X_new.shape}")
     check_finite(X_new, "X_new")
+    return X_new
+
+
+def _latent(q, prior, X_new, mu_new):
     K_xs = prior.cross_covariance(X_new)                          # (n, n_new)
     A = prior.solve(K_xs)                                         # Sigma^{-1} k_*, columns
-    mu_new = _mean_at(prior, X_new.shape[0], mean_new, K_xs.dtype)
     mean = mu_new + A.T @ (q.mean - prior.mean)
     explained = jnp.sum(K_xs * A, axis=0)                         # k_*^T Sigma^{-1} k_*
     posterior = q.factor.project_variances(DenseOperator(A.T, "X_new"))  # ||C a_*||^2
@@ -99,14 +107,22 @@ def predict(result, prior: GP, X_new, likelihood: Optional[AbstractPotential] = 
     q = result.q if isinstance(result, Result) else result
     if not isinstance(q, Gaussian):
         raise ValueError(f"result must be a gkl_jax.Result or Gaussian, got {type(result).__name__}")
-    mean, variance = latent(q, prior, X_new, mean_new)
+    X_new = _check_inputs(q, prior, X_new)
+    mu_new = _mean_at(prior, X_new.shape[0], mean_new, X_new.dtype)
+    if likelihood is not None:
+        if not isinstance(likelihood, AbstractPotential):
+            raise ValueError(f"likelihood must be a gkl_jax.potentials potential, got {type(likelihood).__name__}")
+        n = likelihood.num_sites
+        if n is not None and n != X_new.shape[0]:
+            raise ValueError(f"likelihood has data for {n} test points but X_new has {X_new.shape[0]} rows")
+    return _predict_jit(q, prior, X_new, mu_new, likelihood, int(num_points))
+
+
+@eqx.filter_jit
+def _predict_jit(q, prior, X_new, mu_new, likelihood, num_points):
+    mean, variance = _latent(q, prior, X_new, mu_new)
     if likelihood is None:
         return Prediction(mean, variance)
-    if not isinstance(likelihood, AbstractPotential):
-        raise ValueError(f"likelihood must be a gkl_jax.potentials potential, got {type(likelihood).__name__}")
-    n = likelihood.num_sites
-    if n is not None and n != mean.shape[0]:
-        raise ValueError(f"likelihood has data for {n} test points but X_new has {mean.shape[0]} rows")
     log_density = log_predictive_density(likelihood, mean, variance, num_points=num_points)
     probability = class_probability(likelihood, mean, variance, num_points=num_points)
     y_variance = _y_variance(likelihood, variance)

@@ -48,6 +48,17 @@ def _safe_sqrt(r2):
     return jnp.where(positive, jnp.sqrt(jnp.where(positive, r2, 1.0)), 0.0)
 
 
+@eqx.filter_jit
+def _gram(kernel, X1, X2):
+    """K[i, j] = k(X1[i], X2[j]) by a double vmap, compiled once per kernel structure and shapes."""
+    return jax.vmap(lambda a: jax.vmap(lambda b: kernel(a, b))(X2))(X1)
+
+
+@eqx.filter_jit
+def _diag(kernel, X):
+    return jax.vmap(lambda a: kernel(a, a))(X)
+
+
 class AbstractKernel(eqx.Module):
     """k(x, x') on single points of shape (d,); `gram` and `diag` vectorise it."""
 
@@ -62,13 +73,13 @@ class AbstractKernel(eqx.Module):
         if X1.shape[1] != X2.shape[1]:
             raise ValueError(f"X1 has {X1.shape[1]} input dimensions but X2 has {X2.shape[1]}")
         self.check_dim(X1.shape[1])
-        return jax.vmap(lambda a: jax.vmap(lambda b: self(a, b))(X2))(X1)
+        return _gram(self, X1, X2)
 
     def diag(self, X):
         """k(x_n, x_n) for every row of X, shape (n,)."""
         X = _points(X, "X")
         self.check_dim(X.shape[1])
-        return jax.vmap(lambda a: self(a, a))(X)
+        return _diag(self, X)
 
     def check_dim(self, d: int) -> None:
         """Raise ValueError if the kernel's ARD parameters do not fit inputs of dimension d."""
