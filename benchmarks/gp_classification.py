@@ -168,8 +168,8 @@ def peer(args):
             return gk.gp.model(kernel, self.X, gk.potentials.Logistic(self.y))
 
     print(f"\n## peer: sklearn GaussianProcessClassifier (Laplace, own ML-II) vs G-KL ML-II (logistic, SE)")
-    print(f"{'data':12s} {'sk time s':>10s} {'sk test ll':>10s} {'sk err':>7s} {'ours time s':>11s} {'ours test ll':>12s}"
-          f" {'ours err':>8s} {'ours conv':>9s}")
+    print(f"{'data':12s} {'sk time s':>10s} {'sk test ll':>10s} {'sk err':>7s} {'ours time s':>11s} "
+          f"{'ours test ll':>12s} {'ours err':>8s} {'ours conv':>9s}")
     for ds in args.datasets:
         Xtr, ytr, Xte, yte = split(ds)
         t0 = time.perf_counter()

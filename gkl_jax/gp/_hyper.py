@@ -8,10 +8,11 @@ returning a `Result`: `gk.fit` (G-KL), `gp.exact`, or the baselines `gk.laplace`
 For G-KL the gradient is the envelope theorem (App. F.2, eq. 24): at the optimum (m*, C*) of the bound,
 
     dB/dtheta = d/dtheta B(theta; m, C) |_{(m, C) = (m*, C*)}
-              = -1/2 tr(Sigma^{-1} dSigma) + 1/2 m^T Sigma^{-1} dSigma Sigma^{-1} m + 1/2 tr(C Sigma^{-1} dSigma Sigma^{-1} C^T)
-                + (likelihood-parameter terms),
+              = -1/2 tr(Sigma^{-1} dSigma) + 1/2 m^T Sigma^{-1} dSigma Sigma^{-1} m
+                + 1/2 tr(C Sigma^{-1} dSigma Sigma^{-1} C^T) + (likelihood-parameter terms),
 
 which is what differentiating `Result.log_z` gives (`fit` evaluates the bound at a stop-gradient optimum).
+For the other methods the gradient is whatever their `log_z` provides (exact: closed form).
 Each inner fit is warm-started at the previous optimum (q0), so after the first few outer steps an inner fit
 costs a few iterations. The outer optimiser is L-BFGS (the direction from `optax.scale_by_lbfgs`, an Armijo
 backtracking line search that treats a failed inner fit as a rejected step) or any `optax.GradientTransformation`

@@ -220,10 +220,14 @@ def ppa(kernel: AbstractKernel, X, y, *, noise=1.0, corrected: bool = True, like
         e_sweeps: int = 20, learn_noise: bool = True, jitter: float = 1e-6) -> PPAResult:
     """Fit PPA GP classification with hyperparameter learning (Algorithm 1) and the standard or the
     KL-corrected M-step; `noise` is the initial v = 1 / beta. Each E-step makes up to `e_sweeps` sweeps of q
-    updates (both schemes alike). With `learn_noise=False` v stays fixed: the exact marginal likelihood depends on
-    (K, v) only through K / (1 + v) (notes B1), so learning both lets them drift together slowly. Stops when the monitored bound (L' if
-    `corrected`, else L) changes by less than `tol` between outer iterations (`converged`), or after
-    `max_iters`."""
+    updates (both schemes alike). With `learn_noise=False` v stays fixed: the exact marginal likelihood depends
+    on (K, v) only through K / (1 + v) (notes B1), so learning both lets them drift together slowly (the bound's
+    slack shrinks as v grows). Stops when the monitored bound (L' if `corrected`, else L) changes by less than
+    `tol` between outer iterations (`converged`), or after `max_iters`.
+
+    Caveat found in testing: L' is tight at the trivial point K -> 0 (there L' = -N log 2 = log p(y | K = 0)),
+    and on small or weakly informative data the corrected M-step can jump there from a poor initial q; start
+    from a kernel amplitude that is not small relative to v."""
     if not isinstance(kernel, AbstractKernel):
         raise ValueError(f"kernel must be a gkl_jax.kernels kernel, got {type(kernel).__name__}")
     X = as_float_array(X, "X")
