@@ -128,7 +128,8 @@ def run_one(name, method, lik, data, scale, steps):
     params = initial_params(Xtr.shape[1], lik)
     spec = (jax.tree.map(eqx.is_inexact_array, params[0]), lik == "gauss")
     hr = gk.gp.fit_hyperparameters(build, params, method=METHODS[method], filter_spec=spec, max_steps=steps,
-                                   gtol=1e-3, jit=method in ("gkl", "exact"))
+                                   gtol=1e-3, jit=method in ("gkl", "exact"),
+                                   gradient="reverse" if method in ("gkl", "exact") else "forward")
     model = build(hr.params)
     out = {"lml": float(hr.log_z), "hyper_converged": hr.converged, "inner_converged": bool(hr.result.converged),
            "steps": hr.num_steps}

@@ -124,7 +124,8 @@ def run_cell(gk, D, N, K, factors, repeats, seed0, dtype, numpyro_budget, num_po
     out = {}
     datasets = [gk.datasets.synthetic_logistic(D, N, 10 * D, seed=seed0 + r) for r in range(repeats)]
     models = [gk.Model(gk.priors.Isotropic(D, jnp.asarray(1.0, dtype)),
-                       gk.Sites(jnp.asarray(d["X_train"], dtype), gk.potentials.Logistic(jnp.asarray(d["y_train"], dtype), num_points=num_points)))
+                       gk.Sites(jnp.asarray(d["X_train"], dtype),
+                                gk.potentials.Logistic(jnp.asarray(d["y_train"], dtype), num_points=num_points)))
               for d in datasets]
     for name in factors:
         rows = []
@@ -279,8 +280,9 @@ def main(argv=None):
     import gkl_jax as gk
 
     dtype = jnp.float32 if args.float32 else jnp.float64
-    header = dict(command=" ".join([os.path.basename(sys.executable)] + sys.argv), date=datetime.datetime.now().isoformat(
-        timespec="seconds"), machine=f"{platform.machine()} {os.cpu_count()} cores, {platform.processor()}",
+    header = dict(command=" ".join([os.path.basename(sys.executable)] + sys.argv),
+                  date=datetime.datetime.now().isoformat(timespec="seconds"),
+                  machine=f"{platform.machine()} {os.cpu_count()} cores, {platform.processor()}",
         jax=jax.__version__, dtype=str(jnp.dtype(dtype)), num_points=args.num_points, loadavg_start=os.getloadavg())
     print(json.dumps(header), flush=True)
     results = dict(header=header, cells=[])

@@ -4,16 +4,17 @@
     `gk.distributed.fit_batched` (one jit(vmap(fit)) program) vs a Python loop of warm `gk.fit` calls.
 (2) sharded: N = 200,000, D = 200, Chevron(rows=20): bound+gradient and Hessian-vector-product evaluations and a
     full Newton fit (tol 1e-3, the paper's setting) on 4 virtual CPU devices (sites sharded) vs 1 device,
-    measured in a subprocess started with XLA_FLAGS=--xla_force_host_platform_device_count=4.
+    measured in a subprocess started with XLA_FLAGS=--xla_force_host_platform_device_count=4 (with 4 virtual
+    devices on 2 physical cores the ideal ratio is 2, not 4).
 (3) minibatch: N = 10^6, D = 100, Diagonal and Chevron(rows=10): wall time to reach within 0.1% of the optimal
     bound, full-batch Newton (gk.fit with max_steps = the first step whose bound is within 0.1%) vs
     `gk.stochastic.fit_minibatch` (default Adam, cosine decay, batch 4096; the fewest epochs in 1/8, 1/4, ...
     whose final full-data bound is within 0.1%, the final streamed full-data pass included); the optimum is
     the converged full-batch fit at the library's default tolerance.
 
-Every timing excludes compilation and is printed with os.getloadavg() at the time: parts (1) and (2) time a
-second call with the same shapes; part (3) subtracts the compile time of the same program measured on a small
-problem (running each 10^6-site fit twice would double its cost). Float64 throughout (float32 with --float32).
+Every timing excludes compilation and is printed with os.getloadavg() at the time: evaluations and part (1) time
+a second call with the same shapes; the large fits (parts 2 and 3) subtract the compile time of the same program
+measured on a small problem (running each large fit twice would double its cost). Float64 throughout (float32 with --float32).
 
     python benchmarks/scale.py                 # all three parts, the sizes above
     python benchmarks/scale.py --quick         # small sizes, < 30 s on an idle 2-core machine
@@ -130,16 +131,19 @@ def part_sharded_child(args):
 
     hvp = jax.jit(hvp)
     rows = {"N": N, "D": D, "rows": K, "devices": len(jax.devices())}
-    for name, m in (("1 device", model), ("4 devices", sharded)):
+    small = _logistic(D, 8 * len(jax.devices()), 1, dtype)  # same program, for the compile-time estimate
+    small_sharded = gk.distributed.shard_sites(small, mesh)
+    for name, m, ms in (("1 device", model, small), ("4 devices", sharded, small_sharded)):
         qm = gk.distributed.replicate(q, mesh) if m is sharded else q
-        t_vg, load_vg, _ = _timed(value_grad, m, qm, repeats=3)
-        t_hvp, load_hvp, _ = _timed(hvp, m, qm, repeats=3)
+        t_vg, load_vg, _ = _timed(value_grad, m, qm, repeats=2)
+        t_hvp, load_hvp, _ = _timed(hvp, m, qm, repeats=2)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            t_fit, load_fit, res = _timed(lambda mm: gk.fit(mm, factor, tol=1e-3), m)
+            t_fit, load_fit, res = _minus_compile(lambda mm: gk.fit(mm, factor, tol=1e-3), m, ms)
         rows[name] = {"bound_grad_s": t_vg, "hvp_s": t_hvp, "fit_s": t_fit, "fit_steps": int(res.num_steps),
                       "log_z": float(res.log_z), "converged": bool(res.converged),
                       "load": [load_vg, load_hvp, load_fit]}
+        print(name, rows[name], file=sys.stderr, flush=True)
     hlo = gk.distributed.compiled_text(jax.value_and_grad(gk.bound, argnums=1), sharded,
                                        gk.distributed.replicate(q, mesh))
     rows["all_reduce_ops_in_bound_grad_hlo"] = hlo.count("all-reduce(") + hlo.count("all-reduce-start(")

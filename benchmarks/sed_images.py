@@ -148,17 +148,23 @@ def time_update(img, args, seed):
     rows = np.asarray(rows)
     M2, y2 = np.concatenate([M, rows]), np.concatenate([y, rows @ w + np.sqrt(v2) * rng.normal(size=len(rows))])
     model2 = gk.Model(None, (padded_measurement_sites(M2, y2, v2, n),) + base.sites)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     res2 = gk.fit(model2, q0=res.q, tol=args.tol)
     jax.block_until_ready(res2.q.mean)
-    warm = time.perf_counter() - start
+    warm, warm_cpu = time.perf_counter() - start, time.process_time() - cpu
     return {"N": n, "cold_fit_seconds_incl_compile": cold, "cold_steps": int(res.num_steps),
-            "design_seconds_incl_compile": design, "update_seconds": warm, "update_steps": int(res2.num_steps),
+            "design_seconds_incl_compile": design, "update_seconds": warm, "update_cpu_seconds": warm_cpu,
+            "loadavg": os.getloadavg(), "update_steps": int(res2.num_steps),
             "update_converged": bool(res2.converged), "paper_update_seconds": 60.0}
 
 
 def run(args):
     images = load_images(args.size, args.images)
+    if args.timing_only:
+        timing = time_update(images[0][1], args, args.seed)
+        print("update timing:", timing, flush=True)
+        return {"config": vars(args).copy(), "timing": timing, "loadavg_start": timing["loadavg"],
+                "loadavg_end": os.getloadavg()}
     results = {"config": vars(args).copy(), "images": [label for label, _ in images], "runs": [],
                "loadavg_start": os.getloadavg()}
     for k, (label, img) in enumerate(images):
@@ -243,6 +249,7 @@ def parse(argv):
     p.add_argument("--checkpoints", type=int, nargs="*", default=[100, 400, 700, 1000])
     p.add_argument("--time-n", type=int, default=2048, help="N for the per-step update timing (0: skip)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timing-only", action="store_true", help="only the update timing at --time-n")
     p.add_argument("--progress", action="store_true")
     p.add_argument("--quick", action="store_true", help="tiny smoke run (< 30 s)")
     p.add_argument("--out", default=OUT)
@@ -261,10 +268,11 @@ def main(argv=None):
     start = time.perf_counter()
     results = run(args)
     results["seconds"] = time.perf_counter() - start
-    name = "sed_images_quick" if args.quick else "sed_images"
+    name = "sed_images_quick" if args.quick else "sed_images_timing" if args.timing_only else "sed_images"
     with open(os.path.join(args.out, name + ".json"), "w") as f:
         json.dump(results, f)
-    report(results, args.out, name)
+    if not args.timing_only:
+        report(results, args.out, name)
     print(f"\ntotal {results['seconds']:.1f} s; load average {results['loadavg_start']} -> {results['loadavg_end']}")
     return results
 

@@ -125,19 +125,30 @@ def _initial_q(model, factor, q0):
         start = factor
     else:
         start = factor.initialise(model.dim, initial_variance(model))
-    mean = model.prior.mean if model.prior is not None else jnp.zeros(model.dim)
+    mean = model.prior.mean if model.prior is not None else jnp.zeros(model.dim, model_dtype(model))
     return Gaussian(mean, start)
+
+
+def model_dtype(model):
+    """The floating dtype of the model's data (the prior mean's, else the sites' arrays'), so that the starting
+    q of a float32 model stays float32 when x64 is enabled."""
+    if model.prior is not None:
+        return model.prior.mean.dtype
+    leaves = [x for x in jax.tree.leaves(model.sites) if eqx.is_inexact_array(x)]
+    return jnp.result_type(*leaves) if leaves else jnp.result_type(float)
 
 
 def initial_variance(model):
     """Isotropic starting variance v0 = min(prior variances, 1 / max_n ||h_n||^2), so that every starting s_n is
     at most ~1: the scale on which the quadrature is accurate, and roughly where the posterior shrinks to."""
-    variances = model.prior.marginal_variances() if model.prior is not None else jnp.ones(model.dim)
-    row_norms = [jnp.max(s.operator(model.dim).sq_mv(jnp.ones(model.dim))) for s in model.sites]
+    dtype = model_dtype(model)
+    ones = jnp.ones(model.dim, dtype)
+    variances = model.prior.marginal_variances() if model.prior is not None else ones
+    row_norms = [jnp.max(s.operator(model.dim).sq_mv(ones)) for s in model.sites]
     v0 = jnp.min(variances)
     for r in row_norms:
         v0 = jnp.minimum(v0, 1.0 / jnp.maximum(r, jnp.finfo(r.dtype).tiny))
-    return v0
+    return v0.astype(dtype)
 
 
 def _whitened(model):

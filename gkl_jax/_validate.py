@@ -17,6 +17,8 @@ def is_concrete(x) -> bool:
 
 def as_float_array(x, name: str, *, dtype=None):
     """Convert `x` to a floating JAX array, refusing non-numeric input with a ValueError naming `name`."""
+    if dtype is None and isinstance(x, (int, float)) and not isinstance(x, bool):
+        return jnp.asarray(float(x))      # a Python scalar stays weakly typed: it adopts float32 data's dtype
     if isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer):
         arr = x
     else:

@@ -179,23 +179,30 @@ plt.show()"""),
 ]
 
 
-def build():
-    nb = new_notebook()
-    nb.cells = [new_markdown_cell(src) if kind == "md" else new_code_cell(src) for kind, src in CELLS]
+def build() -> nbformat.NotebookNode:
+    """The notebook, without outputs."""
+    cells = [new_markdown_cell(src) if kind == "md" else new_code_cell(src) for kind, src in CELLS]
+    nb = new_notebook(cells=cells)
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["language_info"] = {"name": "python"}
+    return nb
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--execute", action="store_true", help="run it (full setting) and store the outputs")
+    args = parser.parse_args(argv)
+    nb = build()
+    if args.execute:
+        from nbclient import NotebookClient
+
+        os.environ.pop("GKL_SMALL", None)  # the kernel inherits the environment: full setting
+        NotebookClient(nb, timeout=1200, kernel_name="python3", resources={"metadata": {"path": HERE}}).execute()
+    nbformat.validate(nb)
     nbformat.write(nb, PATH)
-    return PATH
+    print(f"wrote {PATH}", file=sys.stderr)
+    return 0
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--execute", action="store_true", help="run it (full setting) and store the outputs")
-    args = parser.parse_args()
-    path = build()
-    if args.execute:
-        from nbconvert.preprocessors import ExecutePreprocessor
-
-        nb = nbformat.read(path, as_version=4)
-        ExecutePreprocessor(timeout=1200, kernel_name="python3").preprocess(nb, {"metadata": {"path": HERE}})
-        nbformat.write(nb, path)
-    print("wrote", path, file=sys.stderr)
+    sys.exit(main())

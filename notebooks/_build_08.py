@@ -217,7 +217,8 @@ for ax, (name, p) in zip(axes[:2], surfaces.items()):
     labels = np.asarray(y_train) > 0
     ax.scatter(*np.asarray(X_train)[labels].T, c="darkred", edgecolors="w", s=22, label="y = +1")
     ax.scatter(*np.asarray(X_train)[~labels].T, c="navy", edgecolors="w", s=22, label="y = -1")
-    ax.set(title=f"p(y = +1 | x): {name}", xlabel="x1", ylabel="x2")
+    ax.set(xlabel="x1", ylabel="x2")
+    ax.set_title(f"p(y = +1 | x): {name}", fontsize=9)
 fig.colorbar(c, ax=axes[:2])
 edges = np.linspace(0.5, 1.0, 11)
 for name, p in prob.items():

@@ -1,5 +1,6 @@
 """The base operators (Dense, Identity, Sparse) against their dense matrices."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -24,25 +25,28 @@ def test_operator_products_match_the_dense_matrix(index):
     X, Y = rng.normal(size=(D, 3)), rng.normal(size=(N, 2))
     g = rng.uniform(size=N)
     assert op.shape == (N, D)
-    np.testing.assert_allclose(op.as_matrix(), H, rtol=1e-15)
-    np.testing.assert_allclose(op.mv(jnp.asarray(x)), H @ x, rtol=1e-13, atol=1e-14)
-    np.testing.assert_allclose(op.rmv(jnp.asarray(y)), H.T @ y, rtol=1e-13, atol=1e-14)
-    np.testing.assert_allclose(op.mm(jnp.asarray(X)), H @ X, rtol=1e-13, atol=1e-14)
-    np.testing.assert_allclose(op.rmm(jnp.asarray(Y)), H.T @ Y, rtol=1e-13, atol=1e-14)
-    np.testing.assert_allclose(op.sq_mv(jnp.asarray(x)), (H ** 2) @ x, rtol=1e-13, atol=1e-14)
-    np.testing.assert_allclose(op.sq_rmv(jnp.asarray(y)), (H ** 2).T @ y, rtol=1e-13, atol=1e-14)
-    np.testing.assert_allclose(op.weighted_gram(jnp.asarray(g)), H.T @ (g[:, None] * H), rtol=1e-13, atol=1e-14)
+
+    @jax.jit
+    def products(op, x, y, X, Y, g):
+        return (op.as_matrix(), op.mv(x), op.rmv(y), op.mm(X), op.rmm(Y), op.sq_mv(x), op.sq_rmv(y),
+                op.weighted_gram(g))
+
+    got = products(op, *(jnp.asarray(a) for a in (x, y, X, Y, g)))
+    want = (H, H @ x, H.T @ y, H @ X, H.T @ Y, (H ** 2) @ x, (H ** 2).T @ y, H.T @ (g[:, None] * H))
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-14)
 
 
 def test_factors_project_variances_through_every_operator():
     rng = np.random.default_rng(2)
     C = np.triu(rng.normal(size=(4, 4))) + np.eye(4)
     d = rng.uniform(0.5, 1.5, 4)
+    project = jax.jit(lambda op, C, d: (gk.factors.Full(C).project_variances(op),
+                                        gk.factors.Diagonal(d).project_variances(op)))
     for op, H in _operators():
-        np.testing.assert_allclose(gk.factors.Full(jnp.asarray(C)).project_variances(op),
-                                   np.einsum("nd,de,ne->n", H, C.T @ C, H), rtol=1e-12, atol=1e-14)
-        np.testing.assert_allclose(gk.factors.Diagonal(jnp.asarray(d)).project_variances(op), (H ** 2) @ d ** 2,
-                                   rtol=1e-12, atol=1e-14)
+        full, diag = project(op, jnp.asarray(C), jnp.asarray(d))
+        np.testing.assert_allclose(full, np.einsum("nd,de,ne->n", H, C.T @ C, H), rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(diag, (H ** 2) @ d ** 2, rtol=1e-12, atol=1e-14)
 
 
 def test_as_operator_wraps_arrays_and_passes_operators_through():

@@ -58,7 +58,7 @@ class Subspace(AbstractRefinableFactor):
     free_basis: bool = eqx.field(static=True)
     basis: Optional[jax.Array]
     C1: Optional[jax.Array]
-    c: Optional[jax.Array]
+    scaled_c: Optional[jax.Array]
     concave: ClassVar[bool] = True
     default_solver: ClassVar[str] = "newton"
 
@@ -90,7 +90,15 @@ class Subspace(AbstractRefinableFactor):
                 gram = basis.T @ basis
                 if not bool(jnp.allclose(gram, jnp.eye(self.rank, dtype=gram.dtype), atol=1e-5)):
                     raise ValueError("Subspace: basis must have orthonormal columns (basis^T basis = I)")
-        self.basis, self.C1, self.c = basis, C1, c
+            c = c * jnp.sqrt(jnp.asarray(max(basis.shape[0] - self.rank, 1), c.dtype))
+        self.basis, self.C1, self.scaled_c = basis, C1, c
+
+    @property
+    def c(self):
+        """The standard deviation c outside the subspace. It is stored as `scaled_c` = sqrt(D - K) c, which puts
+        the (D - K)-fold weight of c in the bound (the entropy's (D - K) log c^2) on the same scale as one entry of
+        C_1: a linear change of variable (concavity is kept) that makes the Newton systems well conditioned."""
+        return self.scaled_c / jnp.sqrt(jnp.asarray(max(self.dim - self.rank, 1), self.scaled_c.dtype))
 
     @property
     def is_initialised(self):

@@ -27,6 +27,7 @@ from typing import Any, Callable, Optional, Union
 
 import equinox as eqx
 import jax
+import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -98,14 +99,16 @@ def fit_hyperparameters(build: Callable[[Any], Model], params, *, method: Union[
                         gtol: float = 1e-4, ftol: float = 1e-9, restarts: int = 0, key=None,
                         restart_scale: float = 0.5, filter_spec=eqx.is_inexact_array,
                         method_kwargs: Optional[dict] = None, warm_start: bool = True,
-                        jit: bool = True) -> HyperResult:
+                        jit: bool = True, gradient: str = "reverse") -> HyperResult:
     """Maximise `method(build(params)).log_z` over the inexact-array leaves of `params` selected by
     `filter_spec` (see the module doc for the gradient).
 
     `build` may be any callable; make it an `eqx.Module` holding the data (X, y, fixed likelihood settings) to
     reuse the compiled objective across calls on data of the same shapes (cross-validation partitions, grids).
     With `jit=False` the model is built outside any jit (the method compiles itself); use it for methods that
-    check concrete model values (the baselines refuse a traced `variance_offset`).
+    check concrete model values (the baselines refuse a traced `variance_offset`). `gradient="forward"`
+    differentiates log_z in forward mode (one pass per hyperparameter), for methods whose log_z is not
+    reverse-differentiable (an iterative solver without an implicit-function rule).
 
     Stops when max |d log_z / d theta| <= gtol, when log_z changes by less than ftol (1 + |log_z|) in one
     step, or after `max_steps` outer steps (then `converged` is False). Restarts add N(0, restart_scale^2)
@@ -136,8 +139,10 @@ def fit_hyperparameters(build: Callable[[Any], Model], params, *, method: Union[
     if not isinstance(model0, Model):
         raise ValueError(f"build(params) must return a gkl_jax.Model, got {type(model0).__name__}")
 
+    if gradient not in ("reverse", "forward"):
+        raise ValueError(f"gradient must be 'reverse' or 'forward', got {gradient!r}")
     vg = _value_and_grad if jit else _value_and_grad_eager
-    value_and_grad = lambda dyn, q0: vg(build, fn, kwargs, use_q0, static, dyn, q0)
+    value_and_grad = lambda dyn, q0: vg(build, fn, kwargs, use_q0, static, dyn, q0, gradient == "forward")
     update = lambda grad, state, dyn: _update(opt, grad, state, dyn)
 
     start = time.perf_counter()
@@ -171,7 +176,7 @@ def _run_method(build, fn, kwargs, use_q0, static, dyn, q0):
     return fn(model, q0=q0, **kwargs) if use_q0 else fn(model, **kwargs)
 
 
-def _value_and_grad_eager(build, fn, kwargs, use_q0, static, dyn, q0):
+def _value_and_grad_eager(build, fn, kwargs, use_q0, static, dyn, q0, forward=False):
     """(-log_z, its gradient in dyn, the inner Result). Module-level so the compiled function is reused across
     calls: pass `build` as an eqx.Module holding the data (arrays are traced), and the same method object."""
 
@@ -179,6 +184,15 @@ def _value_and_grad_eager(build, fn, kwargs, use_q0, static, dyn, q0):
         res = _run_method(build, fn, kwargs, use_q0, static, d, q0)
         return -res.log_z, res
 
+    if forward:
+        flat, unravel = jax.flatten_util.ravel_pytree(dyn)
+
+        def with_aux(f):
+            value, res = objective(unravel(f))
+            return value, (value, res)
+
+        jac, (value, res) = jax.jacfwd(with_aux, has_aux=True)(flat)
+        return value, unravel(jac), res
     (value, res), grad = jax.value_and_grad(objective, has_aux=True)(dyn)
     return value, grad, res
 
