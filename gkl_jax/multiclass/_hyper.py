@@ -124,8 +124,8 @@ def _hyper_core(params, static, X, Y, class_covariance, jitter, flags, inner_tol
     mem0 = (jnp.zeros((memory, P), flat0.dtype), jnp.zeros((memory, P), flat0.dtype), jnp.zeros(memory, flat0.dtype))
 
     def cond(c):
-        x, st, f, g, k, mem, count, hist, done = c
-        return (k < max_steps) & ~done
+        x, st, f, g, k, mem, count, hist, status = c
+        return (k < max_steps) & (status == 0)
 
     def body(c):
         x, st, f, g, k, (Sm, Ym, rho), count, hist, _ = c
@@ -160,13 +160,18 @@ def _hyper_core(params, static, X, Y, class_covariance, jitter, flags, inner_tol
         st_new = jax.tree.map(lambda a, b: jnp.where(accepted, a, b), st_t, st)
         f_new = jnp.where(accepted, f_t, f)
         g_new = jnp.where(accepted, g_t, g)
-        done = ~accepted | (f_new - f <= ftol * (1 + jnp.abs(f_new)))
-        return x_new, st_new, f_new, g_new, k + 1, (Sm, Ym, rho), count, hist.at[k + 1].set(f_new), done
+        # settled: an accepted step that raised the bound by <= ftol (1 + |f|), or a failed line search where the
+        # first-order gain of the full step is itself below that (round-off at the optimum); a failed line search
+        # with a larger predicted gain is a stall (status 2), reported as not converged
+        small = ftol * (1 + jnp.abs(f_new))
+        settled = jnp.where(accepted, f_new - f <= small, slope <= small)
+        status = jnp.where(settled, 1, jnp.where(accepted, 0, 2))
+        return x_new, st_new, f_new, g_new, k + 1, (Sm, Ym, rho), count, hist.at[k + 1].set(f_new), status
 
-    init = (flat0, st0, st0.value, g0, 0, mem0, 0, hist0, jnp.asarray(False))
-    x, st, f, g, k, _, _, hist, done = lax.while_loop(cond, body, init)
+    init = (flat0, st0, st0.value, g0, 0, mem0, 0, hist0, jnp.asarray(0))
+    x, st, f, g, k, _, _, hist, status = lax.while_loop(cond, body, init)
     gbar, _ = _gbar(K_of(x), Y, st.b, st.S, st.Vb, km)
-    return unravel(x), st, f, k, done, hist, jnp.max(jnp.abs(st.b - gbar))
+    return unravel(x), st, f, k, status == 1, hist, jnp.max(jnp.abs(st.b - gbar))
 
 
 @eqx.filter_jit
@@ -184,8 +189,9 @@ def fit_hyperparameters(kernel, X, Y, *, fixed=(), class_covariance=None, jitter
     the attribute names in `fixed`), by L-BFGS with warm-started inner fits.
 
     X: (n, d) inputs; Y: (n, C) one-hot labels. Each outer step moves every log-parameter by at most `max_step`.
-    Stops when a step raises the bound by at most ftol * (1 + |log Z|) or after `max_steps` steps. Returns a
-    `HyperResult`; `converged` is False (with a warning) when `max_steps` was reached first.
+    Stops when a step raises the bound by at most ftol * (1 + |log Z|), when the line search fails, or after
+    `max_steps` steps. Returns a `HyperResult`; `converged` is False (with a warning) when `max_steps` was reached
+    first or the line search failed while the first-order gain of the step was still above that tolerance.
     """
     if not isinstance(kernel, eqx.Module):
         raise ValueError(f"kernel must be a gkl_jax.kernels kernel (an Equinox module), got {type(kernel).__name__}")
@@ -213,8 +219,9 @@ def fit_hyperparameters(kernel, X, Y, *, fixed=(), class_covariance=None, jitter
                                          jnp.asarray(inner_tol, dt), int(inner_steps), int(max_steps),
                                          jnp.asarray(ftol, dt), jnp.asarray(max_step, dt), int(memory))
     if is_concrete(done) and not bool(done):
-        warnings.warn(f"gkl_jax.multiclass.fit_hyperparameters: {int(k)} steps without the bound settling; the "
-                      "returned hyper-parameters are the best found", stacklevel=2)
+        warnings.warn(f"gkl_jax.multiclass.fit_hyperparameters: {int(k)} steps without the bound settling (step "
+                      "limit or a failed line search); the returned hyper-parameters are the best found",
+                      stacklevel=2)
     new_kernel = eqx.combine(p, static)
     post = FullPosterior(Y=Y, b=st.b, S=st.S, W=st.W, V_blocks=st.Vb, log_z=f, converged=done, num_steps=k,
                          history=hist, stationarity=stat, site=site, covariance_family=covariance)
