@@ -61,15 +61,6 @@ def information(p, y_test, y_train):
     return base + np.mean((1 + y_test) * np.log2(p) + (1 - y_test) * np.log2(1 - p)) / 2
 
 
-def label_regression(kernel, X, y):
-    best = None
-    for sn in (0.5, 0.75, 1.0, 1.5, 2.0):
-        r = gk.gp.exact(gk.gp.model(kernel, X, gk.potentials.Gaussian(y, sn**2)))
-        if best is None or r.log_z > best.log_z:
-            best = r
-    return best
-
-
 def run_method(name, model, kernel, X, y):
     if name == "LA":
         return gk.laplace(model)
@@ -81,7 +72,7 @@ def run_method(name, model, kernel, X, y):
         return gk.local(model)
     if name == "FV":
         return gk.fit(model, factor=gk.factors.Diagonal())
-    return label_regression(kernel, X, y)
+    return gk.gp.label_regression(model)
 
 
 def grid_comparison(args):

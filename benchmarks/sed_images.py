@@ -127,7 +127,8 @@ def run_image(img, args, seed):
 
 def time_update(img, args, seed):
     """Per-step update time at N = time_n: cold fit at N - per_step random rows, design per_step rows, then the
-    warm-started refit at N (its wall time is the number compared with the paper's 60 s)."""
+    warm-started refit at N. The step time (design, compiled, plus the warm refit) is compared with the paper's
+    60 s and the issue's 6 s target."""
     size = img.shape[0]
     D, v2, n = size * size, args.noise_variance, args.time_n
     w = img.ravel()
@@ -145,6 +146,10 @@ def time_update(img, args, seed):
     rows, _ = gk.design.optimal_directions(res, args.per_step, v2)
     jax.block_until_ready(rows)
     design = time.perf_counter() - start
+    start = time.perf_counter()  # the same design again, compiled: its steady-state time
+    rows, _ = gk.design.optimal_directions(res, args.per_step, v2)
+    jax.block_until_ready(rows)
+    design_warm = time.perf_counter() - start
     rows = np.asarray(rows)
     M2, y2 = np.concatenate([M, rows]), np.concatenate([y, rows @ w + np.sqrt(v2) * rng.normal(size=len(rows))])
     model2 = gk.Model(None, (padded_measurement_sites(M2, y2, v2, n),) + base.sites)
@@ -152,10 +157,14 @@ def time_update(img, args, seed):
     res2 = gk.fit(model2, q0=res.q, tol=args.tol)
     jax.block_until_ready(res2.q.mean)
     warm, warm_cpu = time.perf_counter() - start, time.process_time() - cpu
+    step = design_warm + warm
+    print(f"per-step update at N = {n}: design {design_warm:.2f} s + warm refit {warm:.2f} s ({int(res2.num_steps)} "
+          f"steps) = {step:.2f} s; paper 60 s, target < 6 s: {'met' if step < 6 else 'NOT met'}", flush=True)
     return {"N": n, "cold_fit_seconds_incl_compile": cold, "cold_steps": int(res.num_steps),
-            "design_seconds_incl_compile": design, "update_seconds": warm, "update_cpu_seconds": warm_cpu,
-            "loadavg": os.getloadavg(), "update_steps": int(res2.num_steps),
-            "update_converged": bool(res2.converged), "paper_update_seconds": 60.0}
+            "design_seconds_incl_compile": design, "design_seconds": design_warm, "update_seconds": warm,
+            "update_cpu_seconds": warm_cpu, "step_seconds": step, "loadavg": os.getloadavg(),
+            "update_steps": int(res2.num_steps), "update_converged": bool(res2.converged),
+            "paper_update_seconds": 60.0, "target_seconds": 6.0}
 
 
 def run(args):

@@ -181,8 +181,10 @@ for label, e in curves.items():
     print(f"{label:20s} error {e[0]:.3f} -> {e[-1]:.3f}")"""),
     ("md", """**Notes.** The paper's experiment (Figures 9-10; `benchmarks/sed_images.py`) uses 64 x 64 images,
 100 initial measurements, chevron factors with 80 rows and hundreds of steps. Any inference method can drive
-the same loop: pass `infer=lambda model, q0: gk.ep(model, power=0.9)` (or `gk.local`, `gk.double_loop`), or a
-finite candidate pool (`design=` an array or an operator such as `wav`, "measure one wavelet coefficient")
+the same loop: pass `infer=lambda model, q0: gk.ep(model, power=0.9)` with `pad=False` (EP cannot take the
+inert zero rows that padding adds, so each step then compiles anew), `infer=lambda model, q0: gk.local(model)`,
+or `infer=lambda model, q0: gk.double_loop(model, rank=20)` (whose q keeps the K Lanczos directions, as
+glm-ie designs); or a finite candidate pool (`design=` an array or an operator such as `wav`, "measure one wavelet coefficient")
 instead of the free design."""),
 ]
 

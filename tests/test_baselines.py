@@ -69,8 +69,9 @@ def test_gaussian_model_is_exact(gaussian_model, method):
     assert bool(res.converged)
     np.testing.assert_allclose(res.log_z, log_z, rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(res.q.mean, mean, atol=1e-8)
-    if method == "double_loop":  # q = N(u, diag of the (here exact) Lanczos variances)
+    if method == "double_loop":  # q = N(u, W W^T + a 4e-11 relative ridge); with K = D, W W^T = A^{-1}
         np.testing.assert_allclose(res.q.marginal_variances(), np.diag(cov), rtol=1e-8)
+        np.testing.assert_allclose(res.q.covariance(), cov, atol=1e-8 * np.max(np.abs(cov)))
     else:
         np.testing.assert_allclose(res.q.covariance(), cov, atol=1e-10)
     assert res.is_bound == (method == "local")
@@ -182,9 +183,11 @@ def test_ep_exact_on_factorised_posteriors():
     np.testing.assert_allclose(res.q.covariance(), np.diag(variances), atol=1e-8)
 
 
-def test_ep_marginals_on_a_correlated_gp_and_power_ep_fixed_point():
+@pytest.mark.parametrize("kind", ["logistic", "probit"])
+def test_ep_marginals_on_a_correlated_gp_and_power_ep_fixed_point(kind):
     K = 1.5 * np.array([[1.0, 0.9], [0.9, 1.0]])
-    model = gk.Model(gk.priors.Dense(K), gk.Sites(None, P.Logistic(np.array([1.0, 1.0]))))
+    site = P.Logistic(np.array([1.0, 1.0])) if kind == "logistic" else P.Probit(np.array([1.0, -1.0]))
+    model = gk.Model(gk.priors.Dense(K), gk.Sites(None, site))
     log_z, mean, cov = grid_posterior(model)
     res = gk.ep(model)
     np.testing.assert_allclose(res.q.mean, mean, atol=2e-3)
@@ -256,6 +259,11 @@ def test_double_loop_runs_matrix_free_on_4096_variables():
     assert int(res.num_steps) == 3
     assert np.mean(np.abs(res.q.mean - u)) < 0.7 * np.mean(np.abs(y - u))  # it denoises
     assert np.all(np.asarray(res.q.marginal_variances()) > 0)
+    # q keeps the K Lanczos directions (glm-ie designs with them), matrix-free: S v = W (W^T v) + r v
+    assert isinstance(res.q.factor, gk.factors.FactorAnalysis) and res.q.factor.theta.shape == (4096, 16)
+    v = jax.random.normal(jax.random.PRNGKey(0), (4096,))
+    W, r = np.asarray(res.q.factor.theta), np.asarray(res.q.factor.d) ** 2
+    np.testing.assert_allclose(res.q.factor.covariance_mv(v), W @ (W.T @ np.asarray(v)) + r * v, rtol=1e-10)
 
 
 def test_double_loop_variances_underestimate_and_converge_with_rank():

@@ -292,3 +292,59 @@ def test_ppa_corrected_converges_in_fewer_iterations_to_the_same_bound():
     assert cor.history[-1] >= std.history[-1] - 1e-6                       # standard still below after 4x the work
     mean, var, p = gk.gp.ppa_predict(cor, X)
     assert np.mean(np.sign(mean) == y) >= 0.75 and np.all((p > 0) & (p < 1))
+
+
+def test_label_regression_is_the_best_regression_posterior_and_its_jensen_bound():
+    """LR (papers/003 Section 4.8): q is exact GP regression on the labels at the grid's best noise sd, and its
+    log_z is the G-KL bound of the classification model at q, so it is below the optimised G-KL bound."""
+    X, f = _data(10)
+    y = np.where(f > 0, 1.0, -1.0)
+    kernel = K.SquaredExponential(1.0, 1.0)
+    model = gk.gp.model(kernel, X, gk.potentials.Probit(y))
+    sds = (0.5, 1.0, 2.0)
+    lr = gk.gp.label_regression(model, noise_sds=sds)
+    evidences = [float(gk.gp.exact(gk.gp.model(kernel, X, gk.potentials.Gaussian(y, s ** 2))).log_z) for s in sds]
+    best = gk.gp.exact(gk.gp.model(kernel, X, gk.potentials.Gaussian(y, sds[int(np.argmax(evidences))] ** 2)))
+    np.testing.assert_allclose(lr.q.mean, best.q.mean, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(lr.q.covariance(), best.q.covariance(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(lr.log_z, gk.bound(model, lr.q), rtol=1e-12)
+    assert float(lr.log_z) < float(gk.fit(model).log_z)
+    assert lr.method == "label_regression" and lr.is_bound
+    with pytest.raises(ValueError, match="Logistic or Probit"):
+        gk.gp.label_regression(gk.gp.model(kernel, X, gk.potentials.Gaussian(f)))
+    with pytest.raises(ValueError, match="noise_sds"):
+        gk.gp.label_regression(model, noise_sds=(1.0, -0.5))
+
+
+@pytest.mark.parametrize("method", ["laplace", "ep"])
+def test_ml2_with_a_baseline_objective_is_the_same_call(method):
+    """fit_hyperparameters picks eager forward-mode gradients for the baselines by itself; with a Gaussian
+    likelihood their log Z is exact, so ML-II lands on exact GP regression's hyperparameters."""
+    X, y = _data(8)
+    build = lambda k: gk.gp.model(k, X, gk.potentials.Gaussian(y, NOISE))
+    k0 = K.SquaredExponential(1.0, 1.0)
+    ex = gk.gp.fit_hyperparameters(build, k0, method="exact", gtol=1e-5)
+    base = gk.gp.fit_hyperparameters(build, k0, method=method, gtol=1e-5, max_steps=40)
+    assert base.converged
+    np.testing.assert_allclose(base.log_z, ex.log_z, rtol=1e-7)
+    np.testing.assert_allclose(base.params.lengthscale, ex.params.lengthscale, rtol=1e-3)
+
+
+def test_inducing_inputs_are_optimisable():
+    """d log_z / dZ through the fitted sparse bound (envelope theorem) equals central differences of the
+    re-optimised bound, and ML-II over (kernel, Z) raises the bound."""
+    X, y = _data(16)
+    lik = gk.potentials.Laplace(y, 0.3)
+    kernel = K.SquaredExponential(1.0, 1.0)
+    Z0 = jnp.asarray(X[::4] + 0.1)
+    log_z = lambda Z, tol=1e-10: gk.fit(gk.gp.sparse_model(kernel, X, Z, lik), tol=tol).log_z
+    grad = np.asarray(jax.grad(lambda Z: log_z(Z, tol=1e-8))(Z0))
+    eps = 1e-5
+    for i in range(2):
+        e = jnp.zeros_like(Z0).at[i, 0].set(eps)
+        fd = (float(log_z(Z0 + e)) - float(log_z(Z0 - e))) / (2 * eps)
+        np.testing.assert_allclose(grad[i, 0], fd, rtol=1e-5, atol=1e-6)
+    build = lambda p: gk.gp.sparse_model(p[0], X, p[1], lik)
+    res = gk.gp.fit_hyperparameters(build, (kernel, Z0), max_steps=4)
+    assert float(res.log_z) > float(log_z(Z0)) + 1e-3
+    assert not np.allclose(np.asarray(res.params[1]), np.asarray(Z0))

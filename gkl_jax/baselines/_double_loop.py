@@ -27,8 +27,11 @@ where logdet_hat(A) is a stochastic Lanczos quadrature estimate (`num_probes` Ra
 exact Ritz-value sum when K = D). The variances z are underestimated for K < D, so the fixed point differs from
 the exact local optimum, and logdet_hat is random: this is an estimate of log Z, NOT a bound (`is_bound=False`;
 papers/000 Section 5.2.2: "a lower-bound on log Z is no longer maintained"). The returned q is
-N(u, diag(nu_hat)) with nu_hat = diag(Q T^{-1} Q^T), the Lanczos marginal-variance estimates (underestimates;
-no dense covariance is ever formed).
+N(u, W W^T + diag(r)) as a `FactorAnalysis` factor of rank K: W W^T = Q T^{-1} Q^T is the Lanczos approximation of
+A^{-1} that glm-ie also designs with, its diagonal nu_hat the marginal-variance estimates (underestimates for
+K < D), and r = eps^(2/3) nu_hat a relative ridge (3.7e-11 in float64) that only keeps S positive definite. So
+`covariance_mv` (design), `marginal_variances` and `sample` see the K leading directions; no dense covariance is
+ever formed. For K < D, q is nearly degenerate outside the Krylov space: its entropy is not meaningful there.
 """
 
 import equinox as eqx
@@ -40,7 +43,7 @@ from .. import _lanczos
 from .._gaussian import Gaussian
 from .._result import Result
 from .._solvers import conjugate_gradient
-from ..factors import Diagonal
+from ..factors import FactorAnalysis
 from . import _common as C
 from ._site_bounds import super_gaussian, tangent_coefficients
 
@@ -181,8 +184,8 @@ def _rademacher(key, dim, dtype):
 
 
 def _lanczos_step(model, groups, taus, start, rank):
-    """Lanczos on A(taus) from `start`: (z per group, diag estimate of A^{-1}, log det estimate); one eigh of T
-    gives both the low-rank inverse W W^T = Q T^{-1} Q^T and the quadrature of log det A."""
+    """Lanczos on A(taus) from `start`: (z per group, diag estimate of A^{-1}, log det estimate, W); one eigh of
+    T gives both the low-rank inverse W W^T = Q T^{-1} Q^T and the quadrature of log det A."""
     Q, alpha, beta = _lanczos.lanczos(_precision_mv(model, groups, taus), model.dim, rank, start)
     theta, U = jnp.linalg.eigh(_lanczos.tridiagonal(alpha, beta))
     theta = jnp.maximum(theta, jnp.finfo(theta.dtype).tiny)
@@ -192,7 +195,7 @@ def _lanczos_step(model, groups, taus, start, rank):
         logdet = jnp.sum(jnp.log(theta))
     else:  # stochastic Lanczos quadrature, one probe (_lanczos.slq_logdet)
         logdet = (start @ start) * jnp.sum(jnp.square(U[0]) * jnp.log(theta))
-    return zs, jnp.sum(jnp.square(W), axis=1), logdet
+    return zs, jnp.sum(jnp.square(W), axis=1), logdet, W
 
 
 def _run(model, key, rank, max_outer, max_inner, max_cg, tol):
@@ -212,7 +215,7 @@ def _run(model, key, rank, max_outer, max_inner, max_cg, tol):
     def body(state):
         u, xis, k, hist, _ = state
         taus, _, _ = _coefficients(forms, xis)
-        zs, _, logdet = _lanczos_step(model, groups, taus, start, rank)
+        zs, _, logdet, _ = _lanczos_step(model, groups, taus, start, rank)
         hist = hist.at[k].set(_evidence(model, groups, forms, xis, u, logdet))
         u, _ = _inner(model, groups, forms, zs, u, max_inner, max_cg)
         new = [(x - f.center) ** 2 + z for f, x, z in zip(forms, C.projections(groups, u), zs)]
@@ -240,11 +243,12 @@ def _double_loop_jit(model, key, rank, max_outer, max_inner, max_cg, num_probes,
     extra = jax.random.split(jax.random.fold_in(key, 1), num_probes)[1:]
     starts = jnp.concatenate([_rademacher(key, model.dim, dtype)[None],
                               jax.vmap(lambda k: _rademacher(k, model.dim, dtype))(extra)])
-    _, nu_hats, logdets = jax.vmap(lambda s: _lanczos_step(model, groups, taus, s, rank))(starts)
-    nu_hat, logdet = nu_hats[0], jnp.mean(logdets)
+    _, nu_hats, logdets, Ws = jax.vmap(lambda s: _lanczos_step(model, groups, taus, s, rank))(starts)
+    nu_hat, logdet, W = nu_hats[0], jnp.mean(logdets), Ws[0]
     log_z = _evidence(model, groups, forms, xis, u, logdet)
     hist = hist.at[k].set(log_z)
     ok = jnp.isfinite(log_z) & jnp.all(jnp.isfinite(u)) & jnp.all(nu_hat > 0)
-    q = Gaussian(u, Diagonal(jnp.sqrt(jnp.maximum(nu_hat, jnp.finfo(dtype).tiny))))
+    ridge = jnp.finfo(dtype).eps ** (2 / 3) * jnp.maximum(nu_hat, jnp.finfo(dtype).tiny)
+    q = Gaussian(u, FactorAnalysis(rank, W, jnp.sqrt(ridge)))
     return Result(q=q, log_z=log_z, converged=done & ok, num_steps=k, history=hist, method="double_loop",
                   is_bound=False)

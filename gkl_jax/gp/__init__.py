@@ -5,12 +5,14 @@
 - `fit_hyperparameters(build, params, method=...)`: ML-II on any method's evidence (envelope gradients for G-KL).
 - `model(kernel, X, likelihood)`: the full GP as a `Model`.
 - `sparse_model(kernel, X, Z, likelihood)`: the inducing-point GP as an ordinary `Model`.
+- `label_regression(model)`: the label-regression heuristic for GP classification (papers/003 Section 4.8).
 - `ppa(...)`: King & Lawrence's PPA for probit GP classification with the standard or the KL-corrected M-step.
 """
 
 from ._exact import exact as exact
 from ._hyper import HyperResult as HyperResult
 from ._hyper import fit_hyperparameters as fit_hyperparameters
+from ._label_regression import label_regression as label_regression
 from ._predict import Prediction as Prediction
 from ._predict import class_probability as class_probability
 from ._predict import latent as latent

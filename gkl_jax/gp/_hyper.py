@@ -83,6 +83,13 @@ def _resolve_method(method):
     return method
 
 
+def _is_baseline(fn) -> bool:
+    """Whether `fn` is one of the gkl_jax.baselines inference functions (Laplace, EP, local, double loop)."""
+    from .. import baselines
+
+    return any(fn is getattr(baselines, name, None) for name in ("laplace", "ep", "local", "double_loop"))
+
+
 def kwargs_contains_arrays(kwargs) -> bool:
     return any(eqx.is_array(x) for x in jax.tree.leaves(kwargs or {}))
 
@@ -99,7 +106,7 @@ def fit_hyperparameters(build: Callable[[Any], Model], params, *, method: Union[
                         gtol: float = 1e-4, ftol: float = 1e-9, restarts: int = 0, key=None,
                         restart_scale: float = 0.5, filter_spec=eqx.is_inexact_array,
                         method_kwargs: Optional[dict] = None, warm_start: bool = True,
-                        jit: bool = True, gradient: str = "reverse") -> HyperResult:
+                        jit: Optional[bool] = None, gradient: Optional[str] = None) -> HyperResult:
     """Maximise `method(build(params)).log_z` over the inexact-array leaves of `params` selected by
     `filter_spec` (see the module doc for the gradient).
 
@@ -108,7 +115,10 @@ def fit_hyperparameters(build: Callable[[Any], Model], params, *, method: Union[
     With `jit=False` the model is built outside any jit (the method compiles itself); use it for methods that
     check concrete model values (the baselines refuse a traced `variance_offset`). `gradient="forward"`
     differentiates log_z in forward mode (one pass per hyperparameter), for methods whose log_z is not
-    reverse-differentiable (an iterative solver without an implicit-function rule).
+    reverse-differentiable (an iterative solver without an implicit-function rule). By default (`None`) both
+    follow the method: `jit=True, gradient="reverse"` for G-KL (`gk.fit`), `gp.exact` and user callables;
+    `jit=False, gradient="forward"` for the baselines `gk.laplace`, `gk.ep`, `gk.local` (their inner loops
+    have no implicit-function rule), so the thesis comparison is the same call with another `method`.
 
     Stops when max |d log_z / d theta| <= gtol, when log_z changes by less than ftol (1 + |log_z|) in one
     step, or after `max_steps` outer steps (then `converged` is False). Restarts add N(0, restart_scale^2)
@@ -139,6 +149,9 @@ def fit_hyperparameters(build: Callable[[Any], Model], params, *, method: Union[
     if not isinstance(model0, Model):
         raise ValueError(f"build(params) must return a gkl_jax.Model, got {type(model0).__name__}")
 
+    is_baseline = _is_baseline(fn)
+    jit = (not is_baseline) if jit is None else bool(jit)
+    gradient = ("forward" if is_baseline else "reverse") if gradient is None else gradient
     if gradient not in ("reverse", "forward"):
         raise ValueError(f"gradient must be 'reverse' or 'forward', got {gradient!r}")
     vg = _value_and_grad if jit else _value_and_grad_eager
