@@ -208,26 +208,34 @@ def _solver_filter(q):
 def _refine_and_solve(model, q_init, name, optimizer, tol, max_steps, max_cg):
     """For an `AbstractRefinableFactor` (the subspace basis, papers/000 App. B.4): q <- refine(q), then solve over
     the solver leaves, `num_refinements` times in a `lax.fori_loop`, keeping the q with the best bound (the basis
-    update is not guaranteed to increase it). With num_refinements = 0 it is one solve with the given basis."""
+    update is not guaranteed to increase it). With num_refinements = 0 it is one solve with the given basis.
+
+    The rounds before the last only choose the next basis, so they stop at the looser tolerance sqrt(tol) (for
+    tol < 1); the last round solves to `tol`. `converged` is checked on the returned q itself: max |dB| <= tol
+    over the solver leaves."""
     rounds = q_init.factor.num_refinements
     if rounds == 0:
         return _solve(model, q_init, name, optimizer, tol, max_steps, max_cg)
     frozen = jax.tree.map(lambda x: lax.stop_gradient(x) if eqx.is_inexact_array(x) else x, model)
+    loose = jnp.maximum(tol, jnp.sqrt(tol))
 
-    def round_(_, carry):
-        q, k, ok, hist, best = carry
+    def round_(i, carry):
+        q, k, hist, best = carry
         factor = lax.stop_gradient(q.factor.refine(frozen, lax.stop_gradient(q)))
-        q2, k2, ok2, hist2 = _solve(model, eqx.tree_at(lambda g: g.factor, q, factor), name, optimizer, tol,
-                                    max_steps, max_cg)
+        q2, k2, _, hist2 = _solve(model, eqx.tree_at(lambda g: g.factor, q, factor), name, optimizer,
+                                  jnp.where(i == rounds - 1, tol, loose), max_steps, max_cg)
         value = bound(frozen, lax.stop_gradient(q2))
         better = jnp.isfinite(value) & (value >= best)
         q = jax.tree.map(lambda a, b: jnp.where(better, a, b), q2, q)
-        return q, k + k2, jnp.where(better, ok2, ok), _splice(hist, hist2, k), jnp.where(better, value, best)
+        return q, k + k2, _splice(hist, hist2, k), jnp.where(better, value, best)
 
     f0 = bound(frozen, lax.stop_gradient(q_init))
     hist0 = jnp.full((max_steps + 1,), jnp.nan, dtype=f0.dtype).at[0].set(f0)
-    init = (q_init, jnp.zeros((), jnp.int32), jnp.array(False), hist0, jnp.array(-jnp.inf, f0.dtype))
-    q, k, ok, hist, _ = lax.fori_loop(0, rounds, round_, init)
+    init = (q_init, jnp.zeros((), jnp.int32), hist0, jnp.array(-jnp.inf, f0.dtype))
+    q, k, hist, best = lax.fori_loop(0, rounds, round_, init)
+    params, static = eqx.partition(lax.stop_gradient(q), _solver_filter(q))
+    grad = jax.grad(lambda p: bound(frozen, eqx.combine(p, static)))(params)
+    ok = jnp.isfinite(best) & (jnp.max(jnp.abs(ravel_pytree(grad)[0])) <= tol)
     return q, k, ok, hist
 
 

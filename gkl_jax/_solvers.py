@@ -99,7 +99,9 @@ def backtracking(f, x, fx, g, p, max_halvings=40, c=1e-4):
 
 
 def newton_cg(f, x0, *, tol, max_steps, max_cg=100):
-    """Truncated Newton-CG with Hessian-vector products (forward-over-reverse) and a backtracking line search.
+    """Truncated Newton-CG with Hessian-vector products (forward-over-reverse, linearised once per Newton step so
+    the CG iterations reuse the primal computation: quadrature nodes, site derivatives) and a backtracking line
+    search.
 
     For a concave objective (log-concave sites, Section 3.2) the CG system is positive definite."""
     value_and_grad = jax.value_and_grad(f)
@@ -112,7 +114,7 @@ def newton_cg(f, x0, *, tol, max_steps, max_cg=100):
 
     def body(state):
         x, fx, g, k, hist, _ = state
-        hvp = lambda v: jax.jvp(grad, (x,), (v,))[1]
+        _, hvp = jax.linearize(grad, x)  # the primal pass once per Newton step; each CG product is linear
         gnorm = jnp.linalg.norm(g)
         forcing = jnp.minimum(0.5, jnp.sqrt(gnorm))
         p = truncated_cg(hvp, g, max_cg, forcing)

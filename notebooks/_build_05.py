@@ -5,15 +5,9 @@
 Edit the cells here, not in the .ipynb, so that the notebook stays reviewable as plain Python.
 """
 
-import argparse
-import os
 import sys
 
-import nbformat
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-PATH = os.path.join(HERE, "05_gp_classification.ipynb")
+import _nbbuild
 
 CELLS = [
     ("md", """# GP classification: decision surfaces, calibration, and a sparse GP
@@ -134,29 +128,13 @@ and the timing against scikit-learn's `GaussianProcessClassifier` are in `benchm
 ]
 
 
-def build() -> nbformat.NotebookNode:
+def build():
     """The notebook, without outputs."""
-    cells = [new_markdown_cell(src) if kind == "md" else new_code_cell(src) for kind, src in CELLS]
-    nb = new_notebook(cells=cells)
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb.metadata["language_info"] = {"name": "python"}
-    return nb
+    return _nbbuild.build(CELLS)
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--execute", action="store_true", help="run it (full setting) and store the outputs")
-    args = parser.parse_args(argv)
-    nb = build()
-    if args.execute:
-        from nbclient import NotebookClient
-
-        os.environ.pop("GKL_SMALL", None)
-        NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": HERE}}).execute()
-    nbformat.validate(nb)
-    nbformat.write(nb, PATH)
-    print(f"wrote {PATH}", file=sys.stderr)
-    return 0
+    return _nbbuild.main(CELLS, "05_gp_classification.ipynb", __doc__.splitlines()[0], argv, timeout=900)
 
 
 if __name__ == "__main__":

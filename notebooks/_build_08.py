@@ -5,15 +5,9 @@
 Edit the cells here, not in the .ipynb, so that the notebook stays reviewable as plain Python.
 """
 
-import argparse
-import os
 import sys
 
-import nbformat
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-PATH = os.path.join(HERE, "08_differentiable_layer.ipynb")
+import _nbbuild
 
 CELLS = [
     ("md", """# G-KL as a differentiable layer: a Bayesian logistic-regression head on a neural feature extractor
@@ -248,29 +242,13 @@ pattern fits any model whose sites or prior depend on parameters: learnt feature
 ]
 
 
-def build() -> nbformat.NotebookNode:
-    """The differentiable-layer notebook, without outputs."""
-    cells = [new_markdown_cell(src) if kind == "md" else new_code_cell(src) for kind, src in CELLS]
-    nb = new_notebook(cells=cells)
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb.metadata["language_info"] = {"name": "python"}
-    return nb
+def build():
+    """The notebook, without outputs."""
+    return _nbbuild.build(CELLS)
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--execute", action="store_true", help="run it (full setting) and store the outputs")
-    args = parser.parse_args(argv)
-    nb = build()
-    if args.execute:
-        from nbclient import NotebookClient
-
-        os.environ.pop("GKL_SMALL", None)  # the kernel inherits the environment: full setting
-        NotebookClient(nb, timeout=1200, kernel_name="python3", resources={"metadata": {"path": HERE}}).execute()
-    nbformat.validate(nb)
-    nbformat.write(nb, PATH)
-    print(f"wrote {PATH}", file=sys.stderr)
-    return 0
+    return _nbbuild.main(CELLS, "08_differentiable_layer.ipynb", __doc__.splitlines()[0], argv, timeout=1200)
 
 
 if __name__ == "__main__":

@@ -423,3 +423,21 @@ def test_float32_is_preserved():
         factors, H)
     for f, arrays in zip(factors, out):
         assert all(a.dtype == jnp.float32 for a in arrays), type(f).__name__
+
+
+@pytest.mark.slow
+def test_logistic_tables_quick_cell():
+    """benchmarks/logistic_tables.py --quick: one small Table 2 cell; every fit converges and Chevron's bound is
+    above the diagonal one on every data set (Chevron contains the diagonal family)."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "logistic_tables.py"
+    spec = importlib.util.spec_from_file_location("_bench_logistic_tables", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    cell = module.main(["--quick"])["cells"][0]
+    assert (cell["D"], cell["N"], cell["K"]) == (100, 50, 5)
+    chevron, diagonal = cell["factors"]["chevron"]["rows"], cell["factors"]["diagonal"]["rows"]
+    assert all(r["converged"] for r in chevron + diagonal) and len(chevron) == 2
+    assert all(c["bound"] >= d["bound"] - 1e-9 for c, d in zip(chevron, diagonal))

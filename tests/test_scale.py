@@ -249,3 +249,19 @@ def test_sharded_matches_single_device(sharded_run):
     assert out["process_local_spec"] == rows and out["process_local_equal"]
     assert "no site axis 'batch'" in out["bad_axis_error"]
     assert out["batched_log_z_diff"] < 1e-10 and out["batched_spec"] == str(PartitionSpec("batch"))
+
+
+@pytest.mark.slow
+def test_gpu_benchmark_runs_on_the_cpu(tmp_path):
+    """benchmarks/gpu.py is ready for an accelerator; on the CPU its --small mode runs every part (float32)."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "gpu.py"
+    spec = importlib.util.spec_from_file_location("_bench_gpu", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    results = module.main(["--small", "--dtypes", "float32", "--out", str(tmp_path)])
+    assert results["rows"] and all(r["converged"] and np.isfinite(r["bound_per_site"]) for r in results["rows"])
+    assert all(r["max_abs_log_z_diff"] < 1e-3 for r in results["vmap"])
+    assert (tmp_path / "gpu_small.json").exists()
