@@ -333,18 +333,18 @@ def test_ml2_with_a_baseline_objective_is_the_same_call(method):
 def test_inducing_inputs_are_optimisable():
     """d log_z / dZ through the fitted sparse bound (envelope theorem) equals central differences of the
     re-optimised bound, and ML-II over (kernel, Z) raises the bound."""
-    X, y = _data(16)
+    X, y = _data(12)
     lik = gk.potentials.Laplace(y, 0.3)
     kernel = K.SquaredExponential(1.0, 1.0)
     Z0 = jnp.asarray(X[::4] + 0.1)
     log_z = lambda Z, tol=1e-10: gk.fit(gk.gp.sparse_model(kernel, X, Z, lik), tol=tol).log_z
     grad = np.asarray(jax.grad(lambda Z: log_z(Z, tol=1e-8))(Z0))
     eps = 1e-5
-    for i in range(2):
+    for i in (0, 2):
         e = jnp.zeros_like(Z0).at[i, 0].set(eps)
         fd = (float(log_z(Z0 + e)) - float(log_z(Z0 - e))) / (2 * eps)
         np.testing.assert_allclose(grad[i, 0], fd, rtol=1e-5, atol=1e-6)
     build = lambda p: gk.gp.sparse_model(p[0], X, p[1], lik)
-    res = gk.gp.fit_hyperparameters(build, (kernel, Z0), max_steps=4)
+    res = gk.gp.fit_hyperparameters(build, (kernel, Z0), max_steps=2)
     assert float(res.log_z) > float(log_z(Z0)) + 1e-3
     assert not np.allclose(np.asarray(res.params[1]), np.asarray(Z0))

@@ -315,7 +315,7 @@ def test_ard_hyperparameter_learning_raises_the_bound_and_separates_the_lengthsc
     kernel = gk.kernels.SquaredExponential(1.0, np.ones(Xtr.shape[1]))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a few steps need not settle
-        res = mc.fit_hyperparameters(kernel, Xtr, np.eye(3)[ytr], max_steps=5)
+        res = mc.fit_hyperparameters(kernel, Xtr, np.eye(3)[ytr], max_steps=3)
     hist = np.asarray(res.history)
     hist = hist[np.isfinite(hist)]
     assert np.all(np.diff(hist) >= 0) and float(res.log_z) > hist[0] + 1.0
