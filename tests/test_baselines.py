@@ -123,6 +123,18 @@ def test_local_bound_below_gkl_below_log_z(mixed):
     assert np.all(np.diff(np.asarray(finite)) >= -1e-10)  # EM never decreases the bound
 
 
+@pytest.mark.parametrize("kind", ["logistic", "probit", "laplace"])
+def test_chain_holds_on_each_log_concave_model_alone(kind):
+    """local.log_z <= bound(q_local) <= fit.log_z <= exact log Z (papers/000 Section 5.1.2) on a 2-D model
+    whose nine sites are all of one kind."""
+    model = _two_d_model(kind)
+    loc, gkl, exact = gk.local(model), gk.fit(model, solver="lbfgs"), grid_posterior(model)[0]
+    at_local = float(gk.bound(model, loc.q))
+    assert bool(loc.converged) and bool(gkl.converged)
+    assert float(loc.log_z) <= at_local + 1e-10 <= float(gkl.log_z) + 2e-10
+    assert float(gkl.log_z) <= exact + 1e-6
+
+
 @pytest.mark.parametrize("potential", [P.Logistic(np.array([1.0, -1.0])), P.Probit(np.array([1.0, -1.0])),
                                        P.Laplace(np.array([0.3, -1.0]), 0.7), P.StudentT(np.array([0.5, 2.0]), 3.0, 0.4),
                                        P.Cauchy(np.array([0.0, 1.0]), 0.8), P.Gaussian(np.array([0.2, 1.0]), 0.5)],
