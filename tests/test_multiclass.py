@@ -386,7 +386,7 @@ def test_sparse_with_every_latent_inducing_equals_the_full_bound(fitted):
 
 
 def test_sparse_bound_grows_with_the_inducing_set_and_d2_bounds_the_gain():
-    """Proposition 17 (monotone in the inducing set), Lemma 16 (0 <= d_2 <= the gain of re-optimising), and the
+    """Proposition 17 (monotone in the inducing set), Lemma 16 (0 <= d_2 <= d_1 <= the gain of re-optimising), and the
     sparse hyper-parameter gradient (App. C.4) against finite differences."""
     X, labels, Y, _ = _problem(seed=11)
     kernel = gk.kernels.SquaredExponential(2.0, 1.0)
@@ -407,6 +407,17 @@ def test_sparse_bound_grows_with_the_inducing_set_and_d2_bounds_the_gain():
     d2 = mc.selection_scores(kernel, X, Y, posts[2], sites, mask8, np.array([sites[8], sites[0]]))
     assert 0 <= float(d2[0]) <= values[3] - values[2] + 1e-8
     assert abs(float(d2[1])) < 1e-6  # an inducing latent already in the set brings nothing
+    d1 = mc.selection_scores(kernel, X, Y, posts[2], sites, mask8, np.array([sites[8], sites[0]]), score="d1")
+    assert float(d2[0]) - 1e-10 <= float(d1[0]) <= values[3] - values[2] + 1e-8  # d_2 <= d_1 <= d (eq. 39)
+    assert abs(float(d1[1])) < 1e-6
+    for j in (9, 10):  # two more candidates: the true gain of adding each one alone
+        swapped = sites.copy()
+        swapped[[8, j]] = swapped[[j, 8]]
+        Kzz2, Kzf2, _ = mc.inducing_prior(kernel, X, N_CLASSES, swapped)
+        gain = float(mc.fit_sparse(Kzz2, Kzf2, Kff, Y, mask=np.arange(s) < 9, tol=1e-13).log_z) - values[2]
+        pair = [float(mc.selection_scores(kernel, X, Y, posts[2], sites, mask8, sites[[j]], score=sc)[0])
+                for sc in ("d2", "d1")]
+        assert 0 <= pair[0] <= pair[1] + 1e-10 and pair[1] <= gain + 1e-8
     d3 = mc.selection_scores(kernel, X, Y, posts[2], sites, mask8, np.array([sites[8]]), data=[0, 1, 2])
     assert np.isfinite(float(d3[0]))
     grad = mc.sparse_hyper_gradient(kernel, X, Y, sites, mask8, posts[2])
@@ -434,3 +445,5 @@ def test_greedy_selection_active_and_random():
     assert np.all(out["active"][1:-1] > out["random"][1:-1])  # the scores pick better sites on the way (Table 5)
     with pytest.raises(ValueError, match="method"):
         mc.select_inducing(kernel, X, Y, 9, method="greedy")
+    with pytest.raises(ValueError, match="score"):
+        mc.select_inducing(kernel, X, Y, 9, score="d4")

@@ -13,7 +13,7 @@ Functional core (datum-major nC-vectors; K is the (nC, nC) prior covariance, Y t
 - model learning `fit_hyperparameters` (Section 6) with `prior_covariance`;
 - the sparse approximation (Section 4): `inducing_prior`, `fit_sparse`, `sparse_log_z` (eq. 32),
   `sparse_hyper_gradient` (App. C.4); inducing-set selection (Section 6.1, App. D): `selection_scores`
-  (d_2, d_3), `select_inducing` (active or random);
+  (d_1, d_2, d_3), `select_inducing` (active or random);
 - `GPClassifier`, the scikit-learn-style estimator.
 """
 
