@@ -29,7 +29,8 @@ The derivatives are defined by the identities (Stein's lemma, papers/000 App. B.
 
     d/dm  E[f(m + s z)] = E[f'(m + s z)],      d/d(s^2) E[f(m + s z)] = 1/2 E[f''(m + s z)],
 
-each again a quadrature on the same nodes and weights (computed once per expectation, `_weighted_sum`), so
+each again a quadrature on the same nodes and weights (computed once per expectation and evaluated together with
+the value in one pass, `_moments`), so
 gradients and Hessian-vector products are smooth in s^2 down to s^2 = 0 (where the chain rule through
 s = sqrt(s^2) would divide by zero). Zero tangents are skipped (symbolic zeros), so a gradient in (m, s^2) costs
 no quadrature over the potential's parameters.
@@ -87,13 +88,14 @@ def feature_rule(m, s2, center, width, num_points: int):
     lo = _t_of_xi(d_ - HALF_WIDTH * q_, C)
     hi = _t_of_xi(d_ + HALF_WIDTH * q_, C)
     t = lo + (hi - lo) * jnp.linspace(0.0, 1.0, num_points, dtype=dtype)
-    e = jnp.exp(t)
-    xi = C * jnp.log1p((e - 1 / e) / (2 * C + 1 / e))
-    dxi = C * (e / (2 * C + e) + 1 / (2 * C * e + 1))
+    e, e_inv = jnp.exp(t), jnp.exp(-t)
+    a, b = 2 * C + e, 2 * C + e_inv
+    xi = C * jnp.log1p((e - e_inv) / b)                    # C log(a / b)
+    dxi = C * (e * b + e_inv * a) / (a * b)                # C (e / a + e^-t / b)
     plain = jnp.linspace(-HALF_WIDTH, HALF_WIDTH, num_points, dtype=dtype)
-    z = jnp.where(far[..., None], plain, (xi - d_) / q_)
+    z = jnp.where(far[..., None], plain, (xi - d_) * (1 / q_))
     w = jnp.exp(-0.5 * z * z) * jnp.where(far[..., None], 1.0, dxi)
-    w = w / jnp.sum(w, axis=-1, keepdims=True)
+    w = w * (1 / jnp.sum(w, axis=-1, keepdims=True))
     return m[..., None] + s[..., None] * z, w
 
 
@@ -105,81 +107,93 @@ def _hermite_nodes(m, s2, num_points):
     return x, jnp.asarray(w, dtype)
 
 
-@functools.lru_cache(maxsize=None)
-def _derivative(fn):
-    """x -> d fn(params, x) / dx for an elementwise fn (cached so traces see the same function object)."""
-
-    def dfn(params, x):
-        return jax.grad(lambda x: jnp.sum(fn(params, x)))(x)
-
-    return dfn
-
-
-@functools.lru_cache(maxsize=None)
-def _param_tangent(fn):
-    """(params, dparams), x -> directional derivative of fn in params (the tangent of a leaf change)."""
-
-    def tfn(pair, x):
-        params, dparams = pair
-        return jax.jvp(lambda p: fn(p, x), (params,), (dparams,))[1]
-
-    return tfn
-
-
 def _rule(num_points, m, s2, feature):
     if feature is None:
         return _hermite_nodes(m, s2, num_points)
     return feature_rule(m, s2, feature[0], feature[1], num_points)
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
-def _weighted_sum(fn, params, m, s2, x, w):
-    """sum_k w_k fn(params, x_k): a quadrature of E_{N(m, s2)}[fn] on given nodes x (..., K), weights w.
+def _elementwise_grad(g):
+    return jax.grad(lambda x: jnp.sum(g(x)))
 
-    Its derivatives are the Stein identities on the same nodes: d/dm -> fn', d/ds2 -> fn''/2, d/dparams -> the
-    parameter tangent of fn; x and w (a discretisation of N(m, s2)) receive none. So every derivative order of
-    an expectation reuses the nodes computed once for its value."""
-    vals = jax.vmap(lambda xk: fn(params, xk), in_axes=-1, out_axes=-1)(x)
-    return jnp.sum(vals * w, axis=-1)
+
+@functools.lru_cache(maxsize=None)
+def autodiff_jet(fn):
+    """(params, x, order) -> (order + 1, *x.shape): f, f', ..., f^(order) at nodes x (..., K) of an elementwise
+    fn(params, x_k) (x_k with the shape of the sites), by repeated differentiation in x, mapped over the nodes
+    (cached so traces see the same function object)."""
+
+    def jet_at(params, xk, order):
+        g, out = (lambda x: fn(params, x)), []
+        for _ in range(order + 1):
+            out.append(g(xk))
+            g = _elementwise_grad(g)
+        return jnp.stack(out)
+
+    def jet(params, x, order):
+        return jax.vmap(lambda xk: jet_at(params, xk, order), in_axes=-1, out_axes=-1)(x)
+
+    return jet
+
+
+@functools.lru_cache(maxsize=None)
+def _param_jet(jet):
+    """((params, dparams), x, order) -> the tangent of jet(params, x, order) along dparams."""
+
+    def tangent_jet(pair, x, order):
+        params, dparams = pair
+        return jax.jvp(lambda p: jet(p, x, order), (params,), (dparams,))[1]
+
+    return tangent_jet
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1))
+def _moments(jet, order, params, m, s2, x, w):
+    """M_j = sum_k w_k f^(j)(x_k), j = 0..order, stacked on a leading axis: the quadrature of E_{N(m, s2)}[f^(j)]
+    on given nodes x (..., K) and weights w, with f^(j) from `jet(params, x, order)` in one pass.
+
+    Its derivatives are the Stein identities on the same nodes, dM_j/dm = M_{j+1} and dM_j/ds2 = M_{j+2} / 2, so a
+    derivative of order r costs one pass with r + 2 more derivatives (fused with the value, not a pass per
+    derivative); d/dparams is the parameter tangent of the jet; x and w (a discretisation of N(m, s2)) receive
+    none."""
+    return jnp.sum(jet(params, x, order) * w, axis=-1)
 
 
 def _is_zero(t):
     return isinstance(t, SymbolicZero)
 
 
-@functools.partial(_weighted_sum.defjvp, symbolic_zeros=True)
-def _weighted_sum_jvp(fn, primals, tangents):
+@functools.partial(_moments.defjvp, symbolic_zeros=True)
+def _moments_jvp(jet, order, primals, tangents):
     params, m, s2, x, w = primals
     dparams, dm, ds2, _, _ = tangents
-    out = _weighted_sum(fn, params, m, s2, x, w)
+    extra = 2 if not _is_zero(ds2) else int(not _is_zero(dm))
+    moments = _moments(jet, order + extra, params, m, s2, x, w)
+    out = moments[: order + 1]
     tangent = jnp.zeros_like(out)
     if not _is_zero(dm):
-        tangent = tangent + _weighted_sum(_derivative(fn), params, m, s2, x, w) * dm
+        tangent = tangent + moments[1: order + 2] * dm
     if not _is_zero(ds2):
-        tangent = tangent + 0.5 * _weighted_sum(_derivative(_derivative(fn)), params, m, s2, x, w) * ds2
+        tangent = tangent + 0.5 * moments[2: order + 3] * ds2
     leaves = jax.tree.leaves(dparams, is_leaf=_is_zero)
     if not all(_is_zero(t) for t in leaves):
         dparams = jax.tree.map(lambda t, p: jnp.zeros_like(p) if _is_zero(t) else t, dparams, params,
                                is_leaf=_is_zero)
-        tangent = tangent + _weighted_sum(_param_tangent(fn), (params, dparams), m, s2, x, w)
+        tangent = tangent + _moments(_param_jet(jet), order, (params, dparams), m, s2, x, w)
     return out, tangent
 
 
-def expectation(fn, num_points, params, m, s2, feature):
-    """E_{x~N(m, s2)}[fn(params, x)] elementwise over sites, by Gauss-Hermite (`feature` None) or by the
+def expectation(jet, num_points, params, m, s2, feature):
+    """E_{x~N(m, s2)}[f(x)] elementwise over sites, by Gauss-Hermite (`feature` None) or by the
     feature-adapted rule (`feature` = (center, width), arrays broadcasting against m).
 
-    `fn(params, x)` must be elementwise in x (x has the shape of m) and twice differentiable in x. Derivatives
-    of every order in (m, s2, params) follow Stein's lemma on the same nodes (`_weighted_sum`); the feature only
-    places the nodes and receives no derivative (the exact expectation does not depend on it).
+    `jet(params, x, order)` returns f and its first `order` derivatives in x, stacked (`autodiff_jet` builds one
+    from any elementwise, smooth f). Derivatives of every order in (m, s2, params) follow Stein's lemma on the
+    same nodes (`_moments`); the feature only places the nodes and receives no derivative (the exact
+    expectation does not depend on it).
     """
     x, w = lax.stop_gradient(_rule(num_points, m, s2, feature))
-    return _weighted_sum(fn, params, m, s2, x, w)
-
-
-def gauss_hermite(fn, num_points, params, m, s2):
-    """E_{z~N(0,1)}[fn(params, m + sqrt(s2) z)] elementwise over sites by `num_points`-node Gauss-Hermite."""
-    return expectation(fn, num_points, params, m, s2, None)
+    return _moments(jet, 0, params, m, s2, x, w)[0]
 
 
 def continued_fraction(coefficient, t, num_terms: int):

@@ -13,7 +13,7 @@ from typing import ClassVar
 import equinox as eqx
 import jax.numpy as jnp
 
-from .._quadrature import expectation
+from .._quadrature import autodiff_jet, expectation
 
 DEFAULT_NUM_POINTS = 64
 
@@ -47,16 +47,26 @@ class AbstractQuadraturePotential(AbstractPotential):
     num_points: eqx.AbstractVar[int]
 
     def expected_log_phi(self, m, s2):
-        return expectation(type(self)._log_phi_fn, self.num_points, self, m, s2, self.feature())
+        return expectation(type(self)._log_phi_jet, self.num_points, self, m, s2, self.feature())
 
     def feature(self):
         """(center, width) of log phi's non-analytic behaviour in x (complex singularities at about
         center +- i width / 0.75), broadcasting against the sites; None selects Gauss-Hermite."""
         return None
 
+    def log_phi_jet(self, x, order: int):
+        """(order + 1, *x.shape): log phi and its first `order` derivatives at the nodes x (..., K) of each site,
+        by automatic differentiation; a potential overrides it with a closed form that shares work between the
+        orders (broadcasting its per-site data against the trailing node axis)."""
+        return autodiff_jet(type(self)._log_phi_fn)(self, x, order)
+
     @staticmethod
     def _log_phi_fn(potential, x):
         return potential.log_phi(x)
+
+    @staticmethod
+    def _log_phi_jet(potential, x, order):
+        return potential.log_phi_jet(x, order)
 
 
 def _array_fields(module):

@@ -114,8 +114,33 @@ class Logistic(AbstractQuadraturePotential):
     def log_phi(self, x):
         return jax.nn.log_sigmoid(self.y * x)
 
+    def log_phi_jet(self, x, order):
+        """With u = y x, p = sigmoid(-u) = d log sigmoid(u) / du and q = 1 - p: log phi = min(u, 0) - log1p(e^-|u|),
+        d/dx log phi = y p and, for k >= 2, d^k/dx^k log phi = y^k p q R_k(p), with P_1 = p,
+        P_k = -p q P_{k-1}'(p) (as dp/du = -p q) and R_k = -P_{k-1}': every order from one exponential, and p, q
+        each without cancellation. x: (..., K) nodes per site."""
+        y = self.y[..., None]
+        u = y * x
+        e = jnp.exp(-jnp.abs(u))
+        p = jnp.where(u >= 0, e, 1.0) / (1 + e)
+        q = jnp.where(u >= 0, 1.0, e) / (1 + e)
+        out = [jnp.minimum(u, 0) - jnp.log1p(e), y * p][: order + 1]
+        for k, coefficients in enumerate(_sigmoid_jet_polynomials(order), start=2):
+            out.append(y ** k * p * q * jnp.polyval(jnp.asarray(coefficients, p.dtype), p))
+        return jnp.stack(out)
+
     def feature(self):
         return 0.0, 0.75 * np.pi
+
+
+def _sigmoid_jet_polynomials(order):
+    """Coefficients (highest power first) of R_2..R_order in p: P_1 = p, R_k = -P_{k-1}', P_k = p (1 - p) R_k."""
+    polys, P, pq = [], np.polynomial.Polynomial([0.0, 1.0]), np.polynomial.Polynomial([0.0, 1.0, -1.0])
+    for _ in range(2, order + 1):
+        R = -P.deriv()
+        polys.append(R.coef[::-1])
+        P = pq * R
+    return polys
 
 
 class Probit(AbstractQuadraturePotential):
