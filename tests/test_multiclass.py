@@ -447,3 +447,17 @@ def test_greedy_selection_active_and_random():
         mc.select_inducing(kernel, X, Y, 9, method="greedy")
     with pytest.raises(ValueError, match="score"):
         mc.select_inducing(kernel, X, Y, 9, score="d4")
+
+
+def test_block_helpers_equal_their_dense_definitions():
+    """sandwich_blocks(V, D) = the diagonal C x C blocks of V blockdiag(D) V; blockdiag_left = blockdiag(D) @ A."""
+    from gkl_jax.multiclass import _blocks
+
+    rng = np.random.default_rng(3)
+    n, C = 5, 3
+    A = rng.normal(size=(n * C, n * C))
+    V = jnp.asarray(A @ A.T)
+    D = jnp.asarray(rng.normal(size=(n, C, C)))
+    dense = V @ _blocks.blockdiag_dense(D) @ V
+    np.testing.assert_allclose(_blocks.sandwich_blocks(V, D), _blocks.blocks(dense, C), rtol=1e-12, atol=1e-10)
+    np.testing.assert_allclose(_blocks.blockdiag_left(D, V), _blocks.blockdiag_dense(D) @ V, rtol=1e-12, atol=1e-10)
