@@ -119,7 +119,7 @@ def _elementwise_grad(g):
 
 @functools.lru_cache(maxsize=None)
 def autodiff_jet(fn):
-    """(params, x, order) -> (order + 1, *x.shape): f, f', ..., f^(order) at nodes x (..., K) of an elementwise
+    """(params, x, order) -> [f, f', ..., f^(order)] (each shaped like x) at nodes x (..., K) of an elementwise
     fn(params, x_k) (x_k with the shape of the sites), by repeated differentiation in x, mapped over the nodes
     (cached so traces see the same function object)."""
 
@@ -128,7 +128,7 @@ def autodiff_jet(fn):
         for _ in range(order + 1):
             out.append(g(xk))
             g = _elementwise_grad(g)
-        return jnp.stack(out)
+        return out
 
     def jet(params, x, order):
         return jax.vmap(lambda xk: jet_at(params, xk, order), in_axes=-1, out_axes=-1)(x)
@@ -150,13 +150,13 @@ def _param_jet(jet):
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1))
 def _moments(jet, order, params, m, s2, x, w):
     """M_j = sum_k w_k f^(j)(x_k), j = 0..order, stacked on a leading axis: the quadrature of E_{N(m, s2)}[f^(j)]
-    on given nodes x (..., K) and weights w, with f^(j) from `jet(params, x, order)` in one pass.
+    on given nodes x (..., K) and weights w, with every f^(j) from one call of `jet(params, x, order)`.
 
     Its derivatives are the Stein identities on the same nodes, dM_j/dm = M_{j+1} and dM_j/ds2 = M_{j+2} / 2, so a
     derivative of order r costs one pass with r + 2 more derivatives (fused with the value, not a pass per
     derivative); d/dparams is the parameter tangent of the jet; x and w (a discretisation of N(m, s2)) receive
     none."""
-    return jnp.sum(jet(params, x, order) * w, axis=-1)
+    return jnp.stack([jnp.sum(f_j * w, axis=-1) for f_j in jet(params, x, order)])   # no (order + 1, ..., K) array
 
 
 def _is_zero(t):
@@ -187,7 +187,7 @@ def expectation(jet, num_points, params, m, s2, feature):
     """E_{x~N(m, s2)}[f(x)] elementwise over sites, by Gauss-Hermite (`feature` None) or by the
     feature-adapted rule (`feature` = (center, width), arrays broadcasting against m).
 
-    `jet(params, x, order)` returns f and its first `order` derivatives in x, stacked (`autodiff_jet` builds one
+    `jet(params, x, order)` returns the list of f and its first `order` derivatives in x (`autodiff_jet` builds one
     from any elementwise, smooth f). Derivatives of every order in (m, s2, params) follow Stein's lemma on the
     same nodes (`_moments`); the feature only places the nodes and receives no derivative (the exact
     expectation does not depend on it).

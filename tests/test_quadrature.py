@@ -186,8 +186,8 @@ def test_logistic_closed_form_jet_matches_automatic_differentiation():
     y = jnp.array([1.0, -1.0, 1.0, -1.0])
     pot = gk.potentials.Logistic(y)
     x = jnp.array([0.0, 1e-3, -2.5, 30.0, -700.0, 700.0, 5.0])[None, :] * jnp.ones((4, 1))
-    closed = pot.log_phi_jet(x, 4)
-    auto = jax.vmap(lambda xk: _quadrature.autodiff_jet(type(pot)._log_phi_fn)(pot, xk[:, None], 4)[..., 0],
+    closed = jnp.stack(pot.log_phi_jet(x, 4))
+    auto = jax.vmap(lambda xk: jnp.stack(_quadrature.autodiff_jet(type(pot)._log_phi_fn)(pot, xk[:, None], 4))[..., 0],
                     in_axes=1, out_axes=-1)(x)
     assert closed.shape == (5, 4, 7)
     np.testing.assert_allclose(closed, auto, rtol=1e-12, atol=1e-14)   # autodiff's 1 - sigmoid cancels at |u| >> 1

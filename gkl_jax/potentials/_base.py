@@ -55,7 +55,7 @@ class AbstractQuadraturePotential(AbstractPotential):
         return None
 
     def log_phi_jet(self, x, order: int):
-        """(order + 1, *x.shape): log phi and its first `order` derivatives at the nodes x (..., K) of each site,
+        """[log phi, its first `order` derivatives] (each shaped like x) at the nodes x (..., K) of each site,
         by automatic differentiation; a potential overrides it with a closed form that shares work between the
         orders (broadcasting its per-site data against the trailing node axis)."""
         return autodiff_jet(type(self)._log_phi_fn)(self, x, order)

@@ -126,8 +126,11 @@ class Logistic(AbstractQuadraturePotential):
         q = jnp.where(u >= 0, 1.0, e) / (1 + e)
         out = [jnp.minimum(u, 0) - jnp.log1p(e), y * p][: order + 1]
         for k, coefficients in enumerate(_sigmoid_jet_polynomials(order), start=2):
-            out.append(y ** k * p * q * jnp.polyval(jnp.asarray(coefficients, p.dtype), p))
-        return jnp.stack(out)
+            R = jnp.full_like(p, coefficients[0])
+            for c in coefficients[1:]:           # Horner, unrolled (jnp.polyval's scan would split the fusion)
+                R = R * p + c
+            out.append(y ** k * p * q * R)
+        return out
 
     def feature(self):
         return 0.0, 0.75 * np.pi
