@@ -29,8 +29,8 @@ The derivatives are defined by the identities (Stein's lemma, papers/000 App. B.
 
     d/dm  E[f(m + s z)] = E[f'(m + s z)],      d/d(s^2) E[f(m + s z)] = 1/2 E[f''(m + s z)],
 
-each again a quadrature on the same nodes and weights (computed once per expectation and evaluated together with
-the value in one pass, `_moments`), so
+each again a quadrature on the same nodes and weights (computed once per expectation; the value and the
+derivatives a caller needs come from one call of the site's jet, `_moments`), so
 gradients and Hessian-vector products are smooth in s^2 down to s^2 = 0 (where the chain rule through
 s = sqrt(s^2) would divide by zero). Zero tangents are skipped (symbolic zeros), so a gradient in (m, s^2) costs
 no quadrature over the potential's parameters.
@@ -152,11 +152,10 @@ def _moments(jet, order, params, m, s2, x, w):
     """M_j = sum_k w_k f^(j)(x_k), j = 0..order, stacked on a leading axis: the quadrature of E_{N(m, s2)}[f^(j)]
     on given nodes x (..., K) and weights w, with every f^(j) from one call of `jet(params, x, order)`.
 
-    Its derivatives are the Stein identities on the same nodes, dM_j/dm = M_{j+1} and dM_j/ds2 = M_{j+2} / 2, so a
-    derivative of order r costs one pass with r + 2 more derivatives (fused with the value, not a pass per
-    derivative); d/dparams is the parameter tangent of the jet; x and w (a discretisation of N(m, s2)) receive
-    none."""
-    return jnp.stack([jnp.sum(f_j * w, axis=-1) for f_j in jet(params, x, order)])   # no (order + 1, ..., K) array
+    Its derivatives are the Stein identities on the same nodes, dM_j/dm = M_{j+1} and dM_j/ds2 = M_{j+2} / 2, so
+    differentiating asks one jet call for up to two more orders (a closed-form jet shares its work between the
+    orders); d/dparams is the parameter tangent of the jet; x and w (a discretisation of N(m, s2)) receive none."""
+    return jnp.stack([jnp.sum(f_j * w, axis=-1) for f_j in jet(params, x, order)])  # reduced order by order
 
 
 def _is_zero(t):

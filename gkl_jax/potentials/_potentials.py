@@ -126,9 +126,9 @@ class Logistic(AbstractQuadraturePotential):
         q = jnp.where(u >= 0, 1.0, e) / (1 + e)
         out = [jnp.minimum(u, 0) - jnp.log1p(e), y * p][: order + 1]
         for k, coefficients in enumerate(_sigmoid_jet_polynomials(order), start=2):
-            R = jnp.full_like(p, coefficients[0])
-            for c in coefficients[1:]:           # Horner, unrolled (jnp.polyval's scan would split the fusion)
-                R = R * p + c
+            R = float(coefficients[0])
+            for c in coefficients[1:]:  # Horner; Python floats keep p's dtype
+                R = R * p + float(c)
             out.append(y ** k * p * q * R)
         return out
 
