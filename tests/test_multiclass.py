@@ -200,6 +200,26 @@ def test_paper_fixed_point_and_newton_reach_the_same_optimum_monotonically(fitte
     assert int(post.num_steps) < int(paper.num_steps)
 
 
+def test_v_step_cg_solves_the_newton_system_in_few_iterations(fitted):
+    """The Q-inner-product CG returns the solution of (Q + Q D Q) x = Q R (dense oracle over the symmetric blocks)
+    and needs far fewer iterations than unknowns, because its rate does not depend on cond(Q)."""
+    X, labels, Y, K, post = fitted
+    n, C = Y.shape
+    st = _full.initial_state(K, Y)
+    _, A = _full._gbar(K, Y, st.b, st.S, st.Vb, False)
+    S_fx, G, phi = jax.vmap(_site.s_fixed_point_profile)(st.Vb, A)
+    R = _full.sym(S_fx - jnp.linalg.inv(st.Vb) - st.W)
+    Q = lambda X: _full.sandwich_blocks(st.V, X)
+    D = lambda X: jax.vmap(_site.profile_sensitivity)(G, phi, X)
+    iu = np.triu_indices(C)
+    to_blocks = lambda v: _full.sym(jnp.zeros((n, C, C)).at[:, iu[0], iu[1]].set(v.reshape(n, -1)))
+    to_vec = lambda B: B[:, iu[0], iu[1]].reshape(-1)
+    hess = jax.jacfwd(lambda v: to_vec(Q(to_blocks(v)) + Q(D(Q(to_blocks(v))))))(jnp.zeros(n * len(iu[0])))
+    x_dense = to_blocks(jnp.linalg.solve(hess, to_vec(Q(R))))
+    x_cg = _full._cg(Q, D, R, max_iters=12, rtol=1e-12)
+    np.testing.assert_allclose(x_cg, x_dense, rtol=1e-6, atol=1e-8 * float(jnp.max(jnp.abs(x_dense))))
+
+
 def test_log_z_h_is_not_jointly_concave_in_v_and_s():
     """Erratum to Proposition 8: -tr(S_i V_i)/2 is bilinear, so a midpoint can fall below the chord."""
     K, Y, m, b = 100.0 * jnp.eye(2), jnp.array([[1.0, 0.0]]), jnp.zeros(2), jnp.array([[0.5, 0.5]])

@@ -169,8 +169,8 @@ def _v_step(Lt, Kff, Y, st, km, newton, cg_iters):
         core = jnp.einsum("ias,iab,ibt->st", H, X, H)
         return jnp.einsum("ias,st,ibt->iab", H, core, H)
 
-    op = lambda X: Q(X) + Q(jax.vmap(profile_sensitivity)(G, phi, Q(X)))
-    delta = lax.cond(profiled, lambda _: sym(_cg(op, Q(R), cg_iters)), lambda _: R, None)
+    D = lambda X: jax.vmap(profile_sensitivity)(G, phi, X)
+    delta = lax.cond(profiled, lambda _: sym(_cg(Q, D, R, cg_iters)), lambda _: R, None)
 
     def evaluate(t):
         W = st.W + t * delta
