@@ -27,9 +27,10 @@ One sweep of block-coordinate ascent, every step safeguarded so the bound never 
      - v_update="newton" (default): Newton's method on the stationarity W = S^fx(V(W)) - V_i(W)^{-1} with the S_i
        profiled through eq. 61 (sensitivity `profile_sensitivity`), solved by conjugate gradients in the inner
        product of the block sandwich Q (`_cg`; one O((nC)^2 C) product per iteration, typically 3-5 iterations to
-       1e-6 on glass, where plain CG on the symmetric system needed ~200), followed by S_i = S^fx at the new V. The paper's fixed point converges
-       linearly and slowly when many data are correlated (the update of W_j moves every correlated V_i); the
-       Newton step typically converges in a handful of sweeps (RESULTS_multiclass.md).
+       1e-6 on glass, where plain CG on the symmetric system needed ~200), followed by S_i = S^fx at the new V.
+       The paper's fixed point converges linearly and slowly when many data are correlated (the update of W_j
+       moves every correlated V_i); the Newton step typically converges in a handful of sweeps
+       (benchmarks/README.md §5).
 
 Variants for comparison (Section 2.3.1, Section 9.1): site="knowles_minka" fixes S_i = V_i^{-1} (the relaxed bound,
 Knowles and Minka 2011 when V is diagonal; W_i = A_i); covariance="class_factorised" restricts W (hence q) to be
@@ -379,8 +380,9 @@ def fit_full(K, Y, *, site="theorem6", covariance="full", v_update="newton", tol
         warm = jax.tree.map(lambda x: jnp.asarray(x, K.dtype), warm_start(init))
     flags = (jnp.asarray(site == "knowles_minka"), jnp.asarray(covariance == "class_factorised"),
              jnp.asarray(v_update == "newton"))
-    st, k, converged, hist, stat = _fit_jit(K, Y, warm, jnp.asarray(init is None), *flags, jnp.asarray(tol, K.dtype), int(max_steps),
-                                            jnp.asarray(int(s_sweeps)), jnp.asarray(init_scale, K.dtype))
+    st, k, converged, hist, stat = _fit_jit(K, Y, warm, jnp.asarray(init is None), *flags, jnp.asarray(tol, K.dtype),
+                                            int(max_steps), jnp.asarray(int(s_sweeps)),
+                                            jnp.asarray(init_scale, K.dtype))
     if is_concrete(converged) and not bool(converged):
         warnings.warn(f"gkl_jax.multiclass.fit_full stopped after {int(k)} sweeps without the bound settling to "
                       f"tol={tol:g}; the result is a valid bound but not the optimum", stacklevel=2)
