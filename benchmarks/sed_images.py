@@ -14,6 +14,8 @@ from the previous step, gradient tolerance 0.1 (the paper's). The reference is M
     python benchmarks/sed_images.py --images 16 --steps 300           # the paper's setting (days on a laptop CPU)
     python benchmarks/sed_images.py --size 32 --images 2 --steps 60   # a reduced run
     python benchmarks/sed_images.py --quick                           # < 30 s smoke run (tests)
+    python benchmarks/sed_images.py --images 2 --first-image 2 --out out/b   # crops 3-4, e.g. on another core;
+    python benchmarks/sed_images.py --merge out/a/sed_images.json out/b/sed_images.json   # then one report
 
 Writes benchmarks/out/sed_images.{json,png} and sed_images_panels.png (Figure 9 style).
 """
@@ -86,7 +88,7 @@ def run_image(img, args, seed):
     y0 = M0 @ w + np.sqrt(v2) * rng.normal(size=args.n0)
     checkpoints = set(args.checkpoints)
     record = {"N": [], "gkl": [], "gkl_seconds": [], "gkl_converged": [], "gkl_steps": [], "design_seconds": [],
-              "map": [], "snapshots": {}}
+              "map": [], "map_N": [], "snapshots": {}}
     noise = np.random.default_rng(seed + 1)
     measure = lambda rows: rows @ w + np.sqrt(v2) * noise.normal(size=len(rows))
 
@@ -111,12 +113,17 @@ def run_image(img, args, seed):
     rand = np.random.default_rng(seed + 2)
     map_seconds = []
     for t in range(args.steps + 1):
+        if t % args.map_every and t != args.steps and M.shape[0] not in record["snapshots"]:
+            rows = unit_rows(rand, args.per_step, D)  # the same random rows as with --map-every 1
+            M, y = np.concatenate([M, rows]), np.concatenate([y, rows @ w + np.sqrt(v2) * rand.normal(size=len(rows))])
+            continue
         model = gk.Model(None, (padded_measurement_sites(M, y, v2, capacity),) + base.sites)
         start = time.perf_counter()
         w_map, _ = gk.design.map_estimate(model, w0=w_prev)
         map_seconds.append(time.perf_counter() - start)
         w_prev = w_map
         record["map"].append(float(jnp.linalg.norm(w_map - w)))
+        record["map_N"].append(int(M.shape[0]))
         if M.shape[0] in record["snapshots"]:
             record["snapshots"][M.shape[0]]["map"] = np.asarray(w_map).reshape(size, size).tolist()
         rows = unit_rows(rand, args.per_step, D)
@@ -168,7 +175,7 @@ def time_update(img, args, seed):
 
 
 def run(args):
-    images = load_images(args.size, args.images)
+    images = load_images(args.size, args.first_image + args.images)[args.first_image:]
     if args.timing_only:
         timing = time_update(images[0][1], args, args.seed)
         print("update timing:", timing, flush=True)
@@ -178,7 +185,7 @@ def run(args):
                "loadavg_start": os.getloadavg()}
     for k, (label, img) in enumerate(images):
         start = time.perf_counter()
-        rec = run_image(img, args, args.seed + k)
+        rec = run_image(img, args, args.seed + args.first_image + k)
         rec["label"], rec["seconds"] = label, time.perf_counter() - start
         results["runs"].append(rec)
         print(f"image {k + 1}/{len(images)} {label}: N {rec['N'][0]}->{rec['N'][-1]}, G-KL error "
@@ -195,12 +202,15 @@ def run(args):
 def report(results, out, name):
     runs = results["runs"]
     N = np.array(runs[0]["N"])
+    NM = np.array(runs[0].get("map_N", N))  # the N at which MAP was computed (every --map-every steps)
     gkl, mp = np.array([r["gkl"] for r in runs]), np.array([r["map"] for r in runs])
     se = lambda a: a.std(axis=0, ddof=1) / np.sqrt(len(a)) if len(a) > 1 else np.zeros(a.shape[1])
     print(f"\n== l2 error, mean +- stderr over {len(runs)} images ({results['config']['size']}^2 pixels) ==")
-    print("N".rjust(6) + "G-KL designed".rjust(20) + "MAP random".rjust(20))
-    for i in sorted(set(np.linspace(0, len(N) - 1, min(len(N), 8)).astype(int))):
-        print(f"{N[i]:6d}" + f"{gkl[:, i].mean():12.3f}+-{se(gkl)[i]:.3f}" + f"{mp[:, i].mean():12.3f}+-{se(mp)[i]:.3f}")
+    print("N".rjust(6) + "G-KL designed".rjust(20) + "MAP random".rjust(20) + "  images with G-KL below MAP")
+    for j in sorted(set(np.linspace(0, len(NM) - 1, min(len(NM), 11)).astype(int))):
+        i = int(np.searchsorted(N, NM[j]))
+        print(f"{N[i]:6d}" + f"{gkl[:, i].mean():12.3f}+-{se(gkl)[i]:.3f}" + f"{mp[:, j].mean():12.3f}+-{se(mp)[j]:.3f}"
+              + f"  {int(np.sum(gkl[:, i] < mp[:, j]))}/{len(runs)}")
     steps = [s for r in runs for s in r["gkl_seconds"][1:]]
     if steps:
         print(f"G-KL warm-started update: median {np.median(steps):.2f} s, max {np.max(steps):.2f} s per step")
@@ -212,9 +222,9 @@ def report(results, out, name):
     except ImportError:  # pragma: no cover
         return
     fig, ax = plt.subplots(figsize=(5.5, 4))
-    for a, label, ls in ((gkl, "G-KL chevron (designed)", "-"), (mp, "MAP (random)", "--")):
-        ax.plot(N, a.mean(0), ls, label=label)
-        ax.fill_between(N, a.mean(0) - se(a), a.mean(0) + se(a), alpha=0.2)
+    for x, a, label, ls in ((N, gkl, "G-KL chevron (designed)", "-"), (NM, mp, "MAP (random)", "--")):
+        ax.plot(x, a.mean(0), ls, label=label)
+        ax.fill_between(x, a.mean(0) - se(a), a.mean(0) + se(a), alpha=0.2)
     ax.set_xlabel("number of measurements N")
     ax.set_ylabel("l2 reconstruction error")
     ax.set_title(f"{len(runs)} images, {results['config']['size']}x{results['config']['size']}")
@@ -225,7 +235,8 @@ def report(results, out, name):
     # Figure 9 style panels for the first image: rows G-KL / MAP-random, columns the checkpoints, plus the truth
     snaps = runs[0]["snapshots"]
     keys = sorted(snaps, key=int)
-    truth = np.array(load_images(results["config"]["size"], 1)[0][1])
+    first = results["config"].get("first_image", 0)
+    truth = np.array(load_images(results["config"]["size"], first + 1)[first][1])
     fig, axes = plt.subplots(2, len(keys) + 1, figsize=(2 * (len(keys) + 1), 4.2), squeeze=False)
     for j, key in enumerate(keys):
         for i, method in enumerate(("gkl", "map")):
@@ -247,6 +258,9 @@ def parse(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size", type=int, default=64)
     p.add_argument("--images", type=int, default=16)
+    p.add_argument("--first-image", type=int, default=0, help="skip this many crops (to split a run over cores)")
+    p.add_argument("--map-every", type=int, default=1, help="MAP reference every this many steps (and at the end)")
+    p.add_argument("--merge", nargs="+", default=None, help="report the runs of these result JSON files together")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--per-step", type=int, default=3)
     p.add_argument("--n0", type=int, default=100)
@@ -266,14 +280,25 @@ def parse(argv):
     if args.quick:
         args.size, args.images, args.steps, args.n0, args.rows, args.time_n = 16, 1, 2, 20, 8, 0
         args.checkpoints = []
-    if args.images < 1 or args.images > len(crop_list()):
-        p.error(f"--images must be in [1, {len(crop_list())}]")
+    if args.images < 1 or args.first_image < 0 or args.first_image + args.images > len(crop_list()):
+        p.error(f"--first-image + --images must be at most {len(crop_list())}, with --images >= 1")
+    if args.map_every < 1:
+        p.error("--map-every must be >= 1")
     return args
 
 
 def main(argv=None):
     args = parse(sys.argv[1:] if argv is None else argv)
     os.makedirs(args.out, exist_ok=True)
+    if args.merge:
+        parts = []
+        for path in args.merge:
+            with open(path) as f:
+                parts.append(json.load(f))
+        merged = dict(parts[0], runs=[r for part in parts for r in part["runs"]],
+                      images=[label for part in parts for label in part["images"]])
+        report(merged, args.out, "sed_images_merged")
+        return merged
     start = time.perf_counter()
     results = run(args)
     results["seconds"] = time.perf_counter() - start

@@ -220,6 +220,27 @@ def test_v_step_cg_solves_the_newton_system_in_few_iterations(fitted):
     np.testing.assert_allclose(x_cg, x_dense, rtol=1e-6, atol=1e-8 * float(jnp.max(jnp.abs(x_dense))))
 
 
+def test_kronecker_prior_factor_gives_the_dense_v_and_fit():
+    """With K = K^x (x) I_C, L^T W L from L^x alone (O(n^3 C^2)) equals the dense product, and the fit driven by it
+    (as in hyper-parameter learning) equals the dense fit."""
+    X, labels, Y, K = _problem(seed=3)
+    n, C = Y.shape
+    Kx = gk.kernels.SquaredExponential(2.0, 1.0).gram(jnp.asarray(X)) + 1e-8 * jnp.eye(n)
+    np.testing.assert_allclose(jnp.kron(Kx, jnp.eye(C)), K, atol=1e-14)
+    Lx = jnp.linalg.cholesky(Kx)
+    LK = _full.prior_factor(K, Lx)
+    np.testing.assert_allclose(LK @ LK.T, K, atol=1e-12)
+    rng = np.random.default_rng(0)
+    W = rng.normal(size=(n, C, C))
+    W = jnp.asarray(W + W.transpose(0, 2, 1))
+    np.testing.assert_allclose(_full._lwl(LK, W, Lx), _full._lwl(LK, W), atol=1e-12)
+    flags = (jnp.asarray(False), jnp.asarray(False), jnp.asarray(True))
+    dense = _full.fit_core(K, Y, _full.initial_state(K, Y), *flags, 1e-10, 100, 3)[0]
+    kron = _full.fit_core(K, Y, _full.initial_state(K, Y, Lx=Lx), *flags, 1e-10, 100, 3, Lx=Lx)[0]
+    np.testing.assert_allclose(kron.value, dense.value, rtol=1e-10)
+    np.testing.assert_allclose(kron.W, dense.W, atol=1e-6)
+
+
 def test_log_z_h_is_not_jointly_concave_in_v_and_s():
     """Erratum to Proposition 8: -tr(S_i V_i)/2 is bilinear, so a midpoint can fall below the chord."""
     K, Y, m, b = 100.0 * jnp.eye(2), jnp.array([[1.0, 0.0]]), jnp.zeros(2), jnp.array([[0.5, 0.5]])

@@ -125,13 +125,30 @@ class FullPosterior(eqx.Module):
         return sym(blockdiag_dense(self.W) - blockdiag_left(self.W, blockdiag_left(self.W, V).T))
 
 
-def _covariance(K, LK, W):
+def prior_factor(K, Lx=None):
+    """The Cholesky factor L of K = L L^T: dense, or L^x (x) I_C when K = K^x (x) I_C with K^x = L^x L^x^T."""
+    if Lx is None:
+        return jnp.linalg.cholesky(K)
+    return jnp.kron(Lx, jnp.eye(K.shape[0] // Lx.shape[0], dtype=K.dtype))
+
+
+def _lwl(LK, W, Lx=None):
+    """L^T blockdiag(W) L: O((nC)^3) dense; for L = L^x (x) I_C (`Lx` given), whose entry ((i,a),(j,b)) is
+    sum_k L^x_ki L^x_kj W_k[a,b], one (n, n) x (n, C^2 n) product, O(n^3 C^2)."""
+    if Lx is None:
+        return LK.T @ blockdiag_left(W, LK)
+    n, C, _ = W.shape
+    T = (W[:, :, :, None] * Lx[:, None, None, :]).reshape(n, C * C * n)  # (k, (a, b, j))
+    return (Lx.T @ T).reshape(n, C, C, n).transpose(0, 1, 3, 2).reshape(n * C, n * C)
+
+
+def _covariance(K, LK, W, Lx=None):
     """V(W) = (K^{-1} + W)^{-1} = L B^{-1} L^T = Z^T Z: (V blocks, log|K^{-1} V|, tr(K^{-1} V), Z).
 
-    tr(K^{-1} V) = tr(B^{-1}) = nC - sum_i tr(W_i V_i), since B^{-1} (B - I) = B^{-1} L^T W L."""
+    tr(K^{-1} V) = tr(B^{-1}) = nC - sum_i tr(W_i V_i), since B^{-1} (B - I) = B^{-1} L^T W L. `Lx`: see `_lwl`."""
     n, C, _ = W.shape
     N = n * C
-    B = jnp.eye(N, dtype=K.dtype) + LK.T @ blockdiag_left(W, LK)
+    B = jnp.eye(N, dtype=K.dtype) + _lwl(LK, W, Lx)
     R = jnp.linalg.cholesky(sym(B))
     logdet_kv = -2.0 * jnp.sum(jnp.log(jnp.diag(R)))
     Z = jsl.solve_triangular(R, LK.T, lower=True)
@@ -231,7 +248,7 @@ def _cg(Q, D, R, max_iters, rtol=1e-6):
     return jnp.where(jnp.any(x != 0), x, R)
 
 
-def _v_step(K, LK, Y, st, km, mf, newton, cg_iters):
+def _v_step(K, LK, Y, st, km, mf, newton, cg_iters, Lx=None):
     """V through its site precisions W (see the module docstring); returns the new state."""
     n, C = Y.shape
     mask = jnp.where(mf, jnp.eye(C, dtype=K.dtype), jnp.ones((C, C), K.dtype))
@@ -247,7 +264,7 @@ def _v_step(K, LK, Y, st, km, mf, newton, cg_iters):
 
     def evaluate(t):
         W = st.W + t * delta
-        Vb, ld, tr, Z = _covariance(K, LK, W)
+        Vb, ld, tr, Z = _covariance(K, LK, W, Lx)
         S = jnp.where(profiled, jax.vmap(s_fixed_point_profile)(Vb, A)[0], st.S)
         return _value(K, Y, st.b, S, Vb, ld, tr, km), (Vb, ld, tr, S, Z)
 
@@ -267,21 +284,22 @@ def _v_step(K, LK, Y, st, km, mf, newton, cg_iters):
     return lax.cond(take, lambda _: state_at(jnp.ones((), K.dtype), aux1), search, None)
 
 
-def initial_state(K, Y, km=False, mf=False, scale=1.0, warm=None, cold=True):
+def initial_state(K, Y, km=False, mf=False, scale=1.0, warm=None, cold=True, Lx=None):
     """App. E.3: W_i = gamma (I/C - 11^T/C^2) (diagonal part only when `mf`), V = (K^{-1} + W)^{-1}, m = V W a with
     a_i = gamma (y_i + (y_i - 1)/(C - 1)), i.e. b = y - K^{-1} m = y - (W - W V W) K W a; S_i = V_i^{-1} + W_i.
 
     With `warm` = (b, S, W) from an earlier fit (another K: "the previous model" of App. E.3) and `cold` False (a
-    possibly traced flag), b, S and W are kept and V is rebuilt for this K."""
+    possibly traced flag), b, S and W are kept and V is rebuilt for this K. `Lx`: K = K^x (x) I_C with
+    K^x = L^x L^x^T (`prior_factor`), which makes V cheaper to form."""
     n, C = Y.shape
-    LK = jnp.linalg.cholesky(K)
+    LK = prior_factor(K, Lx)
     eye = jnp.eye(C, dtype=K.dtype)
     W1 = scale * (eye / C - jnp.ones((C, C), K.dtype) / C**2)
     W1 = jnp.where(mf, W1 * eye, W1)
     if warm is None:
         warm = (jnp.zeros((n, C), K.dtype), jnp.broadcast_to(eye, (n, C, C)), jnp.zeros((n, C, C), K.dtype))
     W = jnp.where(cold, jnp.broadcast_to(W1, (n, C, C)), warm[2])
-    Vb, ld, tr, Z = _covariance(K, LK, W)
+    Vb, ld, tr, Z = _covariance(K, LK, W, Lx)
     V = Z.T @ Z
     a = scale * (Y + (Y - 1.0) / (C - 1))
     Wa = jnp.einsum("ab,ib->ia", W1, a).reshape(-1)
@@ -298,11 +316,12 @@ def warm_start(post):
     return post.b, post.S, post.W
 
 
-def fit_core(K, Y, st0, km, mf, newton, tol, max_steps, s_sweeps, cg_iters=50):
-    """The block-coordinate ascent from state `st0` (traceable; shared by `fit_full` and hyper-parameter learning).
+def fit_core(K, Y, st0, km, mf, newton, tol, max_steps, s_sweeps, cg_iters=50, Lx=None):
+    """The block-coordinate ascent from state `st0` (traceable; shared by `fit_full` and hyper-parameter learning;
+    `Lx` as in `initial_state`).
 
     Returns (state, num_steps, converged, history, stationarity)."""
-    LK = jnp.linalg.cholesky(K)
+    LK = prior_factor(K, Lx)
     hist0 = jnp.full((max_steps + 1,), jnp.nan, K.dtype).at[0].set(st0.value)
     settled = lambda v, prev: (v - prev <= tol * (1 + jnp.abs(v))) & jnp.isfinite(v)
 
@@ -315,7 +334,7 @@ def fit_core(K, Y, st0, km, mf, newton, tol, max_steps, s_sweeps, cg_iters=50):
         prev = st.value
         st = _b_step(K, Y, st, km)
         st = _s_step(K, Y, st, km, s_sweeps)
-        st = _v_step(K, LK, Y, st, km, mf, newton, cg_iters)
+        st = _v_step(K, LK, Y, st, km, mf, newton, cg_iters, Lx)
         return st, prev, k + 1, hist.at[k + 1].set(st.value)
 
     st, prev, k, hist = lax.while_loop(cond, body, (st0, jnp.asarray(-jnp.inf, K.dtype), 0, hist0))

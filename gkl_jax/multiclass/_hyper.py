@@ -105,18 +105,26 @@ def _hyper_core(params, static, X, Y, class_covariance, jitter, flags, inner_tol
     kern = lambda flat: eqx.combine(unravel(flat), static)
     K_of = lambda flat: prior_covariance(kern(flat), X, C, class_covariance, jitter)
 
+    def factor(flat):
+        """(K, L^x) with K = K^x (x) I_C, K^x = L^x L^x^T, when K^c = I (the cheaper V of `_full._lwl`)."""
+        if class_covariance is not None:
+            return K_of(flat), None
+        Kx = kern(flat).gram(X)
+        Kx = Kx + jitter * jnp.eye(n, dtype=Kx.dtype)
+        return jnp.kron(Kx, jnp.eye(C, dtype=Kx.dtype)), jnp.linalg.cholesky(Kx)
+
     def solve(flat, st):
-        K = K_of(flat)
-        st0 = initial_state(K, Y, km, mf, 1.0, (st.b, st.S, st.W), jnp.asarray(False))
-        st1, k, ok, _, _ = fit_core(K, Y, st0, km, mf, newton, inner_tol, inner_steps, 3)
+        K, Lx = factor(flat)
+        st0 = initial_state(K, Y, km, mf, 1.0, (st.b, st.S, st.W), jnp.asarray(False), Lx)
+        st1, k, ok, _, _ = fit_core(K, Y, st0, km, mf, newton, inner_tol, inner_steps, 3, Lx=Lx)
         alpha = (Y - st1.b).reshape(-1)
         T = _t_matrix(st1)
         g = jax.grad(lambda f: envelope_surrogate(K_of(f), alpha, T))(flat)
         return st1, st1.value, g, ok
 
-    K0 = K_of(flat0)
-    cold = initial_state(K0, Y, km, mf, 1.0, None, jnp.asarray(True))
-    st0, k0, _, _, _ = fit_core(K0, Y, cold, km, mf, newton, inner_tol, inner_steps, 3)
+    K0, Lx0 = factor(flat0)
+    cold = initial_state(K0, Y, km, mf, 1.0, None, jnp.asarray(True), Lx0)
+    st0, k0, _, _, _ = fit_core(K0, Y, cold, km, mf, newton, inner_tol, inner_steps, 3, Lx=Lx0)
     alpha0 = (Y - st0.b).reshape(-1)
     g0 = jax.grad(lambda f: envelope_surrogate(K_of(f), alpha0, _t_matrix(st0)))(flat0)
     P = flat0.shape[0]
