@@ -113,20 +113,17 @@ def run_image(img, args, seed):
     rand = np.random.default_rng(seed + 2)
     map_seconds = []
     for t in range(args.steps + 1):
-        if t % args.map_every and t != args.steps and M.shape[0] not in record["snapshots"]:
-            rows = unit_rows(rand, args.per_step, D)  # the same random rows as with --map-every 1
-            M, y = np.concatenate([M, rows]), np.concatenate([y, rows @ w + np.sqrt(v2) * rand.normal(size=len(rows))])
-            continue
-        model = gk.Model(None, (padded_measurement_sites(M, y, v2, capacity),) + base.sites)
-        start = time.perf_counter()
-        w_map, _ = gk.design.map_estimate(model, w0=w_prev)
-        map_seconds.append(time.perf_counter() - start)
-        w_prev = w_map
-        record["map"].append(float(jnp.linalg.norm(w_map - w)))
-        record["map_N"].append(int(M.shape[0]))
-        if M.shape[0] in record["snapshots"]:
-            record["snapshots"][M.shape[0]]["map"] = np.asarray(w_map).reshape(size, size).tolist()
-        rows = unit_rows(rand, args.per_step, D)
+        if t % args.map_every == 0 or t == args.steps or M.shape[0] in record["snapshots"]:
+            model = gk.Model(None, (padded_measurement_sites(M, y, v2, capacity),) + base.sites)
+            start = time.perf_counter()
+            w_map, _ = gk.design.map_estimate(model, w0=w_prev)
+            map_seconds.append(time.perf_counter() - start)
+            w_prev = w_map
+            record["map"].append(float(jnp.linalg.norm(w_map - w)))
+            record["map_N"].append(int(M.shape[0]))
+            if M.shape[0] in record["snapshots"]:
+                record["snapshots"][M.shape[0]]["map"] = np.asarray(w_map).reshape(size, size).tolist()
+        rows = unit_rows(rand, args.per_step, D)  # drawn every step, so --map-every keeps the same random rows
         M, y = np.concatenate([M, rows]), np.concatenate([y, rows @ w + np.sqrt(v2) * rand.normal(size=len(rows))])
     record["map_seconds"] = map_seconds
     return record

@@ -72,6 +72,26 @@ def test_free_design_maximises_the_gain_over_unit_rows(rng):
     assert joint >= max(random_joint) - 1e-10
 
 
+def test_design_scores_every_method_on_the_sparse_linear_model(rng):
+    """The scores take the Result of every inference method on the same sparse linear model (G-KL with Full,
+    Chevron and Subspace factors, power EP, the double loop, VB): the gain equals the entropy drop of that
+    result's own dense covariance, and the designed row reaches the top eigenvalue's gain."""
+    D, N, v2 = 8, 5, 0.05
+    model = gk.design.sparse_linear_model(rng.normal(size=(N, D)), rng.normal(size=N), v2,
+                                          gk.operators.Identity(D), gk.potentials.Laplace(0.0, 0.5))
+    M_star = rng.normal(size=(2, D))
+    results = {"full": gk.fit(model), "chevron": gk.fit(model, factor=gk.factors.Chevron(rows=3)),
+               "subspace": gk.fit(model, factor=gk.factors.Subspace(rank=3)), "ep": gk.ep(model, power=0.9),
+               "double_loop": gk.double_loop(model, rank=4), "local": gk.local(model)}
+    for name, res in results.items():
+        S = np.asarray(gk.design.as_gaussian(res).covariance())
+        np.testing.assert_allclose(gk.design.information_gain(res, M_star, v2), entropy_drop(S, M_star, v2),
+                                   rtol=1e-5, err_msg=name)
+        _, gains = gk.design.optimal_directions(res, 1, v2)
+        np.testing.assert_allclose(gains[0], 0.5 * np.log1p(np.linalg.eigvalsh(S)[-1] / v2), rtol=1e-8,
+                                   err_msg=name)
+
+
 def test_leading_directions_match_eigh_with_few_lanczos_vectors(rng):
     D = 120
     q, S = random_q(rng, D, spread=1.5)

@@ -106,12 +106,10 @@ def _hyper_core(params, static, X, Y, class_covariance, jitter, flags, inner_tol
     K_of = lambda flat: prior_covariance(kern(flat), X, C, class_covariance, jitter)
 
     def factor(flat):
-        """(K, L^x) with K = K^x (x) I_C, K^x = L^x L^x^T, when K^c = I (the cheaper V of `_full._lwl`)."""
-        if class_covariance is not None:
-            return K_of(flat), None
-        Kx = kern(flat).gram(X)
-        Kx = Kx + jitter * jnp.eye(n, dtype=Kx.dtype)
-        return jnp.kron(Kx, jnp.eye(C, dtype=Kx.dtype)), jnp.linalg.cholesky(Kx)
+        """(K, L^x): with K^c = I, K = (K^x + jitter I) (x) I_C, whose Cholesky factor L^x (x) I_C makes V cheaper
+        (`_full._lwl`); K^x + jitter I is every C-th row and column of K. Otherwise (K, None)."""
+        K = K_of(flat)
+        return K, None if class_covariance is not None else jnp.linalg.cholesky(K[::C, ::C])
 
     def solve(flat, st):
         K, Lx = factor(flat)
