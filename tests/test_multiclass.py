@@ -11,7 +11,7 @@ import pytest
 
 import gkl_jax as gk
 from gkl_jax import multiclass as mc
-from gkl_jax.multiclass import _full, _hyper, _site
+from gkl_jax.multiclass import _blocks, _full, _hyper, _site
 
 N_DATA, N_CLASSES = 8, 3  # one problem shape for every fit in this file (one compilation)
 
@@ -239,6 +239,56 @@ def test_kronecker_prior_factor_gives_the_dense_v_and_fit():
     kron = _full.fit_core(K, Y, _full.initial_state(K, Y, Lx=Lx), *flags, 1e-10, 100, 3, Lx=Lx)[0]
     np.testing.assert_allclose(kron.value, dense.value, rtol=1e-10)
     np.testing.assert_allclose(kron.W, dense.W, atol=1e-6)
+
+
+def test_kronecker_covariance_and_triangular_inverse_equal_their_dense_versions():
+    """V's pieces from L^x (x) I_C with the block-recursive R^{-1} (n C = 150 > the recursion's base, uneven halves)
+    equal the dense triangular-solve path; R^{-1} R = I for a size that splits unevenly."""
+    _, _, Y, K = _problem(seed=4, n=50)
+    n, C = Y.shape
+    Lx = jnp.linalg.cholesky(K[::C, ::C])
+    rng = np.random.default_rng(1)
+    W = rng.normal(size=(n, C, C))
+    W = jnp.asarray(0.3 * (W @ W.transpose(0, 2, 1)))
+    dense = _full._covariance(K, jnp.linalg.cholesky(K), W)
+    kron = _full._covariance(K, _full.prior_factor(K, Lx), W, Lx)
+    for a, b in zip(dense[:3], kron[:3]):
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-11)
+    np.testing.assert_allclose(kron[3] @ kron[3].T, dense[3] @ dense[3].T, atol=1e-10)
+    A = rng.normal(size=(301, 301))
+    R = jnp.linalg.cholesky(jnp.asarray(A @ A.T / 301 + np.eye(301)))
+    Rinv = _blocks.lower_triangular_inverse(R, base=32)
+    np.testing.assert_allclose(Rinv @ R, np.eye(301), atol=1e-12)
+    assert float(jnp.max(jnp.abs(jnp.triu(Rinv, 1)))) == 0.0
+
+
+def test_v_step_slope_equals_the_finite_difference_and_a_skipped_step_keeps_the_optimum():
+    """The slope 1/2 <R, Q(delta)> that lets `_v_step` skip a step is the derivative of log Z_h along delta, at a
+    point away from the optimum: exactly with S_i held (the fixed-point direction), and to first order along the
+    Newton direction with S_i = S^fx(V_i) profiled (exact only where S_i = S^fx, i.e. at the optimum); fits that may
+    skip their last V step reach the optimum of the fixed-point fits, which never skip."""
+    _, _, Y, K = _problem(seed=5)
+    km, mf = jnp.asarray(False), jnp.asarray(False)
+    LK = jnp.linalg.cholesky(K)
+    st = _full.initial_state(K, Y)
+    st = _full._s_step(K, Y, _full._b_step(K, Y, st, km), km, 1)
+    h = 1e-5
+    for newton, rtol in ((False, 1e-7), (True, 2e-3)):
+        delta, slope, A, _ = _full._v_direction(K, Y, st, km, mf, jnp.asarray(newton), 50)
+
+        def value(t):
+            Vb, ld, tr, _ = _full._covariance(K, LK, st.W + t * delta)
+            S = jax.vmap(lambda V, a: _site.s_fixed_point_profile(V, a)[0])(Vb, A) if newton else st.S
+            return _full._value(K, Y, st.b, S, Vb, ld, tr, km)
+
+        assert float(slope) > 1e-3
+        np.testing.assert_allclose((value(h) - value(-h)) / (2 * h), slope, rtol=rtol)
+    gain = float(value(1.0) - value(0.0))
+    assert 0.2 * float(slope) < gain <= float(slope)  # Newton's model: about half the slope
+    newton = mc.fit_full(K, Y, tol=1e-9)
+    never_skips = mc.fit_full(K, Y, tol=1e-9, v_update="fixed_point", max_steps=2000)
+    np.testing.assert_allclose(newton.log_z, never_skips.log_z, atol=1e-5)
+    assert bool(newton.converged)
 
 
 def test_log_z_h_is_not_jointly_concave_in_v_and_s():

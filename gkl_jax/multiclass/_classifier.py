@@ -47,7 +47,7 @@ class GPClassifier:
     """
 
     def __init__(self, kernel=None, *, fixed=(), learn_hyperparameters=True, classes=None, site="theorem6",
-                 covariance="full", jitter=1e-6, max_steps=50, tol=1e-10):
+                 covariance="full", jitter=1e-6, max_steps=50, tol=1e-8):
         if site not in SITES:
             raise ValueError(f"site must be one of {SITES}, got {site!r}")
         if covariance not in COVARIANCES:

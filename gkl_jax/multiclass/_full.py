@@ -47,7 +47,7 @@ import jax.scipy.linalg as jsl
 from jax import lax
 
 from .._validate import is_concrete
-from ._blocks import blockdiag_dense, blockdiag_left, blocks, sandwich_blocks, sym
+from ._blocks import blockdiag_dense, blockdiag_left, blocks, lower_triangular_inverse, sandwich_blocks, sym
 from ._linesearch import safeguarded_step, segment_search
 from ._site import (knowles_minka_bound, profile_sensitivity, s_fixed_point_profile, s_step, site_bound_free,
                     site_statistics)
@@ -116,8 +116,8 @@ class FullPosterior(eqx.Module):
 
     def covariance(self, K):
         """V = (K^{-1} + W)^{-1}, dense."""
-        Z = _covariance(K, jnp.linalg.cholesky(K), self.W)[3]
-        return Z.T @ Z
+        G = _covariance(K, jnp.linalg.cholesky(K), self.W)[3]
+        return G @ G.T
 
     def t_matrix(self, K):
         """T = K^{-1} - K^{-1} V K^{-1} = W - W V W (eq. 75; V_* = K_** - K_*^T T K_*)."""
@@ -143,19 +143,27 @@ def _lwl(LK, W, Lx=None):
 
 
 def _covariance(K, LK, W, Lx=None):
-    """V(W) = (K^{-1} + W)^{-1} = L B^{-1} L^T = Z^T Z: (V blocks, log|K^{-1} V|, tr(K^{-1} V), Z).
+    """V(W) = (K^{-1} + W)^{-1} = L B^{-1} L^T = G G^T with G = L R^{-T}, B = R R^T: (V blocks, log|K^{-1} V|,
+    tr(K^{-1} V), G).
 
-    tr(K^{-1} V) = tr(B^{-1}) = nC - sum_i tr(W_i V_i), since B^{-1} (B - I) = B^{-1} L^T W L. `Lx`: see `_lwl`."""
+    tr(K^{-1} V) = tr(B^{-1}) = nC - sum_i tr(W_i V_i), since B^{-1} (B - I) = B^{-1} L^T W L. `Lx`: see `_lwl`.
+    G is solved from the right (G R^T = L) so that V = G G^T and the blocks contract G's rows: on XLA's CPU backend
+    a product whose left operand is transposed (Z^T Z) runs at half the speed of G G^T. With L = L^x (x) I_C, G is
+    (L^x (x) I_C) R^{-T}, one (n, n) x (n, C nC) product after `lower_triangular_inverse` (glass: 11 ms against
+    20 ms for the triangular solve, one core)."""
     n, C, _ = W.shape
     N = n * C
     B = jnp.eye(N, dtype=K.dtype) + _lwl(LK, W, Lx)
     R = jnp.linalg.cholesky(sym(B))
     logdet_kv = -2.0 * jnp.sum(jnp.log(jnp.diag(R)))
-    Z = jsl.solve_triangular(R, LK.T, lower=True)
-    Zr = Z.reshape(N, n, C)
-    Vb = sym(jnp.einsum("kia,kib->iab", Zr, Zr))
+    if Lx is None:
+        G = lax.linalg.triangular_solve(R, LK, left_side=False, lower=True, transpose_a=True)
+    else:
+        G = (Lx @ lower_triangular_inverse(R).T.reshape(n, C * N)).reshape(N, N)
+    Gr = G.reshape(n, C, N)
+    Vb = sym(jnp.einsum("iak,ibk->iab", Gr, Gr))
     trace_kv = N - jnp.sum(W * Vb)
-    return Vb, logdet_kv, trace_kv, Z
+    return Vb, logdet_kv, trace_kv, G
 
 
 class _State(eqx.Module):
@@ -248,8 +256,12 @@ def _cg(Q, D, R, max_iters, rtol=1e-6):
     return jnp.where(jnp.any(x != 0), x, R)
 
 
-def _v_step(K, LK, Y, st, km, mf, newton, cg_iters, Lx=None):
-    """V through its site precisions W (see the module docstring); returns the new state."""
+def _v_direction(K, Y, st, km, mf, newton, cg_iters):
+    """The direction delta of the V step in W (see the module docstring), its slope and what `_v_step` re-uses.
+
+    The slope of log Z_h along W + t delta at t = 0 is 1/2 <R, Q(delta)> with R = S - V_i^{-1} - W for the Theorem 6
+    site and the full covariance: the gradient in V is -1/2 blockdiag(R), and dV = -V dW V (the Newton step's
+    profiled S_i leave it unchanged to first order, being optimal). Returns (delta, slope, A, profiled)."""
     n, C = Y.shape
     mask = jnp.where(mf, jnp.eye(C, dtype=K.dtype), jnp.ones((C, C), K.dtype))
     _, A = _gbar(K, Y, st.b, st.S, st.Vb, km)
@@ -261,27 +273,41 @@ def _v_step(K, LK, Y, st, km, mf, newton, cg_iters, Lx=None):
     Q = lambda X: mask * sandwich_blocks(st.V, X)
     D = lambda X: mask * jax.vmap(profile_sensitivity)(G, phi, X)
     delta = lax.cond(profiled, lambda _: mask * sym(_cg(Q, D, R, cg_iters)), lambda _: R, None)
+    return delta, 0.5 * jnp.sum(R * Q(delta)), A, profiled
+
+
+def _v_step(K, LK, Y, st, km, mf, newton, cg_iters, Lx=None, skip_below=-jnp.inf):
+    """V through its site precisions W (see the module docstring); returns the new state.
+
+    When the slope of the step (`_v_direction`) is at most `skip_below` (Theorem 6 site, full covariance), the step
+    is not taken and V, the O((nC)^3) part of a sweep, is not re-formed. Newton's quadratic model predicts a gain of
+    half the slope (measured on glass and iris: 0.45-0.47 of it), so `fit_core` passes what is left of the sweep's
+    tolerance and ends a fit without a last sweep that only confirms."""
+    delta, slope, A, profiled = _v_direction(K, Y, st, km, mf, newton, cg_iters)
 
     def evaluate(t):
         W = st.W + t * delta
-        Vb, ld, tr, Z = _covariance(K, LK, W, Lx)
+        Vb, ld, tr, G = _covariance(K, LK, W, Lx)
         S = jnp.where(profiled, jax.vmap(s_fixed_point_profile)(Vb, A)[0], st.S)
-        return _value(K, Y, st.b, S, Vb, ld, tr, km), (Vb, ld, tr, S, Z)
+        return _value(K, Y, st.b, S, Vb, ld, tr, km), (Vb, ld, tr, S, G)
 
     def state_at(t, aux):
         W = st.W + t * delta
-        Vb, ld, tr, S, Z = aux
-        return _State(b=st.b, S=S, W=W, Vb=Vb, V=Z.T @ Z, logdet_kv=ld,
+        Vb, ld, tr, S, G = aux
+        return _State(b=st.b, S=S, W=W, Vb=Vb, V=G @ G.T, logdet_kv=ld,
                       trace_kv=tr, value=_value(K, Y, st.b, S, Vb, ld, tr, km))
 
-    val1, aux1 = evaluate(jnp.ones((), K.dtype))
+    def step(_):
+        val1, aux1 = evaluate(jnp.ones((), K.dtype))
 
-    def search(_):
-        eta, _ = segment_search(lambda t: evaluate(t)[0], st.value)
-        return lax.cond(eta > 0, lambda _: state_at(eta, evaluate(eta)[1]), lambda _: st, None)
+        def search(_):
+            eta, _ = segment_search(lambda t: evaluate(t)[0], st.value)
+            return lax.cond(eta > 0, lambda _: state_at(eta, evaluate(eta)[1]), lambda _: st, None)
 
-    take = jnp.isfinite(val1) & (val1 >= st.value)
-    return lax.cond(take, lambda _: state_at(jnp.ones((), K.dtype), aux1), search, None)
+        take = jnp.isfinite(val1) & (val1 >= st.value)
+        return lax.cond(take, lambda _: state_at(jnp.ones((), K.dtype), aux1), search, None)
+
+    return lax.cond(~km & ~mf & (slope <= skip_below), lambda _: st, step, None)
 
 
 def initial_state(K, Y, km=False, mf=False, scale=1.0, warm=None, cold=True, Lx=None):
@@ -299,8 +325,8 @@ def initial_state(K, Y, km=False, mf=False, scale=1.0, warm=None, cold=True, Lx=
     if warm is None:
         warm = (jnp.zeros((n, C), K.dtype), jnp.broadcast_to(eye, (n, C, C)), jnp.zeros((n, C, C), K.dtype))
     W = jnp.where(cold, jnp.broadcast_to(W1, (n, C, C)), warm[2])
-    Vb, ld, tr, Z = _covariance(K, LK, W, Lx)
-    V = Z.T @ Z
+    Vb, ld, tr, G = _covariance(K, LK, W, Lx)
+    V = G @ G.T
     a = scale * (Y + (Y - 1.0) / (C - 1))
     Wa = jnp.einsum("ab,ib->ia", W1, a).reshape(-1)
     u = blockdiag_left(W, (K @ Wa)[:, None])[:, 0]
@@ -334,7 +360,8 @@ def fit_core(K, Y, st0, km, mf, newton, tol, max_steps, s_sweeps, cg_iters=50, L
         prev = st.value
         st = _b_step(K, Y, st, km)
         st = _s_step(K, Y, st, km, s_sweeps)
-        st = _v_step(K, LK, Y, st, km, mf, newton, cg_iters, Lx)
+        st = _v_step(K, LK, Y, st, km, mf, newton, cg_iters, Lx,
+                     skip_below=tol * (1 + jnp.abs(st.value)) - (st.value - prev))
         return st, prev, k + 1, hist.at[k + 1].set(st.value)
 
     st, prev, k, hist = lax.while_loop(cond, body, (st0, jnp.asarray(-jnp.inf, K.dtype), 0, hist0))
@@ -378,7 +405,8 @@ def fit_full(K, Y, *, site="theorem6", covariance="full", v_update="newton", tol
 
     `init` (a FullPosterior for the same (n, C), possibly fitted under another K) warm-starts from its (b, S, W)
     (App. E.3; used in hyper-parameter learning). Stops when a sweep raises the bound by at most
-    tol * (1 + |log Z_h|); `converged` is False (with a warning outside of tracing) when `max_steps` sweeps did not.
+    tol * (1 + |log Z_h|), its V step counted by its slope when that is small enough to skip it (`_v_step`);
+    `converged` is False (with a warning outside of tracing) when `max_steps` sweeps did not.
     """
     for name, value, allowed in (("site", site, SITES), ("covariance", covariance, COVARIANCES),
                                  ("v_update", v_update, V_UPDATES)):

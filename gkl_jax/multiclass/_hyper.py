@@ -30,6 +30,9 @@ from ._blocks import blockdiag_dense, blockdiag_left, sym
 from ._full import COVARIANCES, SITES, FullPosterior, _gbar, check_labels_matrix, fit_core, initial_state
 
 TRACE_COUNT = {"hyper": 0}
+# One S_i update per sweep in the inner fits: the Newton V step sets S_i = S^fx(V_i) anyway, and on glass three
+# updates per sweep (the `fit_full` default) gave the same sweeps and bound at 15% more time.
+INNER_S_SWEEPS = 1
 
 
 @eqx.filter_jit
@@ -114,7 +117,7 @@ def _hyper_core(params, static, X, Y, class_covariance, jitter, flags, inner_tol
     def solve(flat, st):
         K, Lx = factor(flat)
         st0 = initial_state(K, Y, km, mf, 1.0, (st.b, st.S, st.W), jnp.asarray(False), Lx)
-        st1, k, ok, _, _ = fit_core(K, Y, st0, km, mf, newton, inner_tol, inner_steps, 3, Lx=Lx)
+        st1, k, ok, _, _ = fit_core(K, Y, st0, km, mf, newton, inner_tol, inner_steps, INNER_S_SWEEPS, Lx=Lx)
         alpha = (Y - st1.b).reshape(-1)
         T = _t_matrix(st1)
         g = jax.grad(lambda f: envelope_surrogate(K_of(f), alpha, T))(flat)
@@ -122,7 +125,7 @@ def _hyper_core(params, static, X, Y, class_covariance, jitter, flags, inner_tol
 
     K0, Lx0 = factor(flat0)
     cold = initial_state(K0, Y, km, mf, 1.0, None, jnp.asarray(True), Lx0)
-    st0, k0, _, _, _ = fit_core(K0, Y, cold, km, mf, newton, inner_tol, inner_steps, 3, Lx=Lx0)
+    st0, k0, _, _, _ = fit_core(K0, Y, cold, km, mf, newton, inner_tol, inner_steps, INNER_S_SWEEPS, Lx=Lx0)
     alpha0 = (Y - st0.b).reshape(-1)
     g0 = jax.grad(lambda f: envelope_surrogate(K_of(f), alpha0, _t_matrix(st0)))(flat0)
     P = flat0.shape[0]
@@ -189,12 +192,14 @@ def _hyper_jit(params, static, X, Y, class_covariance, jitter, flags, inner_tol,
 
 
 def fit_hyperparameters(kernel, X, Y, *, fixed=(), class_covariance=None, jitter=1e-6, site="theorem6",
-                        covariance="full", max_steps=50, ftol=1e-7, inner_tol=1e-10, inner_steps=100,
+                        covariance="full", max_steps=50, ftol=1e-7, inner_tol=1e-8, inner_steps=100,
                         max_step=1.0, memory=10) -> HyperResult:
     """Maximise log Z_h*(theta) (Section 6) over the kernel's unconstrained parameters (all inexact arrays except
     the attribute names in `fixed`), by L-BFGS with warm-started inner fits.
 
     X: (n, d) inputs; Y: (n, C) one-hot labels. Each outer step moves every log-parameter by at most `max_step`.
+    `inner_tol` is the inner fits' `fit_full` tolerance: 1e-8 (about 2e-6 nats on glass, a tenth of the outer
+    settling threshold ftol (1 + |log Z|)) gave the same learned bound to 1e-4 nats as 1e-10 in 30% less time.
     Stops when a step raises the bound by at most ftol * (1 + |log Z|), when the line search fails, or after
     `max_steps` steps. Returns a `HyperResult`; `converged` is False (with a warning) when `max_steps` was reached
     first or the line search failed while the first-order gain of the step was still above that tolerance.
