@@ -1,5 +1,6 @@
 """GP prediction, exact regression, sparse GPs and ML-II against dense / closed-form / quadrature oracles."""
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -174,7 +175,6 @@ def test_hyperparameter_gradient_matches_reoptimised_bound():
 
 
 def eqx_set(module, field, value):
-    import equinox as eqx
 
     return eqx.tree_at(lambda m: getattr(m, field), module, value)
 
@@ -195,6 +195,22 @@ def test_ml2_gkl_equals_exact_with_gaussian_likelihood():
     sk = GaussianProcessRegressor(ConstantKernel(1.0) * RBF(1.0), alpha=NOISE + 1e-6, n_restarts_optimizer=0).fit(X, y)
     np.testing.assert_allclose(ex.log_z, sk.log_marginal_likelihood_value_, rtol=1e-5)
     assert np.all(np.diff(ex.history) >= -1e-10)
+
+
+def test_ml2_inner_tolerance_follows_gtol_without_changing_the_result():
+    """With gtol = 1e-3 the G-KL inner fits stop at max|grad| <= 1e-4 (gtol / 10): the learned hyperparameters
+    and bound equal those of inner fits run to 1e-7 (an explicit method_kwargs tol)."""
+    X, y = _data(30)
+    labels = jnp.where(y > 0, 1.0, -1.0)
+    build = lambda k: gk.gp.model(k, X, gk.potentials.Logistic(labels))
+    k0 = K.SquaredExponential(1.0, 1.0)
+    loose = gk.gp.fit_hyperparameters(build, k0, gtol=1e-3)
+    tight = gk.gp.fit_hyperparameters(build, k0, gtol=1e-3, method_kwargs={"tol": 1e-7})
+    assert loose.converged and tight.converged
+    np.testing.assert_allclose(loose.log_z, tight.log_z, rtol=1e-6)
+    np.testing.assert_allclose(loose.params.lengthscale, tight.params.lengthscale, rtol=1e-2)
+    np.testing.assert_allclose(loose.params.variance, tight.params.variance, rtol=1e-2)
+    assert loose.num_inner_unconverged == 0 and tight.num_inner_unconverged == 0
 
 
 def test_bad_inputs_name_the_argument():
