@@ -35,6 +35,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from ._linalg import tdot
+
 __all__ = ["lanczos", "tridiagonal", "ritz_pairs", "inverse_factor", "variance_estimates", "estimate_variances",
            "slq_logdet"]
 
@@ -77,8 +79,8 @@ def _start(key_or_start, dim, dtype):
 
 def _orthogonalise(Q, r):
     """r minus its projection on the columns of Q, twice (classical Gram-Schmidt with reorthogonalisation)."""
-    r = r - Q @ (Q.T @ r)
-    return r - Q @ (Q.T @ r)
+    r = r - Q @ tdot(Q, r)
+    return r - Q @ tdot(Q, r)
 
 
 def lanczos(matvec, dim: int, num_vectors: int, key_or_start, *, dtype=None):

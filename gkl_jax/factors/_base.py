@@ -20,6 +20,8 @@ import abc
 import equinox as eqx
 import jax.numpy as jnp
 
+from .._linalg import tdot
+
 
 class AbstractFactor(eqx.Module):
     """`concave`: the bound is concave in this parametrisation for log-concave sites (Section 3.2).
@@ -70,7 +72,7 @@ class AbstractFactor(eqx.Module):
 
     def covariance(self):
         C = self.dense()
-        return C.T @ C
+        return tdot(C, C)
 
 
 class AbstractFixedPointFactor(AbstractFactor):

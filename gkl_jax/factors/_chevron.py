@@ -6,6 +6,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from .._linalg import tdot
 from .._validate import as_float_array, check_finite, check_ndim
 from ._base import AbstractFactor, check_initialised, signed_log_abs_diag
 from ._kernels import broadcast_variances, check_count, check_shape, operator_kind
@@ -101,7 +102,7 @@ class Chevron(AbstractFactor):
         return jnp.concatenate([self.upper_rows() @ v, self.d * v[self.rows:]])
 
     def rmatvec(self, z):
-        return self.upper_rows().T @ z[:self.rows] + self._tail(self.d * z[self.rows:])
+        return tdot(self.upper_rows(), z[:self.rows]) + self._tail(self.d * z[self.rows:])
 
 
 def _check_rows(rows, dim):

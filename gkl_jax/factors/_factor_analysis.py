@@ -6,6 +6,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from .._linalg import tdot
 from .._validate import as_float_array, check_finite, check_ndim
 from ._base import AbstractFactor, check_initialised
 from ._kernels import broadcast_variances, check_count, check_shape, operator_kind
@@ -92,7 +93,7 @@ class FactorAnalysis(AbstractFactor):
         return self.theta @ self.theta.T + jnp.diag(jnp.square(self.d))
 
     def covariance_mv(self, v):
-        return self.theta @ (self.theta.T @ v) + jnp.square(self.d) * v
+        return self.theta @ tdot(self.theta, v) + jnp.square(self.d) * v
 
     def _root(self):
         """(Q, sqrt(1 + sigma^2) - 1) of the symmetric square root of I + U U^T, U = diag(1/d) Theta."""
@@ -102,11 +103,11 @@ class FactorAnalysis(AbstractFactor):
     def matvec(self, v):
         Q, g = self._root()
         w = self.d * v
-        return w + Q @ (g * (Q.T @ w))
+        return w + Q @ (g * tdot(Q, w))
 
     def rmatvec(self, z):
         Q, g = self._root()
-        return self.d * (z + Q @ (g * (Q.T @ z)))
+        return self.d * (z + Q @ (g * tdot(Q, z)))
 
     def dense(self):
         return jax.vmap(self.matvec, in_axes=1, out_axes=1)(jnp.eye(self.dim, dtype=self.d.dtype))

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 
+from .._linalg import tdot
 from .._validate import as_float_array, check_finite, check_ndim
 from ._base import AbstractFixedPointFactor, check_initialised, signed_log_abs_diag
 
@@ -81,7 +82,7 @@ class Full(AbstractFixedPointFactor):
         return self.upper() @ v
 
     def rmatvec(self, z):
-        return self.upper().T @ z
+        return tdot(self.upper(), z)
 
     def fixed_point(self, prior, sites_ops, gammas):
         lam = _precision(prior, sites_ops, gammas, self.dim, self.C.dtype)

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .._linalg import tdot
 from .._validate import as_float_array, check_finite, check_ndim, is_concrete
 from ._base import check_initialised, signed_log_abs_diag
 from ._full import upper_factor_of_inverse
@@ -155,13 +156,13 @@ class Subspace(AbstractRefinableFactor):
 
     def matvec(self, v):
         E = self.E()
-        p = E.T @ v
+        p = tdot(E, v)
         return E @ (self.upper() @ p) + self.c * (v - E @ p)
 
     def rmatvec(self, z):
         E = self.E()
-        p = E.T @ z
-        return E @ (self.upper().T @ p) + self.c * (z - E @ p)
+        p = tdot(E, z)
+        return E @ tdot(self.upper(), p) + self.c * (z - E @ p)
 
     def solver_mask(self):
         mask = jax.tree.map(lambda _: True, self)

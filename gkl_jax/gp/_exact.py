@@ -18,6 +18,7 @@ import equinox as eqx
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 
+from .._linalg import tdot
 from .._gaussian import Gaussian
 from .._model import Model
 from .._result import Result
@@ -67,7 +68,7 @@ def _exact_jit(model):
     H, y, offset, v, extra = _stacked(model)
     N, D = H.shape
     r = y - offset - H @ prior.mean
-    precision = prior.precision_dense() + H.T @ (H / v[:, None])
+    precision = prior.precision_dense() + tdot(H, H / v[:, None])
     if N <= D:
         L = prior.cholesky()
         HL = H @ L
@@ -75,10 +76,10 @@ def _exact_jit(model):
         Ly = jnp.linalg.cholesky(Ky)
         alpha = jsl.cho_solve((Ly, True), r)
         log_z = -0.5 * (r @ alpha + 2 * jnp.sum(jnp.log(jnp.diag(Ly))) + N * jnp.log(2 * jnp.pi))
-        mean = prior.mean + L @ (HL.T @ alpha)
+        mean = prior.mean + L @ tdot(HL, alpha)
     else:
         Lp = jnp.linalg.cholesky(precision)
-        b = H.T @ (r / v)
+        b = tdot(H, r / v)
         post = jsl.cho_solve((Lp, True), b)
         logdet = jnp.sum(jnp.log(v)) + prior.logdet() + 2 * jnp.sum(jnp.log(jnp.diag(Lp)))
         quad = jnp.sum(jnp.square(r) / v) - b @ post

@@ -37,6 +37,7 @@ import optax
 from jax import lax
 from jax.scipy.special import ndtr
 
+from .._linalg import tdot
 from .._validate import as_float_array, check_finite, check_positive
 from ..kernels import AbstractKernel
 from ..potentials import Logistic, Probit
@@ -282,7 +283,7 @@ def ppa_predict(result: PPAResult, X_new, jitter: float = 1e-6):
     Kv = _gram(params.kernel, X, jitter) + v * jnp.eye(X.shape[0], dtype=X.dtype)
     L = jnp.linalg.cholesky(Kv)
     Ks = params.kernel.gram(X, X_new)
-    mean = Ks.T @ jsl.cho_solve((L, True), result.stats.f_mean)
+    mean = tdot(Ks, jsl.cho_solve((L, True), result.stats.f_mean))
     A = jsl.solve_triangular(L, Ks, lower=True)
     var = jnp.maximum(params.kernel.diag(X_new) - jnp.sum(A * A, axis=0), 0.0)
     return mean, var, ndtr(mean / jnp.sqrt(1 + v + var))

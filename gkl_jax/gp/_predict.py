@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 from jax.scipy.special import log_ndtr, logsumexp, ndtr
 
+from .._linalg import tdot
 from .._gaussian import Gaussian
 from .._quadrature import hermite_rule
 from .._result import Result
@@ -79,7 +80,7 @@ def _check_inputs(q, prior, X_new):
 def _latent(q, prior, X_new, mu_new):
     K_xs = prior.cross_covariance(X_new)                          # (n, n_new)
     A = prior.solve(K_xs)                                         # Sigma^{-1} k_*, columns
-    mean = mu_new + A.T @ (q.mean - prior.mean)
+    mean = mu_new + tdot(A, q.mean - prior.mean)
     explained = jnp.sum(K_xs * A, axis=0)                         # k_*^T Sigma^{-1} k_*
     posterior = q.factor.project_variances(DenseOperator(A.T, "X_new"))  # ||C a_*||^2
     variance = prior.kernel.diag(X_new) - explained + posterior

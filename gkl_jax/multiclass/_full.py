@@ -46,6 +46,7 @@ import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 from jax import lax
 
+from .._linalg import tdot
 from .._validate import is_concrete
 from ._blocks import blockdiag_dense, blockdiag_left, blocks, lower_triangular_inverse, sandwich_blocks, sym
 from ._linesearch import safeguarded_step, segment_search
@@ -136,10 +137,10 @@ def _lwl(LK, W, Lx=None):
     """L^T blockdiag(W) L: O((nC)^3) dense; for L = L^x (x) I_C (`Lx` given), whose entry ((i,a),(j,b)) is
     sum_k L^x_ki L^x_kj W_k[a,b], one (n, n) x (n, C^2 n) product, O(n^3 C^2)."""
     if Lx is None:
-        return LK.T @ blockdiag_left(W, LK)
+        return tdot(LK, blockdiag_left(W, LK))
     n, C, _ = W.shape
     T = (W[:, :, :, None] * Lx[:, None, None, :]).reshape(n, C * C * n)  # (k, (a, b, j))
-    return (Lx.T @ T).reshape(n, C, C, n).transpose(0, 1, 3, 2).reshape(n * C, n * C)
+    return tdot(Lx, T).reshape(n, C, C, n).transpose(0, 1, 3, 2).reshape(n * C, n * C)
 
 
 def _covariance(K, LK, W, Lx=None):

@@ -20,6 +20,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from .._linalg import tdot
 from ._site import optimise_site
 
 
@@ -51,7 +52,7 @@ def predictive_moments(alpha, T, K_cross, K_star_blocks):
 
     alpha: (nC,); T: (nC, nC); K_cross: (nC, n_* C) datum-major on both sides; K_star_blocks: (n_*, C, C)."""
     n_star, C, _ = K_star_blocks.shape
-    mean = (K_cross.T @ alpha).reshape(n_star, C)
+    mean = tdot(K_cross, alpha).reshape(n_star, C)
     TK = (T @ K_cross).reshape(-1, n_star, C)
     quad = jnp.einsum("kja,kjb->jab", K_cross.reshape(-1, n_star, C), TK)
     cov = K_star_blocks - quad

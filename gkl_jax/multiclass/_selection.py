@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from .._linalg import tdot
 from ._blocks import blockdiag_left
 from ._sparse import _mf, fit_sparse, masked_prior, site_statistics, whitened_cross
 
@@ -164,7 +165,7 @@ def _scores(kernel, X, Y, post, sites, mask, candidates, data, w, num_classes, n
     Ltd = Lt.reshape(-1, C, Lt.shape[1])[data]  # (D, C, s)
     kv = (kf - jnp.einsum("dcs,sp->dcp", Ltd, a)) / kappa
     if d1:
-        B = jnp.eye(Lt.shape[1], dtype=Lt.dtype) + Lt.T @ blockdiag_left(post.W, Lt)
+        B = jnp.eye(Lt.shape[1], dtype=Lt.dtype) + tdot(Lt, blockdiag_left(post.W, Lt))
         gain = jax.vmap(lambda k, kp: _maximise_gain_d1(k, kp, Vinv[data], post.S[data], lg[data], Y[data], w,
                                                         Ltd, B), in_axes=(0, 2))(kappa, kv)
     else:

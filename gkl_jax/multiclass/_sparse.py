@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 from jax import lax
 
+from .._linalg import tdot
 from .._validate import is_concrete
 from ._blocks import blockdiag_left, sym
 from ._full import V_UPDATES, _cg, site_terms
@@ -73,8 +74,8 @@ class SparsePosterior(eqx.Module):
         L = jnp.linalg.cholesky(Kzz)
         Lt = jsl.solve_triangular(L, Kzf, lower=True).T
         alpha = (self.Y - self.b).reshape(-1)
-        mu = Lt.T @ alpha
-        Sigma = jnp.linalg.inv(sym(jnp.eye(L.shape[0], dtype=L.dtype) + Lt.T @ blockdiag_left(self.W, Lt)))
+        mu = tdot(Lt, alpha)
+        Sigma = jnp.linalg.inv(sym(jnp.eye(L.shape[0], dtype=L.dtype) + tdot(Lt, blockdiag_left(self.W, Lt))))
         return L @ mu, L @ Sigma @ L.T
 
 
@@ -93,7 +94,7 @@ def _moments(Lt, W, Kff):
     """(V_f blocks, log|Sigma_u|, tr Sigma_u, Z) for the site precisions W."""
     s = Lt.shape[1]
     n, C, _ = W.shape
-    B = jnp.eye(s, dtype=Lt.dtype) + Lt.T @ blockdiag_left(W, Lt)
+    B = jnp.eye(s, dtype=Lt.dtype) + tdot(Lt, blockdiag_left(W, Lt))
     R = jnp.linalg.cholesky(sym(B))
     Z = jsl.solve_triangular(R, Lt.T, lower=True)
     Rinv = jsl.solve_triangular(R, jnp.eye(s, dtype=Lt.dtype), lower=True)
@@ -104,7 +105,7 @@ def _moments(Lt, W, Kff):
 
 def _value(Lt, Y, b, S, Vb, logdet, trace, km):
     n, C = Y.shape
-    mu = Lt.T @ (Y - b).reshape(-1)
+    mu = tdot(Lt, (Y - b).reshape(-1))
     mf = Lt @ mu
     return (0.5 * (logdet - trace - mu @ mu + Lt.shape[1]) + mf @ Y.reshape(-1)
             + site_terms(mf.reshape(n, C), Vb, b, S, km))
@@ -112,7 +113,7 @@ def _value(Lt, Y, b, S, Vb, logdet, trace, km):
 
 def _mf(Lt, Y, b):
     n, C = Y.shape
-    return (Lt @ (Lt.T @ (Y - b).reshape(-1))).reshape(n, C)
+    return (Lt @ tdot(Lt, (Y - b).reshape(-1))).reshape(n, C)
 
 
 def _gbar(Lt, Y, b, S, Vb, km):
@@ -132,8 +133,8 @@ def _b_step(Lt, Y, st, km):
     r = (st.b - gbar).reshape(-1)
     u = blockdiag_left(SM, r[:, None])[:, 0]
     ELt = blockdiag_left(E, Lt)
-    inner = jnp.eye(Lt.shape[1], dtype=Lt.dtype) + Lt.T @ ELt
-    w = jnp.linalg.solve(inner, Lt.T @ u)
+    inner = jnp.eye(Lt.shape[1], dtype=Lt.dtype) + tdot(Lt, ELt)
+    w = jnp.linalg.solve(inner, tdot(Lt, u))
     d = -(u - ELt @ w).reshape(n, C)
     d = jnp.where(jnp.isfinite(d), d, 0.0)
     f = lambda t: _value(Lt, Y, st.b + t * d, st.S, st.Vb, st.logdet, st.trace, km)
@@ -201,7 +202,7 @@ def _initial(Lt, Kff, Y, km, warm, cold, scale=1.0):
     a = scale * (Y + (Y - 1.0) / (C - 1))
     Wa = jnp.einsum("ab,ib->ia", W1, a).reshape(-1)
     # m = V K^{-1} K_f W a  <=>  mu_u = Sigma_u Ltil^T W a; b = y - alpha with Ltil^T alpha = mu_u (minimum norm)
-    mu = jnp.linalg.solve(sym(jnp.eye(Lt.shape[1], dtype=Lt.dtype) + Lt.T @ blockdiag_left(W, Lt)), Lt.T @ Wa)
+    mu = jnp.linalg.solve(sym(jnp.eye(Lt.shape[1], dtype=Lt.dtype) + tdot(Lt, blockdiag_left(W, Lt))), tdot(Lt, Wa))
     alpha = Wa - blockdiag_left(W, (Lt @ mu)[:, None])[:, 0]  # Woodbury: (I + W K~)^{-1} W a, K~ = Ltil Ltil^T
     b = jnp.where(cold, Y - alpha.reshape(n, C), warm[0])
     S = jnp.where(cold, sym(jnp.linalg.inv(Vb) + W1), warm[1])
@@ -297,7 +298,7 @@ def sparse_log_z(Kzz, Kzf, Kff_blocks, Y, m, V, b, S, mask=None):
     a = jsl.solve_triangular(L, m, lower=True)
     logdet = 2 * (jnp.sum(jnp.log(jnp.diag(LV))) - jnp.sum(jnp.log(jnp.diag(L))))
     neg_kl = 0.5 * (logdet - jnp.sum(B * B) - a @ a + s)
-    mf = A.T @ a
+    mf = tdot(A, a)
     G = jsl.solve_triangular(L.T, A, lower=False)  # K^{-1} K_f
     Gr = G.reshape(s, n, C)
     Ar = A.reshape(s, n, C)

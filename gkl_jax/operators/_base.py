@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import sparse as jsparse
 
+from .._linalg import tdot
 from .._validate import as_float_array, check_finite, check_ndim
 
 
@@ -55,7 +56,7 @@ class AbstractOperator(eqx.Module):
     def weighted_gram(self, g):
         """H^T diag(g) H as a dense (D, D) matrix."""
         Hd = self.as_matrix()
-        return Hd.T @ (g[:, None] * Hd)
+        return tdot(Hd, g[:, None] * Hd)
 
 
 class Dense(AbstractOperator):
@@ -77,19 +78,19 @@ class Dense(AbstractOperator):
         return self.matrix @ x
 
     def rmv(self, y):
-        return self.matrix.T @ y
+        return tdot(self.matrix, y)
 
     def mm(self, X):
         return self.matrix @ X
 
     def rmm(self, Y):
-        return self.matrix.T @ Y
+        return tdot(self.matrix, Y)
 
     def sq_mv(self, v):
         return jnp.square(self.matrix) @ v
 
     def sq_rmv(self, y):
-        return jnp.square(self.matrix).T @ y
+        return tdot(jnp.square(self.matrix), y)
 
     def as_matrix(self):
         return self.matrix

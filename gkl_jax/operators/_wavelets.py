@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._linalg import tdot
 from ._base import AbstractOperator
 from ._finite_difference import check_image_shape
 
@@ -171,4 +172,4 @@ class Wavelet2D(AbstractOperator):
     def weighted_gram(self, g):
         """W^T diag(g) W (dense D x D, for the Full factor's fixed point on small images)."""
         W = self.as_matrix().astype(g.dtype)
-        return W.T @ (g[:, None] * W)
+        return tdot(W, g[:, None] * W)

@@ -14,6 +14,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from .._linalg import tdot
 from .._validate import as_float_array, check_finite, check_ndim
 from ..kernels import AbstractKernel
 from ..operators import Dense as DenseOperator
@@ -69,10 +70,10 @@ class GP(AbstractPrior):
         return jnp.sum(factor.project_variances(DenseOperator(self.inv_chol)))
 
     def precision_mv(self, v):
-        return self.inv_chol.T @ (self.inv_chol @ v)
+        return tdot(self.inv_chol, self.inv_chol @ v)
 
     def precision_dense(self):
-        return self.inv_chol.T @ self.inv_chol
+        return tdot(self.inv_chol, self.inv_chol)
 
     def precision_diagonal(self):
         return jnp.sum(jnp.square(self.inv_chol), axis=0)
@@ -89,4 +90,4 @@ class GP(AbstractPrior):
 
     def solve(self, B):
         """Sigma^{-1} B by two triangular solves with the stored factor."""
-        return self.inv_chol.T @ (self.inv_chol @ B)
+        return tdot(self.inv_chol, self.inv_chol @ B)

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 
+from .._linalg import tdot
 from .._validate import as_float_array, check_finite, check_ndim, check_positive, is_concrete
 from ..operators import Dense as DenseOperator
 
@@ -190,10 +191,10 @@ class Dense(AbstractPrior):
         return jnp.sum(factor.project_variances(DenseOperator(self.inv_chol)))
 
     def precision_mv(self, v):
-        return self.inv_chol.T @ (self.inv_chol @ v)
+        return tdot(self.inv_chol, self.inv_chol @ v)
 
     def precision_dense(self):
-        return self.inv_chol.T @ self.inv_chol
+        return tdot(self.inv_chol, self.inv_chol)
 
     def precision_diagonal(self):
         return jnp.sum(jnp.square(self.inv_chol), axis=0)
