@@ -2,8 +2,9 @@
 
 Part 1 (thesis Table 4.10 / Fig. 4.9-4.11 protocol, reduced): data sets ionosphere (200/151), sonar (108/100),
 breast cancer (300/383), pima (350/418) with the thesis' train/test sizes (one random split, inputs standardised
-by the training statistics); probit and logistic likelihoods; SE kernel sigma_f^2 exp(-|x - x'|^2 / (2 l^2)) on a
-G x G grid of (ln l, ln sigma_f). Methods on the same `Model`:
+by the training statistics); probit and logistic likelihoods; stationary kernels sigma_f^2 k(|x - x'| / l) (SE
+by default; `--kernels se,matern32,matern52` adds the thesis' Matern covariances) on a G x G grid of
+(ln l, ln sigma_f). One trial = (data set, likelihood, kernel), as in Table 4.10. Methods on the same `Model`:
 
     LA = gk.laplace, EP = gk.ep, KL = gk.fit (G-KL), VB = gk.local, FV = gk.fit(factor=Diagonal()) (mean-field
     Gaussian), LR = label regression (exact GP regression on y in {-1, +1}, noise sigma_n in [0.5, 2] chosen by
@@ -11,7 +12,7 @@ G x G grid of (ln l, ln sigma_f). Methods on the same `Model`:
 
 Per grid point and method: the method's log Z, the Jensen (G-KL) bound at its Q, the test errors, and the
 information score I = B + 1/(2 n) sum [(1 + y) log2 p + (1 - y) log2 (1 - p)] (bits; B = the baseline entropy).
-Ground truth log Z by AIS (gk.ais) at `--ais` grid points. Summary per trial (data set x likelihood): each
+Ground truth log Z by AIS (gk.ais) at `--ais` grid points. Summary per trial (data set x likelihood x kernel): each
 method's max information over the grid, counted "below the mean / median of the methods" as in Table 4.10.
 
 Part 2 (`--peer`): scikit-learn's GaussianProcessClassifier (Laplace, its own L-BFGS hyperparameter search) vs
@@ -21,10 +22,12 @@ likelihood on the same splits.
 Part 3 (`--sparse N,M`): a sparse G-KL GP classifier (probit) on N synthetic 2-D points with M inducing points.
 
 Run: python benchmarks/gp_classification.py --quick
-     python benchmarks/gp_classification.py --datasets sonar,ionosphere --grid 4 --ais 2 --peer --sparse 50000,500
+     python benchmarks/gp_classification.py --kernels se,matern32,matern52 --grid 6 --ais 4   # ~1 h on one core
+     python benchmarks/gp_classification.py --no-grid --peer --sparse 50000,500
 """
 
 import argparse
+import json
 import os
 import platform
 import time
@@ -42,6 +45,7 @@ import gkl_jax as gk  # noqa: E402
 SIZES = {"ionosphere": 200, "sonar": 108, "breast-cancer-wisconsin": 300, "pima": 350}
 TEST = {"ionosphere": 151, "sonar": 100, "breast-cancer-wisconsin": 383, "pima": 418}
 METHODS = ("LA", "EP", "KL", "VB", "FV", "LR")
+KERNELS = {"se": gk.kernels.SquaredExponential, "matern32": gk.kernels.Matern32, "matern52": gk.kernels.Matern52}
 
 
 def split(name, seed=0):
@@ -79,36 +83,40 @@ def grid_comparison(args):
     rows = []
     ln_ell = np.linspace(args.ell_range[0], args.ell_range[1], args.grid)
     ln_sf = np.linspace(args.sf_range[0], args.sf_range[1], args.grid)
-    for ds in args.datasets:
+    trials = [(ds, lik, kern) for ds in args.datasets for lik in args.likelihoods for kern in args.kernels]
+    n_grid = args.grid * args.grid
+    ais_points = set(np.unique(np.round(np.linspace(n_grid - 1, 0, args.ais)).astype(int)).tolist()
+                     if args.ais > 0 else [])
+    for ti, (ds, likname, kname) in enumerate(trials):
+        t_trial = time.perf_counter()
         Xtr, ytr, Xte, yte = split(ds)
-        for likname in args.likelihoods:
-            Lik = gk.potentials.Probit if likname == "probit" else gk.potentials.Logistic
-            n_grid = args.grid * args.grid
-            ais_points = set(np.unique(np.round(np.linspace(n_grid - 1, 0, args.ais)).astype(int)).tolist()
-                             if args.ais > 0 else [])
-            for gi, (le, ls) in enumerate((a, b) for a in ln_ell for b in ln_sf):
-                kernel = gk.kernels.SquaredExponential(np.exp(2 * ls), np.exp(le))
-                model = gk.gp.model(kernel, Xtr, Lik(ytr))
-                truth = np.nan
-                if gi in ais_points:
-                    a = gk.ais(model, jax.random.PRNGKey(gi), num_chains=args.ais_chains,
-                               num_temperatures=args.ais_temps)
-                    truth = float(a.log_z)
-                for mname in args.methods:
-                    t0 = time.perf_counter()
-                    try:
-                        res = run_method(mname, model, kernel, Xtr, ytr)
-                    except Exception as err:
-                        print(f"  {ds}/{likname} ({le:.1f},{ls:.1f}) {mname} failed: {type(err).__name__}: {err}")
-                        continue
-                    secs = time.perf_counter() - t0
-                    pred = gk.gp.predict(res, model.prior, Xte, Lik(yte))
-                    p = np.asarray(pred.probability)
-                    log_z = float(res.log_z) if mname != "LR" else float(gk.bound(model, res.q))
-                    rows.append(dict(ds=ds, lik=likname, ell=le, sf=ls, method=mname, log_z=log_z,
-                                     jensen=float(gk.bound(model, res.q)), ais=truth,
-                                     errors=int(np.sum(np.where(p > 0.5, 1.0, -1.0) != yte)),
-                                     info=information(p, yte, ytr), converged=bool(res.converged), secs=secs))
+        Lik = gk.potentials.Probit if likname == "probit" else gk.potentials.Logistic
+        for gi, (le, ls) in enumerate((a, b) for a in ln_ell for b in ln_sf):
+            kernel = KERNELS[kname](np.exp(2 * ls), np.exp(le))
+            model = gk.gp.model(kernel, Xtr, Lik(ytr))
+            truth = np.nan
+            if gi in ais_points:
+                a = gk.ais(model, jax.random.PRNGKey(gi), num_chains=args.ais_chains,
+                           num_temperatures=args.ais_temps)
+                truth = float(a.log_z)
+            for mname in args.methods:
+                t0 = time.perf_counter()
+                try:
+                    res = run_method(mname, model, kernel, Xtr, ytr)
+                except Exception as err:
+                    print(f"  {ds}/{likname}/{kname} ({le:.1f},{ls:.1f}) {mname} failed: {type(err).__name__}: "
+                          f"{err}")
+                    continue
+                secs = time.perf_counter() - t0
+                pred = gk.gp.predict(res, model.prior, Xte, Lik(yte))
+                p = np.asarray(pred.probability)
+                log_z = float(res.log_z) if mname != "LR" else float(gk.bound(model, res.q))
+                rows.append(dict(ds=ds, lik=likname, kernel=kname, ell=le, sf=ls, method=mname, log_z=log_z,
+                                 jensen=float(gk.bound(model, res.q)), ais=truth,
+                                 errors=int(np.sum(np.where(p > 0.5, 1.0, -1.0) != yte)),
+                                 info=information(p, yte, ytr), converged=bool(res.converged), secs=secs))
+        print(f"  trial {ti + 1}/{len(trials)} {ds}/{likname}/{kname}: {time.perf_counter() - t_trial:.0f} s",
+              flush=True)
     return rows
 
 
@@ -123,11 +131,16 @@ def summarise(rows, methods):
         print(f"{m:6s} {np.mean(err) if err else float('nan'):16.2f} {len(err):4d} "
               f"{max(r['info'] for r in rs):9.3f} {min(r['errors'] for r in rs):8d} "
               f"{sum(r['converged'] for r in rs):4d}/{len(rs):<4d} {np.median([r['secs'] for r in rs]):10.3f}")
-    trials = sorted({(r["ds"], r["lik"]) for r in rows})
+    if "KL" in methods and "VB" in methods:
+        pairs = [(r, v) for r in rows if r["method"] == "KL" for v in rows if v["method"] == "VB"
+                 and (v["ds"], v["lik"], v["kernel"], v["ell"], v["sf"]) == (r["ds"], r["lik"], r["kernel"], r["ell"],
+                                                                           r["sf"])]
+        print(f"\nKL log Z >= VB log Z at {sum(r['log_z'] >= v['log_z'] for r, v in pairs)}/{len(pairs)} grid points")
+    trials = sorted({(r["ds"], r["lik"], r["kernel"]) for r in rows})
     below_mean = {m: 0 for m in methods}
     below_median = {m: 0 for m in methods}
     for t in trials:
-        best = {m: max((r["info"] for r in rows if (r["ds"], r["lik"]) == t and r["method"] == m), default=np.nan)
+        best = {m: max((r["info"] for r in rows if (r["ds"], r["lik"], r["kernel"]) == t and r["method"] == m), default=np.nan)
                 for m in methods}
         vals = np.array([v for v in best.values() if np.isfinite(v)])
         for m, v in best.items():
@@ -140,11 +153,11 @@ def summarise(rows, methods):
     print("  " + " ".join(f"{below_median[m]:5d}" for m in methods) + "   (below median; thesis: LA 54 EP 0 KL 0 "
           "VB 15 FV 48 LR 96)")
     print("\nper grid point (ds, lik, ln l, ln sf): log Z per method [AIS]")
-    for t in sorted({(r["ds"], r["lik"], r["ell"], r["sf"]) for r in rows}):
-        rs = {r["method"]: r for r in rows if (r["ds"], r["lik"], r["ell"], r["sf"]) == t}
+    for t in sorted({(r["ds"], r["lik"], r["kernel"], r["ell"], r["sf"]) for r in rows}):
+        rs = {r["method"]: r for r in rows if (r["ds"], r["lik"], r["kernel"], r["ell"], r["sf"]) == t}
         ais = next(iter(rs.values()))["ais"]
         cells = " ".join(f"{m}={rs[m]['log_z']:.1f}/I{rs[m]['info']:.2f}" for m in methods if m in rs)
-        print(f"  {t[0][:10]:10s} {t[1]:8s} {t[2]:5.1f} {t[3]:5.1f}  {cells}  AIS={ais:.1f}")
+        print(f"  {t[0][:10]:10s} {t[1]:8s} {t[2]:8s} {t[3]:5.1f} {t[4]:5.1f}  {cells}  AIS={ais:.1f}")
 
 
 class Build(eqx.Module):
@@ -213,6 +226,8 @@ def main():
     ap.add_argument("--datasets", default="ionosphere,sonar,breast-cancer-wisconsin,pima")
     ap.add_argument("--likelihoods", default="probit,logistic")
     ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--kernels", default="se", help="subset of " + ",".join(KERNELS))
+    ap.add_argument("--json", default=None, help="also write the per-grid-point rows to this file")
     ap.add_argument("--grid", type=int, default=4, help="G: the grid is G x G over (ln l, ln sigma_f)")
     ap.add_argument("--ell-range", type=float, nargs=2, default=(0.0, 4.0))
     ap.add_argument("--sf-range", type=float, nargs=2, default=(-1.0, 4.0))
@@ -226,6 +241,10 @@ def main():
     args.datasets = args.datasets.split(",")
     args.likelihoods = args.likelihoods.split(",")
     args.methods = args.methods.split(",")
+    args.kernels = args.kernels.split(",")
+    unknown = [k for k in args.kernels if k not in KERNELS]
+    if unknown:
+        ap.error(f"--kernels: unknown {unknown}; choose from {sorted(KERNELS)}")
     if args.quick:
         args.datasets, args.likelihoods, args.grid, args.ais = ["sonar"], ["probit"], 2, 1
         args.ais_chains, args.ais_temps = 16, 50
@@ -236,6 +255,9 @@ def main():
     if not args.no_grid:
         rows = grid_comparison(args)
         summarise(rows, args.methods)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(rows, f)
     if args.peer:
         peer(args)
     if args.sparse:

@@ -146,7 +146,7 @@ def main():
     ap.add_argument("--datasets", default="slump,friedman,neal,boston")
     ap.add_argument("--columns", default=",".join(COLUMNS), help="subset of " + ",".join(COLUMNS))
     ap.add_argument("--partitions", type=int, default=10)
-    ap.add_argument("--steps", type=int, default=50, help="max ML-II (outer L-BFGS) steps")
+    ap.add_argument("--steps", type=int, default=200, help="max ML-II (outer L-BFGS) steps")
     ap.add_argument("--t-scales", default="0.1,0.2,0.4", help="Student-t scale grid (normalised units)")
     ap.add_argument("--lap-scales", default="0.1,0.2,0.4", help="Laplace scale grid (normalised units)")
     args = ap.parse_args()

@@ -19,7 +19,10 @@ Schedule: parallel updates -- all sites are updated at once from the same q, and
 damped, theta <- theta + damping (theta_target - theta) -- rather than the classic sequential sweep. Each
 iteration then costs one dense Cholesky and one O(N D^2) marginal computation (`lax.while_loop`, no Python
 loop over sites), against N rank-one updates per sequential sweep; damping restores the stability that
-sequential updates have for log-concave sites. Safeguards: a site whose cavity precision is <= 0 or whose
+sequential updates have for log-concave sites. Parallel updates can still settle into a period-2 oscillation
+(seen on GP classification with large signal variances): when successive update directions theta_target - theta
+point against each other (cosine < -1/2) for `_FLIPS` iterations in a row, the damping is halved (at most
+`_MAX_DAMPING_HALVINGS` times); `converged` still requires the residual test. Safeguards: a site whose cavity precision is <= 0 or whose
 tilted moments are not finite is skipped in that iteration; if the damped update makes A indefinite, the step
 is halved (up to 20 times). `converged` is True only when max |theta_target - theta| / (1 + |theta|) <= tol
 with no skipped site and a finite log Z_EP; otherwise a warning is issued. Not a bound (`is_bound=False`).
@@ -38,12 +41,14 @@ from . import _common as C
 from ._tilted import tilted_moments
 
 TRACE_COUNT = {"ep": 0}
+_FLIPS = 3                   # consecutive reversals of the update direction before the damping is halved
+_MAX_DAMPING_HALVINGS = 8
 
 
 def ep(model, power: float = 1.0, damping: float = 0.5, *, tol: float | None = None, max_steps: int = 500) -> Result:
     """Gaussian EP (power EP for power < 1) with damped parallel updates (module docstring).
 
-    `power` and `damping` must lie in (0, 1]. Returns a `Result` with q = N(A^{-1} b, A^{-1}), the EP evidence
+    `power` and `damping` (the initial damping; halved when the updates oscillate) must lie in (0, 1]. Returns a `Result` with q = N(A^{-1} b, A^{-1}), the EP evidence
     estimate `log_z` (`is_bound=False`) and `history` the estimate at each iteration.
     """
     C.check_model(model, "ep")
@@ -100,6 +105,14 @@ def _residual(ev, taus, nus):
     return out
 
 
+def _direction(ev, taus, nus):
+    """The relative update theta_target - theta of all sites as one vector (the terms of `_residual`)."""
+    parts = []
+    for (tau_t, nu_t), tau, nu in zip(ev.targets, taus, nus):
+        parts += [(tau_t - tau) / (1 + jnp.abs(tau)), (nu_t - nu) / (1 + jnp.abs(nu))]
+    return jnp.concatenate(parts)
+
+
 def _all_valid(ev):
     return jnp.all(jnp.asarray([jnp.all(v) for v in ev.valid]))
 
@@ -141,19 +154,25 @@ def _ep_jit(model, power, damping, tol, max_steps):
     ev_dummy = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), ev_shape)
 
     def cond(state):
-        _, _, _, k, _, done, ok = state
+        _, _, _, k, _, done, ok, _ = state
         return ~done & ok & (k <= max_steps)
 
     def body(state):
-        taus, nus, _, k, hist, _, _ = state
+        taus, nus, _, k, hist, _, _, (damp, prev, flips) = state
         ev = evaluate(taus, nus)
         hist = hist.at[k].set(ev.log_z)
         done = (_residual(ev, taus, nus) <= tol) & _all_valid(ev)
         ok = ev.sol.ok
+        direction = _direction(ev, taus, nus)
+        cosine = direction @ prev / jnp.maximum(jnp.linalg.norm(direction) * jnp.linalg.norm(prev), 1e-300)
+        flips = jnp.where(cosine < -0.5, flips + 1, 0)
+        halve_damping = (flips >= _FLIPS) & (damp > damping * 0.5**_MAX_DAMPING_HALVINGS)
+        damp = jnp.where(halve_damping, 0.5 * damp, damp)
+        flips = jnp.where(halve_damping, 0, flips)
 
         def candidate(t):
-            new_t = [tau + t * damping * (tt - tau) for tau, (tt, _) in zip(taus, ev.targets)]
-            new_n = [nu + t * damping * (nt - nu) for nu, (_, nt) in zip(nus, ev.targets)]
+            new_t = [tau + t * damp * (tt - tau) for tau, (tt, _) in zip(taus, ev.targets)]
+            new_n = [nu + t * damp * (nt - nu) for nu, (_, nt) in zip(nus, ev.targets)]
             return new_t, new_n
 
         def halve_cond(carry):
@@ -170,11 +189,12 @@ def _ep_jit(model, power, damping, tol, max_steps):
         new_t, new_n = candidate(t)
         taus = [jnp.where(move, a, b) for a, b in zip(new_t, taus)]
         nus = [jnp.where(move, a, b) for a, b in zip(new_n, nus)]
-        return taus, nus, ev, k + 1, hist, done, ok & (pd | done | (k >= max_steps))
+        return taus, nus, ev, k + 1, hist, done, ok & (pd | done | (k >= max_steps)), (damp, direction, flips)
 
+    adapt = (damping, jnp.zeros_like(_direction(ev_dummy, taus0, nus0)), jnp.asarray(0))
     state = (taus0, nus0, ev_dummy, jnp.asarray(0), jnp.full((max_steps + 1,), jnp.nan, dtype), jnp.asarray(False),
-             jnp.asarray(True))
-    taus, nus, ev, k, hist, done, ok = lax.while_loop(cond, body, state)
+             jnp.asarray(True), adapt)
+    taus, nus, ev, k, hist, done, ok, _ = lax.while_loop(cond, body, state)
     converged = done & ok & jnp.isfinite(ev.log_z)
     q = C.gaussian_of_precision(ev.sol.mean, ev.sol.precision)
     return Result(q=q, log_z=ev.log_z, converged=converged, num_steps=k - 1, history=hist, method="ep",
