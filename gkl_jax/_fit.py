@@ -56,7 +56,8 @@ def fit(model: Model, factor: AbstractFactor | None = None, *, solver=None, q0: 
 
     `q0` warm-starts the fit (its factor type is used when `factor` is None). With `whiten=True` the fit runs
     in the basis w = mu + L v, L L^T = Sigma (App. E), and the result is reported in the original basis with a
-    full factor. Returns a `Result`; `converged` is False (and a warning is issued outside of tracing) when the
+    full factor (a `q0` is taken to that basis; it needs a Full factor). Whitening is what makes L-BFGS, the
+    solver for non-log-concave sites, converge on ill-conditioned GP priors. Returns a `Result`; `converged` is False (and a warning is issued outside of tracing) when the
     gradient tolerance was not reached.
     """
     if not isinstance(model, Model):
@@ -68,9 +69,9 @@ def fit(model: Model, factor: AbstractFactor | None = None, *, solver=None, q0: 
     if whiten:
         if model.prior is None:
             raise ValueError("whiten=True needs a prior")
-        if q0 is not None:
-            raise ValueError("q0 cannot be combined with whiten=True")
         work_model, L, mu = _whitened(model)
+        if q0 is not None:
+            q0 = _whitened_q(q0, L, mu)
     else:
         work_model = model
     q_init = _initial_q(work_model, factor, q0)
@@ -88,8 +89,10 @@ def fit(model: Model, factor: AbstractFactor | None = None, *, solver=None, q0: 
         q = Gaussian(mu + L @ q.mean, Full(q.factor.dense() @ L.T))
     log_z = _bound_jit(model, jax.lax.stop_gradient(q))
     if is_concrete(converged) and not bool(converged):
+        hint = "; try whiten=True (L-BFGS on an ill-conditioned prior)" if (
+            name == "lbfgs" and not whiten and model.prior is not None) else ""
         warnings.warn(f"gkl_jax.fit: the {name} solver stopped after {int(num_steps)} steps without reaching "
-                      f"max|grad| <= {tol:g}; the result is a valid bound but not the optimum", stacklevel=2)
+                      f"max|grad| <= {tol:g}; the result is a valid bound but not the optimum{hint}", stacklevel=2)
     return Result(q=q, log_z=log_z, converged=converged, num_steps=num_steps, history=history, method="gkl")
 
 
@@ -162,6 +165,19 @@ def _whitened(model):
         sites.append(Sites(DenseOperator(op.as_matrix() @ L), s.potential, offset=s.offset + op.mv(mu),
                            variance_offset=s.variance_offset))
     return Model(Isotropic(model.dim, jnp.ones((), L.dtype)), sites), L, mu
+
+
+def _whitened_q(q, L, mu):
+    """q in the basis v = L^{-1} (w - mu): mean L^{-1} (m - mu), factor C L^{-T} (upper triangular, as C and
+    L^{-T} are), so that S_v = L^{-1} S L^{-T}."""
+    if not isinstance(q.factor, Full) or not q.factor.is_initialised:
+        raise ValueError(f"q0 with whiten=True needs an initialised Full factor, got {type(q.factor).__name__}"
+                         f"{'' if q.factor.is_initialised else ' (uninitialised)'}")
+    if q.mean.shape != mu.shape:
+        raise ValueError(f"q0.mean must have shape {mu.shape}, got {q.mean.shape}")
+    mean = jax.scipy.linalg.solve_triangular(L, q.mean - mu, lower=True)
+    C = jax.scipy.linalg.solve_triangular(L, q.factor.upper().T, lower=True).T
+    return Gaussian(mean, Full(C))
 
 
 @eqx.filter_jit

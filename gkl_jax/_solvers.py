@@ -133,27 +133,43 @@ def lbfgs(f, x0, *, tol, max_steps, memory_size=20):
     return optax_solver(f, x0, optax.lbfgs(memory_size=memory_size), tol=tol, max_steps=max_steps, linesearch=True)
 
 
+MAX_STALLS = 3   # consecutive steps without progress (the round-off regime) before a solver gives up
+
+
 def optax_solver(f, x0, optimizer, *, tol, max_steps, linesearch=False):
-    """Any `optax.GradientTransformation` minimising -f; with `linesearch` it is given the value function."""
+    """Any `optax.GradientTransformation` minimising -f; with `linesearch` it is given the value function.
+
+    With `linesearch` (a monotone method such as L-BFGS) it also stops after `MAX_STALLS` steps in a row that
+    neither raise f nor lower max|grad f| (round-off: the line search finds no ascent) instead of repeating the
+    failed step until `max_steps`. Returns the last iterate if it meets the tolerance, else the best one seen."""
     neg = lambda x: -f(x)
     value_and_grad = jax.value_and_grad(neg)
     v0, g0 = value_and_grad(x0)
 
     def cond(carry):
-        x, state, v, g, k, hist = carry
-        return (k < max_steps) & (_max_abs(g) > tol) & jnp.isfinite(v)
+        (x, state, v, g), best, k, hist, stalls = carry
+        return (k < max_steps) & (_max_abs(g) > tol) & jnp.isfinite(v) & (stalls < MAX_STALLS)
 
     def body(carry):
-        x, state, v, g, k, hist = carry
+        (x, state, v, g), best, k, hist, stalls = carry
         if linesearch:
             updates, state = optimizer.update(g, state, x, value=v, grad=g, value_fn=neg)
         else:
             updates, state = optimizer.update(g, state, x)
-        x = optax.apply_updates(x, updates)
-        v, g = value_and_grad(x)
-        return x, state, v, g, k + 1, hist.at[k + 1].set(-v)
+        x_new = optax.apply_updates(x, updates)
+        v_new, g_new = value_and_grad(x_new)
+        if linesearch:
+            progress = (v_new < v) | (_max_abs(g_new) < _max_abs(g))
+            stalls = jnp.where(progress, 0, stalls + 1)
+        best = _select(v_new < best[1], (x_new, v_new, g_new), best)
+        return (x_new, state, v_new, g_new), best, k + 1, hist.at[k + 1].set(-v_new), stalls
 
-    init = (x0, optimizer.init(x0), v0, g0, 0, _history(max_steps, -v0))
-    x, _, v, g, k, hist = lax.while_loop(cond, body, init)
+    init = ((x0, optimizer.init(x0), v0, g0), (x0, v0, g0), 0, _history(max_steps, -v0), 0)
+    (x, _, v, g), best, k, hist, _ = lax.while_loop(cond, body, init)
+    x, v, g = _select((_max_abs(g) <= tol) & jnp.isfinite(v), (x, v, g), best)
     converged = (_max_abs(g) <= tol) & jnp.isfinite(v)
     return x, k, converged, hist
+
+
+def _select(pred, a, b):
+    return jax.tree.map(lambda u, w: jnp.where(pred, u, w), a, b)

@@ -66,6 +66,29 @@ def test_exact_on_gaussian_model_with_dense_prior_and_several_groups(whiten):
     np.testing.assert_allclose(res.q.covariance(), cov, atol=1e-8)
 
 
+def test_whiten_takes_q0_to_the_whitened_basis():
+    """q0 = the exact posterior: in the whitened basis it is already the optimum (zero steps, same q); a Student-t
+    model warm-started from a perturbed q reaches the cold whitened fit's bound."""
+    H, y, noise, rng = _gaussian_data(2, 4, 9)
+    A = rng.normal(size=(4, 4))
+    Sigma = A @ A.T / 4 + 0.3 * np.eye(4)
+    mu = rng.normal(size=4)
+    model = gk.Model(gk.priors.Dense(Sigma, mu), gk.Sites(H, gk.potentials.Gaussian(y, noise)))
+    exact = gk.fit(model)
+    res = gk.fit(model, q0=exact.q, whiten=True)
+    assert bool(res.converged) and int(res.num_steps) == 0
+    np.testing.assert_allclose(res.q.mean, exact.q.mean, atol=1e-10)
+    np.testing.assert_allclose(res.q.covariance(), exact.q.covariance(), atol=1e-10)
+    t_model = gk.Model(gk.priors.Dense(Sigma, mu), gk.Sites(H, gk.potentials.StudentT(y, 3.0, 0.5)))
+    cold = gk.fit(t_model, whiten=True)
+    q0 = gk.Gaussian(exact.q.mean + 0.3, gk.factors.Full(1.5 * exact.q.factor.upper()))
+    warm = gk.fit(t_model, q0=q0, whiten=True)
+    assert bool(cold.converged) and bool(warm.converged)
+    assert abs(float(warm.log_z) - float(cold.log_z)) < 1e-8
+    with pytest.raises(ValueError, match="Full"):
+        gk.fit(model, q0=gk.Gaussian(exact.q.mean, gk.factors.Diagonal(jnp.ones(4))), whiten=True)
+
+
 def test_prior_free_model_with_an_identity_sites_group_is_exact():
     """prior None: a Sites(None, Gaussian) group over w itself plays the prior's role (h_n = e_n)."""
     H, y, noise, _ = _gaussian_data(3, 3, 6)
@@ -236,8 +259,23 @@ def test_bad_arguments_raise_value_error():
         gk.fit(gk.Model(None, gk.Sites(X, gk.potentials.Logistic(y))), whiten=True)
     q0 = gk.Gaussian(jnp.zeros(2), gk.factors.Full())
     with pytest.raises(ValueError, match="q0"):
-        gk.fit(model, q0=q0, whiten=True)
+        gk.fit(model, q0=gk.Gaussian(jnp.zeros(3), gk.factors.Full()), whiten=True)
     with pytest.raises(ValueError, match="q0"):
         gk.fit(model, gk.factors.Diagonal(), q0=q0)
     with pytest.raises(ValueError, match="q0"):
         gk.fit(model, q0=gk.Gaussian(jnp.zeros(3), gk.factors.Full()))
+
+
+def test_lbfgs_stops_in_the_round_off_regime_and_returns_its_best_iterate():
+    """f = -1e12 sum w (3x - 1)^2: x = 1/3 is not representable, so max|grad| stays above tol = 1e-8 at the
+    nearest floats; L-BFGS must stop after a few steps without progress (it used to run to max_steps, taking
+    uphill steps), report converged=False, and return the best point it visited."""
+    from gkl_jax import _solvers
+
+    w = jnp.array([1.0, 3.0, 10.0], dtype=jnp.float64)
+    f = lambda x: -1e12 * jnp.sum(w * (3 * x - 1) ** 2)
+    x, k, ok, hist = jax.jit(lambda x0: _solvers.lbfgs(f, x0, tol=1e-8, max_steps=500))(jnp.zeros(3, jnp.float64))
+    assert not bool(ok)
+    assert int(k) < 50
+    best = float(jnp.nanmax(hist))
+    assert best > -1e-10 and abs(float(jax.jit(f)(x)) - best) < 1e-12
