@@ -133,22 +133,27 @@ def lbfgs(f, x0, *, tol, max_steps, memory_size=20):
     return optax_solver(f, x0, optax.lbfgs(memory_size=memory_size), tol=tol, max_steps=max_steps, linesearch=True)
 
 
-MAX_STALLS = 3   # consecutive steps without progress (the round-off regime) before a solver gives up
+MAX_STALLS = 3   # consecutive steps without progress (the round-off regime) before the fixed point gives up
+# L-BFGS recovers from a few failed line searches near round-off: on Table 1's slump Student-t ML-II, 3 stalls
+# left 6 of 10 final fits short of tol 1e-6, 10 stalls none (same bounds, same time). Counting stalls against
+# the best point instead left all 10 short: near tol 1e-6 these fits are at the round-off floor.
+LINESEARCH_MAX_STALLS = 10
 
 
 def optax_solver(f, x0, optimizer, *, tol, max_steps, linesearch=False):
     """Any `optax.GradientTransformation` minimising -f; with `linesearch` it is given the value function.
 
-    With `linesearch` (a monotone method such as L-BFGS) it also stops after `MAX_STALLS` steps in a row that
-    neither raise f nor lower max|grad f| (round-off: the line search finds no ascent) instead of repeating the
-    failed step until `max_steps`. Returns the last iterate if it meets the tolerance, else the best one seen."""
+    With `linesearch` (a monotone method such as L-BFGS) it also stops after `LINESEARCH_MAX_STALLS` steps in a
+    row that neither raise f nor lower max|grad f| (the line search finds no ascent) instead of repeating the
+    failed step until `max_steps`. Returns the last iterate if it meets the tolerance, else the
+    best one seen."""
     neg = lambda x: -f(x)
     value_and_grad = jax.value_and_grad(neg)
     v0, g0 = value_and_grad(x0)
 
     def cond(carry):
         (x, state, v, g), best, k, hist, stalls = carry
-        return (k < max_steps) & (_max_abs(g) > tol) & jnp.isfinite(v) & (stalls < MAX_STALLS)
+        return (k < max_steps) & (_max_abs(g) > tol) & jnp.isfinite(v) & (stalls < LINESEARCH_MAX_STALLS)
 
     def body(carry):
         (x, state, v, g), best, k, hist, stalls = carry
@@ -159,8 +164,7 @@ def optax_solver(f, x0, optimizer, *, tol, max_steps, linesearch=False):
         x_new = optax.apply_updates(x, updates)
         v_new, g_new = value_and_grad(x_new)
         if linesearch:
-            progress = (v_new < v) | (_max_abs(g_new) < _max_abs(g))
-            stalls = jnp.where(progress, 0, stalls + 1)
+            stalls = jnp.where((v_new < v) | (_max_abs(g_new) < _max_abs(g)), 0, stalls + 1)
         best = _select(v_new < best[1], (x_new, v_new, g_new), best)
         return (x_new, state, v_new, g_new), best, k + 1, hist.at[k + 1].set(-v_new), stalls
 
