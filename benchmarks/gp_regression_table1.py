@@ -128,9 +128,10 @@ def run_one(name, method, lik, data, scale, steps, whiten=True):
     build = Build(jnp.asarray(Xtr), jnp.asarray(ytr), jnp.asarray(scale, dtype=jnp.float64), lik)
     params = initial_params(Xtr.shape[1], lik)
     spec = (jax.tree.map(eqx.is_inexact_array, params[0]), lik == "gauss")
+    whitened = whiten and (method, lik) == ("gkl", "t")
     hr = gk.gp.fit_hyperparameters(build, params, method=METHODS[method], filter_spec=spec, max_steps=steps,
                                    gtol=1e-3, jit=method in ("gkl", "exact"),
-                                   method_kwargs={"whiten": True} if whiten and (method, lik) == ("gkl", "t") else None,
+                                   method_kwargs={"whiten": True} if whitened else None,
                                    gradient="reverse" if method in ("gkl", "exact") else "forward")
     model = build(hr.params)
     out = {"lml": float(hr.log_z), "hyper_converged": hr.converged, "inner_converged": bool(hr.result.converged),

@@ -57,8 +57,8 @@ def fit(model: Model, factor: AbstractFactor | None = None, *, solver=None, q0: 
     `q0` warm-starts the fit (its factor type is used when `factor` is None). With `whiten=True` the fit runs
     in the basis w = mu + L v, L L^T = Sigma (App. E), and the result is reported in the original basis with a
     full factor (a `q0` is taken to that basis; it needs a Full factor). Whitening is what makes L-BFGS, the
-    solver for non-log-concave sites, converge on ill-conditioned GP priors. Returns a `Result`; `converged` is False (and a warning is issued outside of tracing) when the
-    gradient tolerance was not reached.
+    solver for non-log-concave sites, converge on ill-conditioned GP priors. Returns a `Result`; `converged` is
+    False (and a warning is issued outside of tracing) when the gradient tolerance was not reached.
     """
     if not isinstance(model, Model):
         raise ValueError(f"model must be a gkl_jax.Model, got {type(model).__name__}")
@@ -171,8 +171,7 @@ def _whitened_q(q, L, mu):
     """q in the basis v = L^{-1} (w - mu): mean L^{-1} (m - mu), factor C L^{-T} (upper triangular, as C and
     L^{-T} are), so that S_v = L^{-1} S L^{-T}."""
     if not isinstance(q.factor, Full) or not q.factor.is_initialised:
-        raise ValueError(f"q0 with whiten=True needs an initialised Full factor, got {type(q.factor).__name__}"
-                         f"{'' if q.factor.is_initialised else ' (uninitialised)'}")
+        raise ValueError(f"q0 with whiten=True needs an initialised Full factor, got {q.factor!r}")
     if q.mean.shape != mu.shape:
         raise ValueError(f"q0.mean must have shape {mu.shape}, got {q.mean.shape}")
     mean = jax.scipy.linalg.solve_triangular(L, q.mean - mu, lower=True)

@@ -31,11 +31,11 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.flatten_util import ravel_pytree
-from ._solvers import MAX_STALLS
 
 
 _MAX_HALVINGS = 30
 _MAX_MEAN_STEPS = 50
+_MAX_STALLS = 3   # consecutive outer steps without progress (round-off regime) before giving up
 
 
 def _to_flat(q):
@@ -162,7 +162,7 @@ def fixed_point(model, to_q, flat0, tol, max_steps, max_cg=50):
 
     def cond(state):
         x, f, g, gammas, k, hist, stalls = state
-        return (stalls < MAX_STALLS) & (k < max_steps) & (jnp.max(jnp.abs(g)) > tol)
+        return (stalls < _MAX_STALLS) & (k < max_steps) & (jnp.max(jnp.abs(g)) > tol)
 
     def body(state):
         x, f, g, gammas, k, hist, stalls = state

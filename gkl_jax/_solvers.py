@@ -133,10 +133,10 @@ def lbfgs(f, x0, *, tol, max_steps, memory_size=20):
     return optax_solver(f, x0, optax.lbfgs(memory_size=memory_size), tol=tol, max_steps=max_steps, linesearch=True)
 
 
-MAX_STALLS = 3   # consecutive steps without progress (the round-off regime) before the fixed point gives up
-# L-BFGS recovers from a few failed line searches near round-off: on Table 1's slump Student-t ML-II, 3 stalls
-# left 6 of 10 final fits short of tol 1e-6, 10 stalls none (same bounds, same time). Counting stalls against
-# the best point instead left all 10 short: near tol 1e-6 these fits are at the round-off floor.
+# Consecutive steps without progress before a line-search solver gives up. L-BFGS recovers from a few failed
+# line searches near round-off: on Table 1's slump Student-t ML-II, 3 stalls left 6 of 10 final fits short of
+# tol 1e-6, 10 stalls none (same bounds, same time). Counting stalls against the best point instead left all 10
+# short: near tol 1e-6 these fits are at the round-off floor.
 LINESEARCH_MAX_STALLS = 10
 
 
@@ -145,8 +145,7 @@ def optax_solver(f, x0, optimizer, *, tol, max_steps, linesearch=False):
 
     With `linesearch` (a monotone method such as L-BFGS) it also stops after `LINESEARCH_MAX_STALLS` steps in a
     row that neither raise f nor lower max|grad f| (the line search finds no ascent) instead of repeating the
-    failed step until `max_steps`. Returns the last iterate if it meets the tolerance, else the
-    best one seen."""
+    failed step until `max_steps`. Returns the last iterate if it meets the tolerance, else the best one seen."""
     neg = lambda x: -f(x)
     value_and_grad = jax.value_and_grad(neg)
     v0, g0 = value_and_grad(x0)
@@ -170,9 +169,8 @@ def optax_solver(f, x0, optimizer, *, tol, max_steps, linesearch=False):
 
     init = ((x0, optimizer.init(x0), v0, g0), (x0, v0, g0), 0, _history(max_steps, -v0), 0)
     (x, _, v, g), best, k, hist, _ = lax.while_loop(cond, body, init)
-    x, v, g = _select((_max_abs(g) <= tol) & jnp.isfinite(v), (x, v, g), best)
     converged = (_max_abs(g) <= tol) & jnp.isfinite(v)
-    return x, k, converged, hist
+    return _select(converged, x, best[0]), k, converged, hist
 
 
 def _select(pred, a, b):

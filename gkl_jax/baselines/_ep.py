@@ -22,10 +22,11 @@ loop over sites), against N rank-one updates per sequential sweep; damping resto
 sequential updates have for log-concave sites. Parallel updates can still settle into a period-2 oscillation
 (seen on GP classification with large signal variances): when successive update directions theta_target - theta
 point against each other (cosine < -1/2) for `_FLIPS` iterations in a row, the damping is halved (at most
-`_MAX_DAMPING_HALVINGS` times); `converged` still requires the residual test. Safeguards: a site whose cavity precision is <= 0 or whose
-tilted moments are not finite is skipped in that iteration; if the damped update makes A indefinite, the step
-is halved (up to 20 times). `converged` is True only when max |theta_target - theta| / (1 + |theta|) <= tol
-with no skipped site and a finite log Z_EP; otherwise a warning is issued. Not a bound (`is_bound=False`).
+`_MAX_DAMPING_HALVINGS` times); `converged` still requires the residual test. Safeguards: a site whose cavity
+precision is <= 0 or whose tilted moments are not finite is skipped in that iteration; if the damped update
+makes A indefinite, the step is halved (up to 20 times). `converged` is True only when
+max |theta_target - theta| / (1 + |theta|) <= tol with no skipped site and a finite log Z_EP; otherwise a
+warning is issued. Not a bound (`is_bound=False`).
 """
 
 from typing import NamedTuple
@@ -48,8 +49,9 @@ _MAX_DAMPING_HALVINGS = 8
 def ep(model, power: float = 1.0, damping: float = 0.5, *, tol: float | None = None, max_steps: int = 500) -> Result:
     """Gaussian EP (power EP for power < 1) with damped parallel updates (module docstring).
 
-    `power` and `damping` (the initial damping; halved when the updates oscillate) must lie in (0, 1]. Returns a `Result` with q = N(A^{-1} b, A^{-1}), the EP evidence
-    estimate `log_z` (`is_bound=False`) and `history` the estimate at each iteration.
+    `power` and `damping` (the initial damping; halved when the updates oscillate) must lie in (0, 1]. Returns a
+    `Result` with q = N(A^{-1} b, A^{-1}), the EP evidence estimate `log_z` (`is_bound=False`) and `history`
+    the estimate at each iteration.
     """
     C.check_model(model, "ep")
     power = C.check_fraction(power, "power", "ep")
@@ -97,16 +99,9 @@ def _evaluate(model, groups, taus, nus, power):
     return _Evaluation(sol, targets, valids, log_z)
 
 
-def _residual(ev, taus, nus):
-    out = jnp.zeros((), ev.log_z.dtype)
-    for (tau_t, nu_t), tau, nu in zip(ev.targets, taus, nus):
-        out = jnp.maximum(out, jnp.max(jnp.abs(tau_t - tau) / (1 + jnp.abs(tau)), initial=0.0))
-        out = jnp.maximum(out, jnp.max(jnp.abs(nu_t - nu) / (1 + jnp.abs(nu)), initial=0.0))
-    return out
-
-
 def _direction(ev, taus, nus):
-    """The relative update theta_target - theta of all sites as one vector (the terms of `_residual`)."""
+    """The relative update (theta_target - theta) / (1 + |theta|) of all sites as one vector; its max |.| is the
+    convergence residual."""
     parts = []
     for (tau_t, nu_t), tau, nu in zip(ev.targets, taus, nus):
         parts += [(tau_t - tau) / (1 + jnp.abs(tau)), (nu_t - nu) / (1 + jnp.abs(nu))]
@@ -161,9 +156,9 @@ def _ep_jit(model, power, damping, tol, max_steps):
         taus, nus, _, k, hist, _, _, (damp, prev, flips) = state
         ev = evaluate(taus, nus)
         hist = hist.at[k].set(ev.log_z)
-        done = (_residual(ev, taus, nus) <= tol) & _all_valid(ev)
-        ok = ev.sol.ok
         direction = _direction(ev, taus, nus)
+        done = (jnp.max(jnp.abs(direction), initial=0.0) <= tol) & _all_valid(ev)
+        ok = ev.sol.ok
         cosine = direction @ prev / jnp.maximum(jnp.linalg.norm(direction) * jnp.linalg.norm(prev), 1e-300)
         flips = jnp.where(cosine < -0.5, flips + 1, 0)
         halve_damping = (flips >= _FLIPS) & (damp > damping * 0.5**_MAX_DAMPING_HALVINGS)
