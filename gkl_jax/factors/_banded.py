@@ -124,10 +124,12 @@ class Banded(AbstractFactor):
             return jnp.sum(jnp.square(Y), axis=1)
         nb, diag, sup = _block_tables(D, B)
         flat = jnp.concatenate([bands.reshape(-1), jnp.zeros((1,), bands.dtype)])
-        Hp = jnp.pad(H, ((0, 0), (0, (nb + 1) * B - D))).reshape(H.shape[0], nb + 1, B)
-        Y = (jnp.einsum("nIj,Iij->nIi", Hp[:, :nb], flat[diag])
-             + jnp.einsum("nIj,Iij->nIi", Hp[:, 1:], flat[sup]))
-        return jnp.sum(jnp.square(Y), axis=(1, 2))
+        # H^T in blocks of B rows, (nb + 1, B, N): the batch axis leads, so each term is one batched GEMM. (With
+        # H as (N, nb + 1, B) XLA transposes H at every product, 2x the fit time at D = 500, N = 2500.) H^T is
+        # loop-invariant, so XLA forms it once per fit.
+        Ht = jnp.pad(H.T, ((0, (nb + 1) * B - D), (0, 0))).reshape(nb + 1, B, H.shape[0])
+        Y = jnp.einsum("Ijn,Iij->Iin", Ht[:nb], flat[diag]) + jnp.einsum("Ijn,Iij->Iin", Ht[1:], flat[sup])
+        return jnp.sum(jnp.square(Y), axis=(0, 1))
 
     def marginal_variances(self):
         return jnp.sum(self._diagonal_gather(jnp.square(self.masked_bands())), axis=0)
