@@ -309,6 +309,8 @@ def figure5(args):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--splits", type=int, default=50)
+    ap.add_argument("--first-split", type=int, default=0,
+                    help="start at this split (seed), to continue an earlier run in another process")
     ap.add_argument("--datasets", default="iris,thyroid,wine,glass")
     ap.add_argument("--quick", action="store_true", help="one iris split, small samples")
     ap.add_argument("--is-samples", type=int, default=100_000)
@@ -330,11 +332,15 @@ def main(argv=None):
     ap.add_argument("--sparse-timeout", type=float, default=1200.0, help="seconds for the pinned sparse run")
     ap.add_argument("--timing-sparse", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--json", default=None, help="write the per-split results here (after every split)")
-    ap.add_argument("--report", default=None, help="only print the tables from a --json file of an earlier run")
+    ap.add_argument("--report", nargs="+", default=None,
+                    help="only print the tables from --json files of earlier runs (their splits are pooled)")
     args = ap.parse_args(argv)
     if args.report:
-        with open(args.report) as fh:
-            results = json.load(fh)
+        results = {}
+        for path in args.report:
+            with open(path) as fh:
+                for name, rows in json.load(fh).items():
+                    results.setdefault(name, []).extend(rows)
         report(results, any("err4" in r for rows in results.values() for r in rows))
         return
     if args.quick:
@@ -357,7 +363,7 @@ def main(argv=None):
     for name in args.datasets.split(","):
         X, y, C = load(name)
         rows = []
-        for seed in range(args.splits):
+        for seed in range(args.first_split, args.splits):
             Xtr, ytr, Xte, yte = split(X, y, seed)
             t0 = time.perf_counter()
             r = table3_split(name, Xtr, ytr, Xte, yte, C, args, jax.random.PRNGKey(seed))

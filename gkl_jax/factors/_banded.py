@@ -15,21 +15,16 @@ _SHIFT_SUM_MAX_BANDWIDTH = 8
 
 
 def _block_tables(dim: int, bandwidth: int):
-    """Gather tables that lay the bands out as dense b x b blocks, b = bandwidth: C is block upper bidiagonal,
-    with diagonal blocks C[Ib:(I+1)b, Ib:(I+1)b] and super-diagonal blocks C[Ib:(I+1)b, (I+1)b:(I+2)b].
-    Entries index the flattened bands; structural zeros point at a trailing zero."""
+    """A gather table that lays the bands out as b x 2b blocks, b = bandwidth: row block I of C (rows
+    Ib .. Ib + b - 1) is zero outside columns Ib .. Ib + 2b - 1, and table[I] = C[Ib:(I+1)b, Ib:(I+2)b] as
+    indices into the flattened bands; structural zeros point at a trailing zero."""
     b = bandwidth
     nb = -(-dim // b)
-    sentinel = (bandwidth + 1) * dim
     r = np.arange(b)[None, :, None]
-    c = np.arange(b)[None, None, :]
+    c = np.arange(2 * b)[None, None, :]
     start = (np.arange(nb) * b)[:, None, None]
-    i = start + r
     k = c - r
-    diag = np.where((k >= 0) & (k <= bandwidth) & (start + c < dim), k * dim + i, sentinel)
-    k2 = b + c - r
-    sup = np.where((k2 <= bandwidth) & (start + b + c < dim), k2 * dim + i, sentinel)
-    return nb, diag, sup
+    return nb, np.where((k >= 0) & (k <= b) & (start + c < dim), k * dim + start + r, (b + 1) * dim)
 
 
 class Banded(AbstractFactor):
@@ -43,7 +38,7 @@ class Banded(AbstractFactor):
     Band storage: `bands[k, i] = C[i, i + k]`, shape (B + 1, D); the entries with i + k >= D are structural zeros,
     kept at zero and masked out of every computation (zero gradient). O(D B) storage.
 
-    Cost of s_n^2 = ||C h_n||^2 (App. D): O(N D B) for dense H (as dense b x b block products, b = B, or as B + 1
+    Cost of s_n^2 = ||C h_n||^2 (App. D): O(N D B) for dense H (as batched B x 2B block products, or as B + 1
     shifted products for B < 8), O(nnz(H) B) for sparse BCOO H, O(D B) for the identity. Matrix-free H is not
     supported (it would need D operator products); `project_variances` raises a ValueError for it.
     Concave in (m, C) for log-concave sites (a linear restriction of the full Cholesky factor).
@@ -122,14 +117,15 @@ class Banded(AbstractFactor):
             for k in range(1, B + 1):
                 Y = Y + bands[k] * Hp[:, k:k + D]
             return jnp.sum(jnp.square(Y), axis=1)
-        nb, diag, sup = _block_tables(D, B)
+        nb, table = _block_tables(D, B)
         flat = jnp.concatenate([bands.reshape(-1), jnp.zeros((1,), bands.dtype)])
-        # H^T in blocks of B rows, (nb + 1, B, N): the batch axis leads, so each term is one batched GEMM. (With
-        # H as (N, nb + 1, B) XLA transposes H at every product, 2x the fit time at D = 500, N = 2500.) H^T is
-        # loop-invariant, so XLA forms it once per fit.
+        # Row block I of C meets rows Ib .. Ib + 2B - 1 of H^T: one batched GEMM (nb, B, 2B) x (nb, 2B, N), the
+        # batch axis leading. (Taking H as (N, nb + 1, B) made XLA transpose H at every product: 2x the fit time
+        # at D = 500, N = 2500.) The windows of H^T are loop-invariant, so XLA forms them once per fit (2 N D
+        # memory).
         Ht = jnp.pad(H.T, ((0, (nb + 1) * B - D), (0, 0))).reshape(nb + 1, B, H.shape[0])
-        Y = jnp.einsum("Ijn,Iij->Iin", Ht[:nb], flat[diag]) + jnp.einsum("Ijn,Iij->Iin", Ht[1:], flat[sup])
-        return jnp.sum(jnp.square(Y), axis=(0, 1))
+        windows = jnp.concatenate([Ht[:nb], Ht[1:]], axis=1)
+        return jnp.sum(jnp.square(jnp.einsum("Ijn,Iij->Iin", windows, flat[table])), axis=(0, 1))
 
     def marginal_variances(self):
         return jnp.sum(self._diagonal_gather(jnp.square(self.masked_bands())), axis=0)
