@@ -143,9 +143,10 @@ LINESEARCH_MAX_STALLS = 10
 def optax_solver(f, x0, optimizer, *, tol, max_steps, linesearch=False):
     """Any `optax.GradientTransformation` minimising -f; with `linesearch` it is given the value function.
 
-    With `linesearch` (a monotone method such as L-BFGS) it also stops after `LINESEARCH_MAX_STALLS` steps in a
-    row that neither raise f nor lower max|grad f| (the line search finds no ascent) instead of repeating the
-    failed step until `max_steps`. Returns the last iterate if it meets the tolerance, else the best one seen."""
+    Returns the last iterate if it meets the tolerance, else the best one seen (any optimiser). With
+    `linesearch` (a monotone method such as L-BFGS) it also stops after `LINESEARCH_MAX_STALLS` steps in a row
+    that neither raise f nor lower max|grad f| (the line search finds no ascent) instead of repeating the failed
+    step until `max_steps`."""
     neg = lambda x: -f(x)
     value_and_grad = jax.value_and_grad(neg)
     v0, g0 = value_and_grad(x0)
