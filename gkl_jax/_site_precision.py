@@ -35,6 +35,7 @@ import jax.scipy.linalg as jsl
 from jax import lax
 
 from ._fixed_point import _MAX_HALVINGS, _MAX_STALLS, _to_flat
+from ._linalg import tdot
 from .operators import Identity
 
 
@@ -81,7 +82,7 @@ def site_precision(model, to_q, flat0, tol, max_steps):
         """Maximise B over m at the factor S = (Sigma^{-1} + diag W)^{-1} given by (diag S, V), preconditioned
         by S (the inverse Hessian up to the change of Gamma): O(n^2) per iteration."""
         value = lambda mm: sites_value(mm, s_diag) - 0.5 * (mm - prior.mean) @ prior.precision_mv(mm - prior.mean)
-        return _mean_steps(value, m, lambda v: K @ v - V.T @ (V @ v), tol_m, noise)
+        return _mean_steps(value, m, lambda v: K @ v - tdot(V, V @ v), tol_m, noise)
 
     def residual(g, W, gamma, s_diag):
         return jnp.maximum(jnp.max(jnp.abs(g)), jnp.max(jnp.sqrt(s_diag) * jnp.abs(W - gamma)))
