@@ -7,6 +7,8 @@ takes 1.5 ms and the same product with A^T materialised first 0.65 ms. Reverse-m
 fast form, so only hand-written transposed products need this. On accelerators the rewrite costs at most one copy.
 """
 
+import jax.numpy as jnp
+import jax.scipy.linalg as jsl
 from jax import lax
 
 # Below this many columns of B, materialising A^T (a copy of A) costs more than the slow product saves
@@ -21,3 +23,16 @@ def tdot(A, B):
     if B.shape[1] < _COPY_MIN_COLUMNS:
         return (B.T @ A).T
     return lax.optimization_barrier(A.T) @ B
+
+
+def solve_lower(L, B, levels: int = 3):
+    """L^{-1} B for a lower-triangular L (n, n) and B of shape (n,) or (n, k), by recursive 2 x 2 blocking (down
+    to blocks of 64): the off-diagonal blocks become matrix products, which XLA's CPU backend runs twice as fast
+    as its triangular solve. k = n, one core: n = 300 1.41 -> 1.02 ms, n = 350 2.28 -> 1.54 ms (three levels)."""
+    n = L.shape[0]
+    if levels == 0 or n < 64:
+        return jsl.solve_triangular(L, B, lower=True)
+    h = n // 2
+    top = solve_lower(L[:h, :h], B[:h], levels - 1)
+    bottom = solve_lower(L[h:, h:], B[h:] - L[h:, :h] @ top, levels - 1)
+    return jnp.concatenate([top, bottom])

@@ -31,11 +31,10 @@ factor C = chol-factor of (Sigma^{-1} + diag W)^{-1} meets the same gradient tes
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import jax.scipy.linalg as jsl
 from jax import lax
 
 from ._fixed_point import _MAX_HALVINGS, _MAX_STALLS, _to_flat
-from ._linalg import tdot
+from ._linalg import solve_lower, tdot
 from .operators import Identity
 
 
@@ -61,7 +60,7 @@ def site_precision(model, to_q, flat0, tol, max_steps):
         """(log det(Sigma^{-1} S), diag S, V) for S = (Sigma^{-1} + diag W)^{-1}."""
         sw = jnp.sqrt(W)
         L = jnp.linalg.cholesky(eye + sw[:, None] * K * sw[None, :])
-        V = jsl.solve_triangular(L, sw[:, None] * K, lower=True)
+        V = solve_lower(L, sw[:, None] * K)
         s_diag = jnp.maximum(diag_K - jnp.sum(jnp.square(V), axis=0), jnp.finfo(K.dtype).tiny)
         return -2 * jnp.sum(jnp.log(jnp.diag(L))), s_diag, V
 

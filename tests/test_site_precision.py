@@ -9,6 +9,7 @@ from helpers import central_difference, gaussian_log_evidence
 
 import gkl_jax as gk
 from gkl_jax import _fit
+from gkl_jax._linalg import solve_lower
 
 
 def _gp_problem(n=25, seed=0):
@@ -109,3 +110,13 @@ def test_refits_do_not_retrace_and_vmap_over_labels_matches_separate_fits():
     batched = jax.vmap(lambda lab: gk.fit(gk.gp.model(kernel, X, gk.potentials.Logistic(lab))).log_z)(
         jnp.asarray(labels))
     np.testing.assert_allclose(batched, [float(r.log_z) for r in single], rtol=1e-10)
+
+
+@pytest.mark.parametrize("n, levels", [(7, 3), (130, 1), (301, 3)])
+def test_blocked_lower_solve_matches_the_triangular_solve(n, levels):
+    rng = np.random.default_rng(n)
+    A = rng.normal(size=(n, n))
+    L = np.linalg.cholesky(A @ A.T / n + np.eye(n))
+    for B in (rng.normal(size=(n, 5)), rng.normal(size=n)):
+        np.testing.assert_allclose(solve_lower(jnp.asarray(L), jnp.asarray(B), levels), np.linalg.solve(L, B),
+                                   rtol=1e-10, atol=1e-12)
