@@ -5,9 +5,8 @@ from typing import ClassVar, Optional
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import jax.scipy.linalg as jsl
 
-from .._linalg import tdot
+from .._linalg import solve_lower, tdot
 from .._validate import as_float_array, check_finite, check_ndim
 from ._base import AbstractFixedPointFactor, check_initialised, signed_log_abs_diag
 
@@ -27,8 +26,8 @@ def upper_factor_of_inverse(precision):
     so C = R^{-T} = J U^{-T} J is upper triangular.
     """
     flipped = precision[::-1, ::-1]
-    U = jnp.linalg.cholesky(flipped).T
-    Uinv_T = jsl.solve_triangular(U, jnp.eye(U.shape[0], dtype=U.dtype), lower=False, trans="T")
+    lower = jnp.linalg.cholesky(flipped)   # = U^T
+    Uinv_T = solve_lower(lower, jnp.eye(lower.shape[0], dtype=lower.dtype))
     return Uinv_T[::-1, ::-1]
 
 
