@@ -88,7 +88,9 @@ def fit(model: Model, factor: AbstractFactor | None = None, *, solver=None, q0: 
     if max_steps < 1:
         raise ValueError(f"max_steps must be >= 1, got {max_steps}")
     optimizer = solver if name == "optax" else None
-    q, num_steps, converged, history = _fit_jit(work_model, q_init, name, optimizer, tol, max_steps, max_cg)
+    # tol enters the compiled solver as an array, so fits at different tolerances share one compilation.
+    q, num_steps, converged, history = _fit_jit(work_model, q_init, name, optimizer, jnp.asarray(tol, dtype),
+                                                max_steps, max_cg)
     if whiten:
         q = Gaussian(mu + L @ q.mean, Full(q.factor.dense() @ L.T))
     log_z = _bound_jit(model, jax.lax.stop_gradient(q))
