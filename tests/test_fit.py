@@ -202,6 +202,18 @@ def test_refitting_new_data_of_the_same_shapes_does_not_retrace():
     assert _fit.TRACE_COUNT["fit"] == before
 
 
+def test_fits_at_different_tolerances_share_one_compilation():
+    X, y = _logistic(seed=13)
+    model = _logistic_model(X, y)
+    gk.fit(model, tol=1e-4)
+    before = _fit.TRACE_COUNT["fit"]
+    loose, tight = gk.fit(model, tol=1e-3), gk.fit(model, tol=1e-8)
+    assert _fit.TRACE_COUNT["fit"] == before
+    assert bool(loose.converged) and bool(tight.converged)
+    assert int(loose.num_steps) <= int(tight.num_steps)
+    assert float(tight.log_z) >= float(loose.log_z) - 1e-12
+
+
 def test_vmap_over_fit_matches_separate_fits():
     X, _ = _logistic()
     labels = np.stack([_logistic(seed=s)[1] for s in (20, 21, 22)])
