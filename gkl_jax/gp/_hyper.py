@@ -153,11 +153,10 @@ def fit_hyperparameters(build: Callable[[Any], Model], params, *, method: Union[
     if fn is fit and "tol" not in kwargs and gtol > 0:
         # The inner fit's gradient residual enters the envelope gradient at first order: gtol / 10 keeps that
         # error an order below the outer stopping rule, and saves the fixed point's linearly converging tail.
-        # (Until 2026-11-25 this read min(default_tol, gtol / 10), i.e. 1e-6 for every gtol >= 1e-5.)
+        # In float32 not below the default tolerance, the round-off floor of the solvers there.
         dtype = model_dtype(model0)
-        kwargs["tol"] = 0.1 * float(gtol)
-        if jnp.finfo(dtype).bits < 64:
-            kwargs["tol"] = max(kwargs["tol"], default_tol(dtype))
+        floor = default_tol(dtype) if jnp.finfo(dtype).bits < 64 else 0.0
+        kwargs["tol"] = max(0.1 * float(gtol), floor)
 
     is_baseline = _is_baseline(fn)
     jit = (not is_baseline) if jit is None else bool(jit)
