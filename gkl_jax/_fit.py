@@ -29,7 +29,8 @@ from jax.flatten_util import ravel_pytree
 
 from . import _solvers
 from ._fixed_point import fixed_point as _fixed_point
-from ._site_precision import applies as _site_precision_applies, site_precision as _site_precision
+from ._site_precision import applies as _site_precision_applies, log_z as _site_precision_log_z_eager
+from ._site_precision import site_precision as _site_precision
 from ._bound import bound
 from ._gaussian import Gaussian
 from ._model import Model, Sites
@@ -47,6 +48,7 @@ TRACE_COUNT = {"fit": 0}
 # One compiled evaluation of the bound for the returned log_z (op-by-op dispatch of the quadrature would
 # compile every primitive separately on first use); still differentiable in the model (envelope theorem).
 _bound_jit = eqx.filter_jit(bound)
+_site_precision_log_z = eqx.filter_jit(_site_precision_log_z_eager)
 
 
 def default_tol(dtype) -> float:
@@ -89,11 +91,14 @@ def fit(model: Model, factor: AbstractFactor | None = None, *, solver=None, q0: 
         raise ValueError(f"max_steps must be >= 1, got {max_steps}")
     optimizer = solver if name == "optax" else None
     # tol enters the compiled solver as an array, so fits at different tolerances share one compilation.
-    q, num_steps, converged, history = _fit_jit(work_model, q_init, name, optimizer, jnp.asarray(tol, dtype),
-                                                max_steps, max_cg)
+    q, num_steps, converged, history, W = _fit_jit(work_model, q_init, name, optimizer, jnp.asarray(tol, dtype),
+                                                   max_steps, max_cg)
     if whiten:
         q = Gaussian(mu + L @ q.mean, Full(q.factor.dense() @ L.T))
-    log_z = _bound_jit(model, jax.lax.stop_gradient(q))
+    if W is None:
+        log_z = _bound_jit(model, jax.lax.stop_gradient(q))
+    else:   # the same bound from the site precisions, with the closed-form covariance derivative
+        log_z = _site_precision_log_z(model, jax.lax.stop_gradient(q.mean), W)
     if is_concrete(converged) and not bool(converged):
         hint = "; try whiten=True (L-BFGS on an ill-conditioned prior)" if (
             name == "lbfgs" and not whiten and model.prior is not None) else ""
@@ -198,7 +203,7 @@ def _whitened_q(q, L, mu):
 def _fit_jit(model, q_init, name, optimizer, tol, max_steps, max_cg):
     TRACE_COUNT["fit"] += 1
     if isinstance(q_init.factor, AbstractRefinableFactor):
-        return _refine_and_solve(model, q_init, name, optimizer, tol, max_steps, max_cg)
+        return _refine_and_solve(model, q_init, name, optimizer, tol, max_steps, max_cg) + (None,)
     return _solve(model, q_init, name, optimizer, tol, max_steps, max_cg)
 
 
@@ -212,10 +217,11 @@ def _solve(model, q_init, name, optimizer, tol, max_steps, max_cg):
     # implicit function theorem below, never from differentiating through the loop.
     frozen = jax.tree.map(lambda x: lax.stop_gradient(x) if eqx.is_inexact_array(x) else x, model)
     objective = lambda flat: bound(frozen, to_q(flat))
+    W = None        # the site precisions of the optimum, from the site-precision solver only
     if name == "fixed-point":
         x, k, ok, hist = _fixed_point(frozen, to_q, flat0, tol, max_steps, max_cg=max_cg)
     elif name == "site-precision":
-        x, k, ok, hist = _site_precision(frozen, to_q, flat0, tol, max_steps)
+        x, k, ok, hist, W = _site_precision(frozen, to_q, flat0, tol, max_steps)
     elif name == "newton":
         x, k, ok, hist = _solvers.newton_cg(objective, flat0, tol=tol, max_steps=max_steps, max_cg=max_cg)
     elif name == "lbfgs":
@@ -226,7 +232,7 @@ def _solve(model, q_init, name, optimizer, tol, max_steps, max_cg):
     dynamic, static_model = eqx.partition(model, eqx.is_inexact_array)
     stationarity = lambda dyn, flat: jax.grad(lambda f: bound(eqx.combine(dyn, static_model), to_q(f)))(flat)
     flat = _implicit_optimum(stationarity, dynamic, x)
-    return to_q(flat), k, ok, hist
+    return to_q(flat), k, ok, hist, W
 
 
 def _solver_filter(q):
@@ -254,7 +260,7 @@ def _refine_and_solve(model, q_init, name, optimizer, tol, max_steps, max_cg):
     def round_(i, carry):
         q, k, hist, best = carry
         factor = lax.stop_gradient(q.factor.refine(frozen, lax.stop_gradient(q)))
-        q2, k2, _, hist2 = _solve(model, eqx.tree_at(lambda g: g.factor, q, factor), name, optimizer,
+        q2, k2, _, hist2, _ = _solve(model, eqx.tree_at(lambda g: g.factor, q, factor), name, optimizer,
                                   jnp.where(i == rounds - 1, tol, loose), max_steps, max_cg)
         value = bound(frozen, lax.stop_gradient(q2))
         better = jnp.isfinite(value) & (value >= best)

@@ -8,7 +8,7 @@ import pytest
 from helpers import central_difference, gaussian_log_evidence
 
 import gkl_jax as gk
-from gkl_jax import _fit
+from gkl_jax import _fit, _site_precision
 from gkl_jax._linalg import solve_lower
 
 
@@ -83,6 +83,32 @@ def test_hyperparameter_gradient_matches_finite_differences_of_refits():
     grad = np.asarray(jax.grad(lambda t: log_z(t, tol=1e-7))(jnp.asarray(theta)))
     fd = central_difference(lambda t: log_z(jnp.asarray(t)), theta, eps=1e-5)
     np.testing.assert_allclose(grad, fd, rtol=1e-5, atol=1e-7)
+
+
+def test_log_z_derivative_is_the_bound_derivative_at_the_returned_q():
+    """The site-precision log_z equals `bound` at q = N(m, (Sigma^{-1} + diag W)^{-1}), and its closed-form
+    covariance derivative (1/2 (alpha alpha^T - R)) equals autodiff of `bound` at that fixed q, in reverse and
+    forward mode, through a Dense
+    prior's covariance and mean, a Laplace likelihood's scale and the sites' offsets."""
+    X, y, rng = _gp_problem(seed=5)
+    off = rng.normal(size=20)
+
+    def build(theta):
+        kernel = gk.kernels.SquaredExponential(jnp.exp(theta[0]), jnp.exp(theta[1]))
+        prior = gk.priors.Dense(kernel.gram(jnp.asarray(X)) + 1e-6 * jnp.eye(20), mean=theta[2] * jnp.ones(20))
+        return gk.Model(prior, gk.Sites(None, gk.potentials.Laplace(y, jnp.exp(theta[3])), offset=theta[4] * off))
+
+    theta = jnp.asarray([0.8, 0.1, 0.3, -0.5, 0.2])
+    # the identity holds at any (m, W), not only at the optimum
+    m, W = jnp.asarray(rng.normal(size=20)), jnp.asarray(rng.uniform(0.0, 3.0, size=20))
+    covariance = jnp.linalg.inv(jnp.diag(W) + jnp.linalg.inv(build(theta).prior.covariance))
+    q = gk.Gaussian(m, gk.factors.Full(jnp.linalg.cholesky(covariance).T))
+    closed_form = lambda t: _site_precision.log_z(build(t), m, W)
+    reference = lambda t: gk.bound(build(t), q)
+    assert abs(float(jax.jit(closed_form)(theta)) - float(jax.jit(reference)(theta))) < 1e-9
+    expected = np.asarray(jax.jit(jax.grad(reference))(theta))
+    np.testing.assert_allclose(jax.jit(jax.grad(closed_form))(theta), expected, rtol=1e-7, atol=1e-9)
+    np.testing.assert_allclose(jax.jit(jax.jacfwd(closed_form))(theta), expected, rtol=1e-7, atol=1e-9)
 
 
 def test_explicit_solver_on_a_model_it_does_not_fit_raises():
