@@ -63,8 +63,10 @@ def fit(model: Model, factor: AbstractFactor | None = None, *, solver=None, q0: 
     `q0` warm-starts the fit (its factor type is used when `factor` is None). With `whiten=True` the fit runs
     in the basis w = mu + L v, L L^T = Sigma (App. E), and the result is reported in the original basis with a
     full factor (a `q0` is taken to that basis; it needs a Full factor). Whitening is what makes L-BFGS, the
-    solver for non-log-concave sites, converge on ill-conditioned GP priors. Returns a `Result`; `converged` is
-    False (and a warning is issued outside of tracing) when the gradient tolerance was not reached.
+    solver for non-log-concave sites, converge on ill-conditioned GP priors. `tol` (default 1e-6, float32: 1e-3)
+    may be a traced scalar inside a transformation (then it is not checked for positivity); every value shares
+    one compilation. Returns a `Result`; `converged` is False (and a warning is issued outside of tracing) when
+    the gradient tolerance was not reached.
     """
     if not isinstance(model, Model):
         raise ValueError(f"model must be a gkl_jax.Model, got {type(model).__name__}")
@@ -83,9 +85,12 @@ def fit(model: Model, factor: AbstractFactor | None = None, *, solver=None, q0: 
     q_init = _initial_q(work_model, factor, q0)
     name = _solver_name(solver, work_model, q_init.factor)
     dtype = q_init.mean.dtype
-    tol = default_tol(dtype) if tol is None else float(tol)
-    if tol <= 0:
-        raise ValueError(f"tol must be positive, got {tol}")
+    if tol is None:
+        tol = default_tol(dtype)
+    elif not isinstance(tol, jax.core.Tracer):
+        tol = float(tol)
+        if not tol > 0:
+            raise ValueError(f"tol must be positive, got {tol}")
     max_steps = _MAX_STEPS[name] if max_steps is None else int(max_steps)
     if max_steps < 1:
         raise ValueError(f"max_steps must be >= 1, got {max_steps}")
@@ -103,7 +108,7 @@ def fit(model: Model, factor: AbstractFactor | None = None, *, solver=None, q0: 
         hint = "; try whiten=True (L-BFGS on an ill-conditioned prior)" if (
             name == "lbfgs" and not whiten and model.prior is not None) else ""
         warnings.warn(f"gkl_jax.fit: the {name} solver stopped after {int(num_steps)} steps without reaching "
-                      f"max|grad| <= {tol:g}; the result is a valid bound but not the optimum{hint}", stacklevel=2)
+                      f"max|grad| <= {float(tol):g}; the result is a valid bound but not the optimum{hint}", stacklevel=2)
     return Result(q=q, log_z=log_z, converged=converged, num_steps=num_steps, history=history, method="gkl")
 
 

@@ -8,7 +8,7 @@ import pytest
 from scipy import integrate, special, stats
 
 import gkl_jax as gk
-from gkl_jax import kernels as K
+from gkl_jax import _fit, kernels as K
 
 NOISE = 0.05
 
@@ -199,13 +199,16 @@ def test_ml2_gkl_equals_exact_with_gaussian_likelihood():
 
 def test_ml2_inner_tolerance_follows_gtol_without_changing_the_result():
     """With gtol = 1e-3 the G-KL inner fits stop at max|grad| <= 1e-4 (gtol / 10): the learned hyperparameters
-    and bound equal those of inner fits run to 1e-7 (an explicit method_kwargs tol)."""
+    and bound equal those of inner fits run to 1e-7 (an explicit method_kwargs tol). The inner tolerance is an
+    argument of the compiled objective: the second run compiles nothing."""
     X, y = _data(30)
     labels = jnp.where(y > 0, 1.0, -1.0)
     build = lambda k: gk.gp.model(k, X, gk.potentials.Logistic(labels))
     k0 = K.SquaredExponential(1.0, 1.0)
     loose = gk.gp.fit_hyperparameters(build, k0, gtol=1e-3)
+    traces = _fit.TRACE_COUNT["fit"]
     tight = gk.gp.fit_hyperparameters(build, k0, gtol=1e-3, method_kwargs={"tol": 1e-7})
+    assert _fit.TRACE_COUNT["fit"] == traces
     assert loose.converged and tight.converged
     np.testing.assert_allclose(loose.log_z, tight.log_z, rtol=1e-6)
     np.testing.assert_allclose(loose.params.lengthscale, tight.params.lengthscale, rtol=1e-2)
@@ -238,6 +241,9 @@ def test_bad_inputs_name_the_argument():
         gk.gp.predict(res, gk.priors.Isotropic(8), np.zeros((3, 1)))
     with pytest.raises(ValueError, match="build"):
         gk.gp.fit_hyperparameters(None, k)
+    with pytest.raises(ValueError, match="tol"):
+        gk.gp.fit_hyperparameters(lambda kk: gk.gp.model(kk, X, gk.potentials.Gaussian(y)), k,
+                                  method_kwargs={"tol": 0.0})
 
 
 # ---------------------------------------------------------------------------------------------------------------

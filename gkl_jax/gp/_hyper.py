@@ -157,6 +157,13 @@ def fit_hyperparameters(build: Callable[[Any], Model], params, *, method: Union[
         dtype = model_dtype(model0)
         floor = default_tol(dtype) if jnp.finfo(dtype).bits < 64 else 0.0
         kwargs["tol"] = max(0.1 * float(gtol), floor)
+    dynamic_kwargs = {}
+    if fn is fit and "tol" in kwargs:
+        # an argument of the compiled objective, not part of its key: every gtol shares one compilation
+        tol = float(kwargs.pop("tol"))
+        if not tol > 0:
+            raise ValueError(f"method_kwargs['tol'] must be positive, got {tol}")
+        dynamic_kwargs["tol"] = jnp.asarray(tol, model_dtype(model0))
 
     is_baseline = _is_baseline(fn)
     jit = (not is_baseline) if jit is None else bool(jit)
@@ -164,7 +171,8 @@ def fit_hyperparameters(build: Callable[[Any], Model], params, *, method: Union[
     if gradient not in ("reverse", "forward"):
         raise ValueError(f"gradient must be 'reverse' or 'forward', got {gradient!r}")
     vg = _value_and_grad if jit else _value_and_grad_eager
-    value_and_grad = lambda dyn, q0: vg(build, fn, kwargs, use_q0, static, dyn, q0, gradient == "forward")
+    value_and_grad = lambda dyn, q0: vg(build, fn, kwargs, use_q0, static, dyn, q0, dynamic_kwargs,
+                                        gradient == "forward")
     update = lambda grad, state, dyn: _update(opt, grad, state, dyn)
 
     start = time.perf_counter()
@@ -198,12 +206,13 @@ def _run_method(build, fn, kwargs, use_q0, static, dyn, q0):
     return fn(model, q0=q0, **kwargs) if use_q0 else fn(model, **kwargs)
 
 
-def _value_and_grad_eager(build, fn, kwargs, use_q0, static, dyn, q0, forward=False):
+def _value_and_grad_eager(build, fn, kwargs, use_q0, static, dyn, q0, dynamic_kwargs, forward=False):
     """(-log_z, its gradient in dyn, the inner Result). Module-level so the compiled function is reused across
-    calls: pass `build` as an eqx.Module holding the data (arrays are traced), and the same method object."""
+    calls: pass `build` as an eqx.Module holding the data (arrays are traced), and the same method object.
+    `dynamic_kwargs` (arrays, not differentiated) join the static `kwargs` of the method."""
 
     def objective(d):
-        res = _run_method(build, fn, kwargs, use_q0, static, d, q0)
+        res = _run_method(build, fn, {**kwargs, **dynamic_kwargs}, use_q0, static, d, q0)
         return -res.log_z, res
 
     if forward:
