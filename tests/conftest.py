@@ -1,5 +1,13 @@
-import jax
-import pytest
+import os
+
+# The suite is compile-bound: XLA's CPU backend at LLVM optimisation level 0 compiles 20-25% faster, and the
+# compiled programs compute the same IEEE results (no fast-math either way). Set before the backend starts;
+# inherited by the notebook kernels and CLI subprocesses the tests launch.
+if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
