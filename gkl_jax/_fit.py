@@ -96,14 +96,14 @@ def fit(model: Model, factor: AbstractFactor | None = None, *, solver=None, q0: 
         raise ValueError(f"max_steps must be >= 1, got {max_steps}")
     optimizer = solver if name == "optax" else None
     # tol enters the compiled solver as an array, so fits at different tolerances share one compilation.
-    q, num_steps, converged, history, W = _fit_jit(work_model, q_init, name, optimizer, jnp.asarray(tol, dtype),
+    q, num_steps, converged, history, sp = _fit_jit(work_model, q_init, name, optimizer, jnp.asarray(tol, dtype),
                                                    max_steps, max_cg)
     if whiten:
         q = Gaussian(mu + L @ q.mean, Full(q.factor.dense() @ L.T))
-    if W is None:
+    if sp is None:
         log_z = _bound_jit(model, jax.lax.stop_gradient(q))
     else:   # the same bound from the site precisions, with the closed-form covariance derivative
-        log_z = _site_precision_log_z(model, jax.lax.stop_gradient(q.mean), W)
+        log_z = _site_precision_log_z(model, jax.lax.stop_gradient(q.mean), sp[0], sp[1:])
     if is_concrete(converged) and not bool(converged):
         hint = "; try whiten=True (L-BFGS on an ill-conditioned prior)" if (
             name == "lbfgs" and not whiten and model.prior is not None) else ""
@@ -222,11 +222,11 @@ def _solve(model, q_init, name, optimizer, tol, max_steps, max_cg):
     # implicit function theorem below, never from differentiating through the loop.
     frozen = jax.tree.map(lambda x: lax.stop_gradient(x) if eqx.is_inexact_array(x) else x, model)
     objective = lambda flat: bound(frozen, to_q(flat))
-    W = None        # the site precisions of the optimum, from the site-precision solver only
+    sp = None       # the site precisions of the optimum and their factorisation (site-precision solver only)
     if name == "fixed-point":
         x, k, ok, hist = _fixed_point(frozen, to_q, flat0, tol, max_steps, max_cg=max_cg)
     elif name == "site-precision":
-        x, k, ok, hist, W = _site_precision(frozen, to_q, flat0, tol, max_steps)
+        x, k, ok, hist, sp = _site_precision(frozen, to_q, flat0, tol, max_steps)
     elif name == "newton":
         x, k, ok, hist = _solvers.newton_cg(objective, flat0, tol=tol, max_steps=max_steps, max_cg=max_cg)
     elif name == "lbfgs":
@@ -237,7 +237,7 @@ def _solve(model, q_init, name, optimizer, tol, max_steps, max_cg):
     dynamic, static_model = eqx.partition(model, eqx.is_inexact_array)
     stationarity = lambda dyn, flat: jax.grad(lambda f: bound(eqx.combine(dyn, static_model), to_q(f)))(flat)
     flat = _implicit_optimum(stationarity, dynamic, x)
-    return to_q(flat), k, ok, hist, W
+    return to_q(flat), k, ok, hist, sp
 
 
 def _solver_filter(q):

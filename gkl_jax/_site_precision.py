@@ -55,25 +55,25 @@ def applies(model) -> bool:
 def site_precision(model, to_q, flat0, tol, max_steps):
     """Iterate on (m, W) from the flat parameters `flat0` of a Full-factor q (module doc).
 
-    Returns (x, num_steps, converged, history) like the solvers of `gkl_jax._solvers`, and the site precisions W
-    of the returned q (for `log_z`)."""
+    Returns (x, num_steps, converged, history) like the solvers of `gkl_jax._solvers`, and (W, log det(Sigma^{-1} S),
+    diag S, L) of the returned q (for `log_z`)."""
     prior = model.prior
     K = prior.covariance
     n = K.shape[0]
     q0 = to_q(flat0)
 
-    parts = lambda W: _parts(K, W)[:3]
+    parts = lambda W: _parts(K, W)
     mean_terms = lambda m, s_diag: _mean_terms(prior, model.sites, m, s_diag)
 
     def residual(g, W, gamma, s_diag):
         return jnp.maximum(jnp.max(jnp.abs(g)), jnp.max(jnp.sqrt(s_diag) * jnp.abs(W - gamma)))
 
     def cond(state):
-        m, W, f, g, gamma, s_diag, k, hist, stalls = state
+        m, W, f, g, gamma, s_diag, _, _, k, hist, stalls = state
         return (stalls < _MAX_STALLS) & (k < max_steps) & (residual(g, W, gamma, s_diag) > tol)
 
     def body(state):
-        m, W, f, g, gamma, s_diag, k, hist, stalls = state
+        m, W, f, g, gamma, s_diag, logdet, L, k, hist, stalls = state
         target = jnp.maximum(gamma, 0.0)
         # Round-off of B: f sums O(n + sum W S_nn) terms (entropy, trace, sites) that largely cancel, and the
         # prior's quadratic form carries the condition number of Sigma (Table 1's Laplace fits: +-1e-11 at f = -106).
@@ -89,13 +89,13 @@ def site_precision(model, to_q, flat0, tol, max_steps):
             t, _, _, j = ls
             t = jnp.where(j == 0, t, 0.5 * t)
             W_t = W + t * (target - W)
-            logdet_t, s_diag_t, V_t = parts(W_t)
+            logdet_t, s_diag_t, V_t, L_t = parts(W_t)
             terms = mean_terms(m, s_diag_t)
-            return t, _bound_value(W_t, logdet_t, s_diag_t, terms[0]), (logdet_t, s_diag_t, V_t, terms), j + 1
+            return t, _bound_value(W_t, logdet_t, s_diag_t, terms[0]), (logdet_t, s_diag_t, V_t, L_t, terms), j + 1
 
-        dummy = (f, s_diag, jnp.zeros((n, n), K.dtype), (f, g, gamma))
-        t, f_t, (logdet_t, s_diag_t, V_t, terms_t), _ = lax.while_loop(ls_cond, ls_body,
-                                                                        (jnp.ones((), m.dtype), f, dummy, 0))
+        dummy = (logdet, s_diag, L, L, (f, g, gamma))
+        t, f_t, (logdet_t, s_diag_t, V_t, L_t, terms_t), _ = lax.while_loop(ls_cond, ls_body,
+                                                                             (jnp.ones((), m.dtype), f, dummy, 0))
         t = jnp.where(jnp.isfinite(f_t) & (f_t >= f - noise), t, 0.0)
         W_t = W + t * (target - W)
         # Mean step at S = (Sigma^{-1} + diag W_t)^{-1}, preconditioned by S (O(n^2) per iteration), to
@@ -107,24 +107,24 @@ def site_precision(model, to_q, flat0, tol, max_steps):
         ok = jnp.isfinite(f_new) & (f_new >= f - noise)
         r_old, r_new = residual(g, W, gamma, s_diag), residual(g_new, W_t, gamma_new, s_diag_t)
         progress = ok & ((f_new > f) | (r_new < r_old))
-        new = (m_new, W_t, f_new, g_new, gamma_new, s_diag_t)
-        old = (m, W, f, g, gamma, s_diag)
+        new = (m_new, W_t, f_new, g_new, gamma_new, s_diag_t, logdet_t, L_t)
+        old = (m, W, f, g, gamma, s_diag, logdet, L)
         kept = tuple(jnp.where(ok, a, b) for a, b in zip(new, old))
         return kept + (k + 1, hist.at[k + 1].set(kept[2]), jnp.where(progress, 0, stalls + 1))
 
     # Start from q0's mean and the fixed-point precisions at q0.
     m0 = q0.mean
     W0 = jnp.maximum(-2 * mean_terms(m0, q0.factor.marginal_variances())[2], 0.0)
-    logdet0, s_diag0, _ = parts(W0)
+    logdet0, s_diag0, _, L0 = parts(W0)
     value0, g0, b0 = mean_terms(m0, s_diag0)
     f0 = _bound_value(W0, logdet0, s_diag0, value0)
     hist0 = jnp.full((max_steps + 1,), jnp.nan, dtype=f0.dtype).at[0].set(f0)
-    init = (m0, W0, f0, g0, -2 * b0, s_diag0, 0, hist0, 0)
-    m, W, f, g, gamma, s_diag, k, hist, _ = lax.while_loop(cond, body, init)
+    init = (m0, W0, f0, g0, -2 * b0, s_diag0, logdet0, L0, 0, hist0, 0)
+    m, W, f, g, gamma, s_diag, logdet, L, k, hist, _ = lax.while_loop(cond, body, init)
     converged = (residual(g, W, gamma, s_diag) <= tol) & jnp.isfinite(f)
     factor = q0.factor.fixed_point(prior, [Identity(n)], [W])
     q = eqx.tree_at(lambda r: (r.mean, r.factor), q0, (m, factor))
-    return _to_flat(q), k, converged, hist, W
+    return _to_flat(q), k, converged, hist, (W, logdet, s_diag, L)
 
 
 def _parts(K, W):
@@ -158,7 +158,7 @@ def _bound_value(W, logdet, s_diag, mean_value):
 
 
 @eqx.filter_custom_jvp
-def log_z(model, m, W):
+def log_z(model, m, W, parts=None):
     """The bound at q = N(m, (Sigma^{-1} + diag W)^{-1}): the value of `bound(model, q)` for the q the solver
     returns, differentiable in the model at fixed q (the envelope theorem, App. F.2). Its derivative in the
     prior covariance has the closed form
@@ -168,18 +168,27 @@ def log_z(model, m, W):
     (Woodbury), one triangular solve with L instead of differentiating the prior's Cholesky factorisation and
     L^{-1}; dB/dmu = alpha, and the sites are differentiated at fixed (m, diag S). The prior enters through its
     `covariance` and `mean` only (its Cholesky factors are functions of the covariance). m and W are held fixed:
-    pass them through `lax.stop_gradient`."""
-    logdet, s_diag, _, _ = _parts(model.prior.covariance, W)
+    pass them through `lax.stop_gradient`. `parts` = (log det(Sigma^{-1} S), diag S, L) at W, if known (the
+    solver returns them), saves their factorisation."""
+    logdet, s_diag, _ = _log_z_parts(model, W, parts)
     alpha = model.prior.precision_mv(m - model.prior.mean)
-    return _bound_value(W, logdet, s_diag, _sites_value(model.sites, m, s_diag) - 0.5 * (m - model.prior.mean) @ alpha)
+    sites_value = _sites_value(model.sites, m, s_diag)
+    return _bound_value(W, logdet, s_diag, sites_value - 0.5 * (m - model.prior.mean) @ alpha)
+
+
+def _log_z_parts(model, W, parts):
+    if parts is None:
+        logdet, s_diag, _, L = _parts(model.prior.covariance, W)
+        return logdet, s_diag, L
+    return parts
 
 
 @log_z.def_jvp
 def _log_z_jvp(primals, tangents):
-    model, m, W = primals
+    model, m, W, *parts = primals          # parts is optional
     t_model = tangents[0]
     prior = model.prior
-    logdet, s_diag, _, L = _parts(prior.covariance, W)
+    logdet, s_diag, L = _log_z_parts(model, W, parts[0] if parts else None)
     dynamic, static = eqx.partition(model.sites, eqx.is_inexact_array)
     value_of = lambda dyn: _sites_value(eqx.combine(dyn, static), m, s_diag)
     if t_model is None:

@@ -109,6 +109,11 @@ def test_log_z_derivative_is_the_bound_derivative_at_the_returned_q():
     expected = np.asarray(jax.jit(jax.grad(reference))(theta))
     np.testing.assert_allclose(jax.jit(jax.grad(closed_form))(theta), expected, rtol=1e-7, atol=1e-9)
     np.testing.assert_allclose(jax.jit(jax.jacfwd(closed_form))(theta), expected, rtol=1e-7, atol=1e-9)
+    # with the factorisation passed in (as fit does): the same value and derivative
+    logdet, s_diag, _, L = _site_precision._parts(build(theta).prior.covariance, W)
+    given = jax.jit(jax.value_and_grad(lambda t: _site_precision.log_z(build(t), m, W, (logdet, s_diag, L))))(theta)
+    np.testing.assert_allclose(given[0], reference(theta), rtol=1e-12)
+    np.testing.assert_allclose(given[1], expected, rtol=1e-7, atol=1e-9)
 
 
 def test_explicit_solver_on_a_model_it_does_not_fit_raises():
