@@ -131,10 +131,26 @@ def _parts(K, W):
     """(log det(Sigma^{-1} S), diag S, V, L) for S = (Sigma^{-1} + diag W)^{-1}: B = I + W^{1/2} Sigma W^{1/2} = L L^T,
     V = L^{-1} W^{1/2} Sigma (module doc)."""
     sw = jnp.sqrt(W)
-    L = jnp.linalg.cholesky(jnp.eye(K.shape[0], dtype=K.dtype) + sw[:, None] * K * sw[None, :])
+    eye = jnp.eye(K.shape[0], dtype=K.dtype)
+    L = jnp.linalg.cholesky(eye + sw[:, None] * K * sw[None, :])
     V = solve_lower(L, sw[:, None] * K)
-    s_diag = jnp.maximum(jnp.diag(K) - jnp.sum(jnp.square(V), axis=0), jnp.finfo(K.dtype).tiny)
-    return -2 * jnp.sum(jnp.log(jnp.diag(L))), s_diag, V, L
+    diag_K = jnp.diag(K)
+    s_diag = diag_K - jnp.sum(jnp.square(V), axis=0)
+    # The difference cancels where W_n Sigma_nn is large (relative error ~ eps W_n Sigma_nn: a GP variance of
+    # 1e20 made it 1e6). There W_n S_nn = 1 - (B^{-1})_nn gives S_nn without cancellation; its triangular
+    # inverse is formed only when some site needs it.
+    big = W * diag_K * jnp.finfo(K.dtype).eps > _CANCELLATION
+
+    def stable(s):
+        b_inv = jnp.sum(jnp.square(solve_lower(L, eye)), axis=0)
+        return jnp.where(big, (1 - b_inv) / jnp.where(big, W, 1), s)
+
+    s_diag = lax.cond(jnp.any(big), stable, lambda s: s, s_diag)
+    return -2 * jnp.sum(jnp.log(jnp.diag(L))), jnp.maximum(s_diag, jnp.finfo(K.dtype).tiny), V, L
+
+
+_CANCELLATION = 1e-8
+"""eps W_n Sigma_nn above which diag S is taken from diag B^{-1} (`_parts`)."""
 
 
 def _sites_value(sites, m, s_diag):
