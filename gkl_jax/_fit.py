@@ -10,7 +10,8 @@ Solvers
   I + W^{1/2} Sigma W^{1/2} per step and C formed once at the end (gkl_jax._site_precision).
 - "newton" (default for the other concave factors on log-concave models): truncated Newton-CG with Hessian-vector
   products and a backtracking line search; the bound is concave in (m, C) (Section 3.2).
-- "lbfgs" (default for models with non-log-concave sites and for non-concave factors), or any `optax.GradientTransformation`.
+- "lbfgs" (default for models with non-log-concave sites and for non-concave factors), or any
+  `optax.GradientTransformation`.
 
 Every solver stops at max |dB/d(m, C)| <= tol. The returned `log_z` is differentiable in the model by the
 envelope theorem (App. F.2) and the returned mean and factor by the implicit function theorem (the
@@ -108,7 +109,8 @@ def fit(model: Model, factor: AbstractFactor | None = None, *, solver=None, q0: 
         hint = "; try whiten=True (L-BFGS on an ill-conditioned prior)" if (
             name == "lbfgs" and not whiten and model.prior is not None) else ""
         warnings.warn(f"gkl_jax.fit: the {name} solver stopped after {int(num_steps)} steps without reaching "
-                      f"max|grad| <= {float(tol):g}; the result is a valid bound but not the optimum{hint}", stacklevel=2)
+                      f"max|grad| <= {float(tol):g}; the result is a valid bound but not the optimum{hint}",
+                      stacklevel=2)
     return Result(q=q, log_z=log_z, converged=converged, num_steps=num_steps, history=history, method="gkl")
 
 
