@@ -29,9 +29,9 @@ from jax import lax
 from jax.flatten_util import ravel_pytree
 
 from . import _solvers
-from ._fixed_point import fixed_point as _fixed_point
+from ._fixed_point import _to_flat, fixed_point as _fixed_point
 from ._site_precision import applies as _site_precision_applies, log_z as _site_precision_log_z_eager
-from ._site_precision import site_precision as _site_precision
+from ._site_precision import posterior as _site_precision_posterior, site_precision as _site_precision
 from ._bound import bound
 from ._gaussian import Gaussian
 from ._model import Model, Sites
@@ -112,6 +112,47 @@ def fit(model: Model, factor: AbstractFactor | None = None, *, solver=None, q0: 
                       f"max|grad| <= {float(tol):g}; the result is a valid bound but not the optimum{hint}",
                       stacklevel=2)
     return Result(q=q, log_z=log_z, converged=converged, num_steps=num_steps, history=history, method="gkl")
+
+
+class WarmStart(eqx.Module):
+    """What one ML-II evaluation by `fit_warm` hands to the next: `q` = N(m, diag S), the optimum's mean and
+    marginal variances (a Full factor with diagonal C), which is all the site-precision solver takes from a q0;
+    the site precisions W of S = (Sigma^{-1} + diag W)^{-1}; and `log_z`, `converged`, `num_steps`, `history` of
+    the fit. `warm_result` turns it into the `Result` that `fit` returns."""
+
+    q: Gaussian
+    site_precisions: jax.Array
+    log_z: jax.Array
+    converged: jax.Array
+    num_steps: jax.Array
+    history: jax.Array
+
+
+def warm_fit_applies(model) -> bool:
+    """Whether `fit(model)` with its defaults runs the site-precision solver, so that `fit_warm` can stand in
+    for it inside ML-II."""
+    return _solver_name(None, model, Full()) == "site-precision"
+
+
+def fit_warm(model: Model, *, q0: Gaussian | None = None, tol=None) -> WarmStart:
+    """`fit(model, q0=q0, tol=tol)` by the site-precision solver without forming the Full factor C: the inner fit
+    of ML-II (`gp.fit_hyperparameters`), where each outer step needs log Z, its gradient and a warm start, and C
+    is needed only once, at the end (`warm_result`). C costs 3.3 n^3 flops, a fifth of a warm ML-II evaluation at
+    n = 350. `log_z` is the same bound as `fit`'s, with the same closed-form derivative in the model."""
+    q_init = _initial_q(model, Full(), q0)
+    dtype = q_init.mean.dtype
+    tol = jnp.asarray(default_tol(dtype) if tol is None else tol, dtype)
+    frozen, q_init = jax.tree.map(lambda x: lax.stop_gradient(x) if eqx.is_inexact_array(x) else x, (model, q_init))
+    m, k, ok, hist, (W, logdet, s_diag, L) = _site_precision(frozen, q_init, tol, _MAX_STEPS["site-precision"])
+    log_z = _site_precision_log_z_eager(model, lax.stop_gradient(m), W, (logdet, s_diag, L))
+    return WarmStart(Gaussian(m, Full(jnp.diag(jnp.sqrt(s_diag)))), W, log_z, ok, k, hist)
+
+
+def warm_result(model: Model, warm: WarmStart) -> Result:
+    """The `Result` of the fit that `warm` summarises: q = N(m, (Sigma^{-1} + diag W)^{-1}) with its Full factor."""
+    q = _site_precision_posterior(model.prior, warm.q, warm.q.mean, warm.site_precisions)
+    return Result(q=q, log_z=warm.log_z, converged=warm.converged, num_steps=warm.num_steps, history=warm.history,
+                  method="gkl")
 
 
 def _solver_name(solver, model, factor):
@@ -228,7 +269,9 @@ def _solve(model, q_init, name, optimizer, tol, max_steps, max_cg):
     if name == "fixed-point":
         x, k, ok, hist = _fixed_point(frozen, to_q, flat0, tol, max_steps, max_cg=max_cg)
     elif name == "site-precision":
-        x, k, ok, hist, sp = _site_precision(frozen, to_q, flat0, tol, max_steps)
+        q0 = to_q(flat0)
+        m, k, ok, hist, sp = _site_precision(frozen, q0, tol, max_steps)
+        x = _to_flat(_site_precision_posterior(frozen.prior, q0, m, sp[0]))
     elif name == "newton":
         x, k, ok, hist = _solvers.newton_cg(objective, flat0, tol=tol, max_steps=max_steps, max_cg=max_cg)
     elif name == "lbfgs":

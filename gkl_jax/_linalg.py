@@ -1,4 +1,5 @@
-"""A^T B without XLA's slow path for transposed left operands.
+"""Dense linear algebra shaped for XLA's CPU backend: A^T B without the slow path for transposed left operands,
+and triangular solves, inverses and Gram products blocked into matrix products.
 
 On XLA's CPU backend (jax 0.10, measured on this project's machine, one core) a product written `A.T @ B` is
 emitted with a transposed left operand and runs far below the speed of the same product written the other way:
@@ -7,6 +8,9 @@ takes 1.5 ms and the same product with A^T materialised first 0.65 ms. Reverse-m
 fast form, so only hand-written transposed products need this. On accelerators the rewrite costs at most one copy.
 """
 
+import functools
+
+import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 from jax import lax
@@ -25,6 +29,7 @@ def tdot(A, B):
     return lax.optimization_barrier(A.T) @ B
 
 
+@functools.partial(jax.jit, static_argnames="levels")
 def solve_lower(L, B, levels: int = 3):
     """L^{-1} B for a lower-triangular L (n, n) and B of shape (n,) or (n, k), by recursive 2 x 2 blocking (down
     to blocks of 64): the off-diagonal blocks become matrix products, which XLA's CPU backend runs twice as fast
@@ -36,3 +41,40 @@ def solve_lower(L, B, levels: int = 3):
     top = solve_lower(L[:h, :h], B[:h], levels - 1)
     bottom = solve_lower(L[h:, h:], B[h:] - L[h:, :h] @ top, levels - 1)
     return jnp.concatenate([top, bottom])
+
+
+@functools.partial(jax.jit, static_argnames="base")
+def invert_lower(L, base: int = 64):
+    """L^{-1} for a lower-triangular L (n, n), by the blocked inverse
+
+        [[A, 0], [B, C]]^{-1} = [[A^{-1}, 0], [-C^{-1} B A^{-1}, C^{-1}]]
+
+    recursively down to blocks of at most `base` rows (triangular solves with the identity there): ~2/3 n^3 flops,
+    spent in matrix products, which XLA's CPU backend runs about twice as fast per flop as its triangular solve.
+    One core: n = 350 0.79 ms (solve_lower with the identity 1.65 ms, XLA's triangular solve 2.2 ms);
+    n = 1000 11.6 ms (23.8, 28.9). Blocks of 32 or 64 rows are within 5% of each other from n = 100 to 2000; 128
+    is up to 1.7x slower below n = 300."""
+    n = L.shape[0]
+    if n <= base:
+        return jsl.solve_triangular(L, jnp.eye(n, dtype=L.dtype), lower=True)
+    h = n // 2
+    top = invert_lower(L[:h, :h], base)
+    bottom = invert_lower(L[h:, h:], base)
+    return jnp.block([[top, jnp.zeros((h, n - h), L.dtype)], [-(bottom @ (L[h:, :h] @ top)), bottom]])
+
+
+@functools.partial(jax.jit, static_argnames="levels")
+def lower_gram(G, levels: int = 3):
+    """G^T G for a lower-triangular G (n, n), by the blocks of G = [[A, 0], [B, C]]:
+
+        G^T G = [[A^T A + B^T B, B^T C], [C^T B, C^T C]],
+
+    recursively on A^T A and C^T C (down to blocks of 64), which skips the products with the zero block. One core:
+    n = 350 0.86 ms (tdot 1.22 ms); n = 1000 16.9 ms (29.6)."""
+    n = G.shape[0]
+    if levels == 0 or n < 64:
+        return tdot(G, G)
+    h = n // 2
+    A, B, C = G[:h, :h], G[h:, :h], G[h:, h:]
+    off = tdot(C, B)
+    return jnp.block([[lower_gram(A, levels - 1) + tdot(B, B), off.T], [off, lower_gram(C, levels - 1)]])

@@ -40,8 +40,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ._fixed_point import _MAX_HALVINGS, _MAX_STALLS, _to_flat
-from ._linalg import solve_lower, tdot
+from ._fixed_point import _MAX_HALVINGS, _MAX_STALLS
+from ._linalg import invert_lower, lower_gram, solve_lower, tdot
 from .operators import Identity
 
 
@@ -52,15 +52,15 @@ def applies(model) -> bool:
             and all(isinstance(s.operator(model.dim), Identity) for s in model.sites))
 
 
-def site_precision(model, to_q, flat0, tol, max_steps):
-    """Iterate on (m, W) from the flat parameters `flat0` of a Full-factor q (module doc).
+def site_precision(model, q0, tol, max_steps):
+    """Iterate on (m, W) from the Full-factor Gaussian q0 (module doc); of q0 only the mean and the marginal
+    variances are used.
 
-    Returns (x, num_steps, converged, history) like the solvers of `gkl_jax._solvers`, and (W, log det(Sigma^{-1} S),
-    diag S, L) of the returned q (for `log_z`)."""
+    Returns (m, num_steps, converged, history) like the solvers of `gkl_jax._solvers`, and (W, log det(Sigma^{-1} S),
+    diag S, L) at the returned m (for `log_z`); `posterior` forms the Full factor of S."""
     prior = model.prior
     K = prior.covariance
     n = K.shape[0]
-    q0 = to_q(flat0)
 
     parts = lambda W: _parts(K, W)
     mean_terms = lambda m, s_diag: _mean_terms(prior, model.sites, m, s_diag)
@@ -122,9 +122,14 @@ def site_precision(model, to_q, flat0, tol, max_steps):
     init = (m0, W0, f0, g0, -2 * b0, s_diag0, logdet0, L0, 0, hist0, 0)
     m, W, f, g, gamma, s_diag, logdet, L, k, hist, _ = lax.while_loop(cond, body, init)
     converged = (residual(g, W, gamma, s_diag) <= tol) & jnp.isfinite(f)
-    factor = q0.factor.fixed_point(prior, [Identity(n)], [W])
-    q = eqx.tree_at(lambda r: (r.mean, r.factor), q0, (m, factor))
-    return _to_flat(q), k, converged, hist, (W, logdet, s_diag, L)
+    return m, k, converged, hist, (W, logdet, s_diag, L)
+
+
+def posterior(prior, q0, m, W):
+    """q = N(m, S), S = (Sigma^{-1} + diag W)^{-1}, with q0's Full factor type: C is the upper-triangular factor of
+    the inverse of Sigma^{-1} + diag W (`Full.fixed_point`, 3.3 n^3 flops)."""
+    factor = q0.factor.fixed_point(prior, [Identity(m.shape[0])], [W])
+    return eqx.tree_at(lambda r: (r.mean, r.factor), q0, (m, factor))
 
 
 def _parts(K, W):
@@ -142,7 +147,7 @@ def _parts(K, W):
     big = W * diag_K * jnp.finfo(K.dtype).eps > _CANCELLATION
 
     def stable(s):
-        b_inv = jnp.sum(jnp.square(solve_lower(L, eye)), axis=0)
+        b_inv = jnp.sum(jnp.square(invert_lower(L)), axis=0)
         return jnp.where(big, (1 - b_inv) / jnp.where(big, W, 1), s)
 
     s_diag = lax.cond(jnp.any(big), stable, lambda s: s, s_diag)
@@ -210,8 +215,7 @@ def _log_z_jvp(primals, tangents):
     f, alpha = _log_z_value(model, m, W, logdet, s_diag, sites_value)
     tangent = d_sites
     if t_model.prior is not None and t_model.prior.covariance is not None:
-        G = solve_lower(L, jnp.diag(jnp.sqrt(W)).astype(L.dtype))          # L^{-1} W^{1/2}
-        R = tdot(G, G)
+        R = lower_gram(invert_lower(L) * jnp.sqrt(W).astype(L.dtype))       # (L^{-1} W^{1/2})^T (L^{-1} W^{1/2})
         dK = t_model.prior.covariance
         tangent = tangent + 0.5 * (alpha @ dK @ alpha - jnp.sum(R * dK))
     if t_model.prior is not None and t_model.prior.mean is not None:

@@ -4,6 +4,7 @@ sites, chosen by default, validated, with hyperparameter gradients matching fini
 import warnings
 
 import jax
+import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ from helpers import central_difference, gaussian_log_evidence
 
 import gkl_jax as gk
 from gkl_jax import _fit, _site_precision
-from gkl_jax._linalg import solve_lower
+from gkl_jax._linalg import invert_lower, lower_gram, solve_lower
 
 
 def _gp_problem(n=20, seed=0):
@@ -138,6 +139,37 @@ def test_factorisation_parts_match_the_dense_posterior_without_cancellation(scal
     np.testing.assert_allclose(res.log_z, gk.bound(model, res.q), rtol=1e-10)
 
 
+def test_warm_fit_is_fit_without_the_factor():
+    """fit_warm (the ML-II inner fit) has fit's log Z and gradient in the kernel, and the mean and marginal
+    variances of fit's q; warm_result rebuilds fit's Result; fit_hyperparameters returns that Result."""
+    X, y, _ = _gp_problem()
+    build = lambda k: gk.gp.model(k, X, gk.potentials.Logistic(y))
+    kernel = gk.kernels.SquaredExponential(4.0, 1.2)
+    model = build(kernel)
+    assert _fit.warm_fit_applies(model)
+    assert not _fit.warm_fit_applies(gk.gp.model(kernel, X, gk.potentials.StudentT(y, 3.0)))
+    ref = gk.fit(model, tol=1e-8)
+    warm = jax.jit(lambda m: _fit.fit_warm(m, tol=1e-8))(model)
+    assert bool(warm.converged) and int(warm.num_steps) == int(ref.num_steps)
+    assert abs(float(warm.log_z) - float(ref.log_z)) < 1e-12
+    np.testing.assert_allclose(warm.q.mean, ref.q.mean, atol=1e-12)
+    np.testing.assert_allclose(warm.q.factor.marginal_variances(), ref.q.factor.marginal_variances(), atol=1e-12)
+    grad = lambda f: jax.grad(lambda k: f(build(k)).log_z)(kernel)
+    g_ref, g_warm = grad(lambda m: gk.fit(m, tol=1e-8)), grad(lambda m: _fit.fit_warm(m, tol=1e-8))
+    np.testing.assert_allclose(jax.flatten_util.ravel_pytree(g_warm)[0], jax.flatten_util.ravel_pytree(g_ref)[0],
+                               rtol=1e-10)
+    res = _fit.warm_result(model, warm)
+    np.testing.assert_allclose(res.q.factor.C, ref.q.factor.C, atol=1e-12)
+    np.testing.assert_allclose(res.history, ref.history, atol=1e-12)
+    assert float(res.log_z) == float(warm.log_z)
+    # the ML-II result is the Result of a fit at the learned parameters, started from the warm start
+    hr = gk.gp.fit_hyperparameters(build, kernel, gtol=1e-4)
+    assert hr.converged and isinstance(hr.result, gk.Result)
+    refit = gk.fit(build(hr.params), tol=1e-8)
+    assert abs(float(hr.log_z) - float(refit.log_z)) < 1e-8
+    np.testing.assert_allclose(hr.result.q.covariance(), refit.q.covariance(), atol=1e-5)
+
+
 def test_explicit_solver_on_a_model_it_does_not_fit_raises():
     X, y, rng = _gp_problem(n=8)
     gp = gk.gp.model(gk.kernels.SquaredExponential(), X, gk.potentials.Logistic(y))
@@ -174,3 +206,17 @@ def test_blocked_lower_solve_matches_the_triangular_solve(n, levels):
     for B in (rng.normal(size=(n, 5)), rng.normal(size=n)):
         np.testing.assert_allclose(solve_lower(jnp.asarray(L), jnp.asarray(B), levels), np.linalg.solve(L, B),
                                    rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("n, base, levels", [(7, 128, 3), (130, 64, 1), (301, 32, 3)])
+def test_blocked_triangular_inverse_and_gram(n, base, levels):
+    """invert_lower and lower_gram against numpy's dense inverse and product, with odd block sizes (301 splits
+    into 150 + 151, then 75 + 75 and 75 + 76)."""
+    rng = np.random.default_rng(n)
+    A = rng.normal(size=(n, n))
+    L = np.linalg.cholesky(A @ A.T / n + np.eye(n))
+    Linv = np.asarray(invert_lower(jnp.asarray(L), base))
+    np.testing.assert_allclose(Linv, np.linalg.inv(L), rtol=1e-10, atol=1e-12)
+    assert np.all(np.triu(Linv, 1) == 0)
+    G = np.tril(rng.normal(size=(n, n)))
+    np.testing.assert_allclose(lower_gram(jnp.asarray(G), levels), G.T @ G, rtol=1e-10, atol=1e-10)

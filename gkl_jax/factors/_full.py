@@ -6,7 +6,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .._linalg import solve_lower, tdot
+from .._linalg import invert_lower, tdot
 from .._validate import as_float_array, check_finite, check_ndim
 from ._base import AbstractFixedPointFactor, check_initialised, signed_log_abs_diag
 
@@ -27,8 +27,7 @@ def upper_factor_of_inverse(precision):
     """
     flipped = precision[::-1, ::-1]
     lower = jnp.linalg.cholesky(flipped)   # = U^T
-    Uinv_T = solve_lower(lower, jnp.eye(lower.shape[0], dtype=lower.dtype))
-    return Uinv_T[::-1, ::-1]
+    return invert_lower(lower)[::-1, ::-1]
 
 
 class Full(AbstractFixedPointFactor):

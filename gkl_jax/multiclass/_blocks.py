@@ -1,7 +1,6 @@
 """Block-diagonal helpers for datum-major (nC, nC) matrices (the i-th C x C diagonal block belongs to datum i)."""
 
 import jax.numpy as jnp
-from jax import lax
 
 
 def sym(X):
@@ -39,16 +38,3 @@ def sandwich_blocks(V, D):
     N = n * C
     VD = blockdiag_right(V, D)
     return jnp.einsum("iak,kib->iab", VD.reshape(n, C, N), V.reshape(N, n, C))
-
-
-def lower_triangular_inverse(R, base=128):
-    """R^{-1} for lower-triangular R by the block recursion [[A, 0], [B, D]]^{-1} = [[A^-1, 0], [-D^-1 B A^-1, D^-1]]
-    (triangular solves below `base` rows). It spends its ~2/3 N^3 flops in matrix products, which XLA's CPU backend
-    runs about twice as fast per flop as its triangular solve."""
-    N = R.shape[0]
-    if N <= base:
-        return lax.linalg.triangular_solve(R, jnp.eye(N, dtype=R.dtype), left_side=True, lower=True)
-    h = N // 2
-    Ai, Di = lower_triangular_inverse(R[:h, :h], base), lower_triangular_inverse(R[h:, h:], base)
-    top = jnp.concatenate([Ai, jnp.zeros((h, N - h), R.dtype)], axis=1)
-    return jnp.concatenate([top, jnp.concatenate([-Di @ (R[h:, :h] @ Ai), Di], axis=1)], axis=0)

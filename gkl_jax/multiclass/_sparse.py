@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 from jax import lax
 
-from .._linalg import tdot
+from .._linalg import invert_lower, tdot
 from .._validate import is_concrete
 from ._blocks import blockdiag_left, sym
 from ._full import V_UPDATES, _cg, site_terms
@@ -97,10 +97,9 @@ def _moments(Lt, W, Kff):
     B = jnp.eye(s, dtype=Lt.dtype) + tdot(Lt, blockdiag_left(W, Lt))
     R = jnp.linalg.cholesky(sym(B))
     Z = jsl.solve_triangular(R, Lt.T, lower=True)
-    Rinv = jsl.solve_triangular(R, jnp.eye(s, dtype=Lt.dtype), lower=True)
     Ltr, Zr = Lt.reshape(n, C, s), Z.T.reshape(n, C, s)
     Vb = sym(Kff - jnp.einsum("ias,ibs->iab", Ltr, Ltr) + jnp.einsum("ias,ibs->iab", Zr, Zr))
-    return Vb, -2.0 * jnp.sum(jnp.log(jnp.diag(R))), jnp.sum(Rinv * Rinv), Z
+    return Vb, -2.0 * jnp.sum(jnp.log(jnp.diag(R))), jnp.sum(jnp.square(invert_lower(R))), Z
 
 
 def _value(Lt, Y, b, S, Vb, logdet, trace, km):

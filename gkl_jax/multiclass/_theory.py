@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from .._linalg import invert_lower
 from .._validate import is_concrete
 
 
@@ -67,8 +68,7 @@ def theorem9_bound(K, num_classes, variational_variance=None):
     n = N // C
     L = jnp.linalg.cholesky(K)
     logdet = 2 * jnp.sum(jnp.log(jnp.diag(L)))
-    Linv = jax.scipy.linalg.solve_triangular(L, jnp.eye(N, dtype=K.dtype), lower=True)
-    tr_inv = jnp.sum(Linv * Linv)
+    tr_inv = jnp.sum(jnp.square(invert_lower(L)))
     value = lambda s2: (N / 2 + N / 2 * jnp.log(s2) - 0.5 * logdet - 0.5 * s2 * tr_inv
                         + n * lemma29_value(C, s2) * jnp.ones_like(s2))
     if variational_variance is not None:

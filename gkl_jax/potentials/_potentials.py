@@ -100,14 +100,17 @@ class Poisson(AbstractPotential):
 class Logistic(AbstractQuadraturePotential):
     """phi(x) = sigmoid(y x) with y in {-1, +1}; log phi = -log(1 + exp(-y x)), log-concave.
 
-    Feature: the kink of log phi at x = 0 (poles at +- i pi): center 0, width 0.75 pi.
+    Feature: the kink of log phi at x = 0 (poles at +- i pi): center 0, width 0.75 pi. 48 nodes by default (64 for
+    the other potentials): E[log phi] and its first two derivatives in m and s^2 agree with a 256-node rule to
+    6e-14 relative to max(1, |E|) for |m| <= 30, s^2 in [1e-6, 1e3] (40 nodes: 1e-11; 32: 4e-8), and each
+    quadrature costs 3/4 of the 64-node one.
     """
 
     y: jax.Array
     num_points: int = eqx.field(static=True)
     log_concave: ClassVar[bool] = True
 
-    def __init__(self, y, *, num_points=DEFAULT_NUM_POINTS):
+    def __init__(self, y, *, num_points=48):
         self.y = _labels(y)
         self.num_points = check_num_points(num_points)
 

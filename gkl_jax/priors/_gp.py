@@ -14,7 +14,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .._linalg import tdot
+from .._linalg import lower_gram, tdot
 from .._validate import as_float_array, check_finite, check_ndim
 from ..kernels import AbstractKernel
 from ..operators import Dense as DenseOperator
@@ -73,7 +73,7 @@ class GP(AbstractPrior):
         return tdot(self.inv_chol, self.inv_chol @ v)
 
     def precision_dense(self):
-        return tdot(self.inv_chol, self.inv_chol)
+        return lower_gram(self.inv_chol)
 
     def precision_diagonal(self):
         return jnp.sum(jnp.square(self.inv_chol), axis=0)
@@ -89,5 +89,5 @@ class GP(AbstractPrior):
         return self.kernel.gram(self.X, X_new)
 
     def solve(self, B):
-        """Sigma^{-1} B by two triangular solves with the stored factor."""
+        """Sigma^{-1} B = L^{-T} (L^{-1} B) with the stored inverse factor."""
         return tdot(self.inv_chol, self.inv_chol @ B)

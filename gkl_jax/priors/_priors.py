@@ -14,9 +14,8 @@ import abc
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import jax.scipy.linalg as jsl
 
-from .._linalg import tdot
+from .._linalg import invert_lower, lower_gram, tdot
 from .._validate import as_float_array, check_finite, check_ndim, check_positive, is_concrete
 from ..operators import Dense as DenseOperator
 
@@ -166,8 +165,7 @@ def dense_cholesky(covariance, name="covariance"):
     L = jnp.linalg.cholesky(covariance)
     if is_concrete(L) and not bool(jnp.all(jnp.isfinite(L))):
         raise ValueError(f"{name} must be positive definite (its Cholesky factorisation failed)")
-    Linv = jsl.solve_triangular(L, jnp.eye(L.shape[0], dtype=L.dtype), lower=True)
-    return L, Linv
+    return L, invert_lower(L)
 
 
 class Dense(AbstractPrior):
@@ -194,7 +192,7 @@ class Dense(AbstractPrior):
         return tdot(self.inv_chol, self.inv_chol @ v)
 
     def precision_dense(self):
-        return tdot(self.inv_chol, self.inv_chol)
+        return lower_gram(self.inv_chol)
 
     def precision_diagonal(self):
         return jnp.sum(jnp.square(self.inv_chol), axis=0)
