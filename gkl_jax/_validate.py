@@ -33,6 +33,13 @@ def as_float_array(x, name: str, *, dtype=None):
     return jnp.asarray(arr, dtype=dtype)
 
 
+def strongly_typed(tree, dtype):
+    """`tree` with its weakly typed array leaves (from Python floats, see `as_float_array`) cast to `dtype`, as
+    they would be on meeting data of that dtype. A host loop that feeds a compiled function first the user's
+    values and then its own (strongly typed) iterates would otherwise compile it twice."""
+    return jax.tree.map(lambda x: x.astype(dtype) if getattr(x, "weak_type", False) else x, tree)
+
+
 def check_finite(x, name: str) -> None:
     """Raise ValueError if a concrete `x` holds NaN or inf."""
     if is_concrete(x) and not bool(jnp.all(jnp.isfinite(x))):

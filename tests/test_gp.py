@@ -8,7 +8,8 @@ import pytest
 from scipy import integrate, special, stats
 
 import gkl_jax as gk
-from gkl_jax import _fit, kernels as K
+from gkl_jax import kernels as K
+from gkl_jax.gp import _hyper
 
 NOISE = 0.05
 
@@ -200,15 +201,17 @@ def test_ml2_gkl_equals_exact_with_gaussian_likelihood():
 def test_ml2_inner_tolerance_follows_gtol_without_changing_the_result():
     """With gtol = 1e-3 the G-KL inner fits stop at max|grad| <= 1e-4 (gtol / 10): the learned hyperparameters
     and bound equal those of inner fits run to 1e-7 (an explicit method_kwargs tol). The inner tolerance is an
-    argument of the compiled objective: the second run compiles nothing."""
+    argument of the compiled objective: the first run compiles it once (its weakly typed start included), the
+    second run not at all."""
     X, y = _data(30)
     labels = jnp.where(y > 0, 1.0, -1.0)
     build = lambda k: gk.gp.model(k, X, gk.potentials.Logistic(labels))
     k0 = K.SquaredExponential(1.0, 1.0)
+    traces = _hyper.TRACE_COUNT["objective"]
     loose = gk.gp.fit_hyperparameters(build, k0, gtol=1e-3)
-    traces = _fit.TRACE_COUNT["fit"]
+    assert _hyper.TRACE_COUNT["objective"] == traces + 1
     tight = gk.gp.fit_hyperparameters(build, k0, gtol=1e-3, method_kwargs={"tol": 1e-7})
-    assert _fit.TRACE_COUNT["fit"] == traces
+    assert _hyper.TRACE_COUNT["objective"] == traces + 1
     assert loose.converged and tight.converged
     np.testing.assert_allclose(loose.log_z, tight.log_z, rtol=1e-6)
     np.testing.assert_allclose(loose.params.lengthscale, tight.params.lengthscale, rtol=1e-2)
@@ -314,6 +317,21 @@ def test_ppa_corrected_converges_in_fewer_iterations_to_the_same_bound():
     assert cor.history[-1] >= std.history[-1] - 1e-6                       # standard still below after 4x the work
     mean, var, p = gk.gp.ppa_predict(cor, X)
     assert np.mean(np.sign(mean) == y) >= 0.75 and np.all((p > 0) & (p < 1))
+
+
+def test_ppa_compiles_its_steps_once():
+    """The kernel's Python-float hyperparameters are weakly typed and the M-step returns strongly typed ones:
+    `ppa` casts them first, so the E- and M-steps compile once (they compiled twice)."""
+    from gkl_jax.gp import _ppa as P
+
+    rng = np.random.default_rng(4)
+    X = rng.normal(size=(23, 2))
+    y = np.where(X[:, 0] + 0.3 * rng.normal(size=23) > 0, 1.0, -1.0)
+    sizes = lambda: (P.e_step._cached._cache_size(), P.m_step._cached._cache_size())
+    before = sizes()
+    res = gk.gp.ppa(K.SquaredExponential(1.0, 1.0), X, y, max_iters=3, m_steps=2)
+    assert res.num_iters >= 2
+    assert sizes() == (before[0] + 1, before[1] + 1)
 
 
 def test_label_regression_is_the_best_regression_posterior_and_its_jensen_bound():

@@ -38,7 +38,7 @@ from jax import lax
 from jax.scipy.special import ndtr
 
 from .._linalg import tdot
-from .._validate import as_float_array, check_finite, check_positive
+from .._validate import as_float_array, check_finite, check_positive, strongly_typed
 from ..kernels import AbstractKernel
 from ..potentials import Logistic, Probit
 from ._predict import log_predictive_density
@@ -245,7 +245,7 @@ def ppa(kernel: AbstractKernel, X, y, *, noise=1.0, corrected: bool = True, like
     if int(max_iters) < 1 or int(m_steps) < 1 or int(e_sweeps) < 1:
         raise ValueError(f"max_iters, m_steps and e_sweeps must be >= 1, got {max_iters}, {m_steps}, {e_sweeps}")
     lik = Probit(y) if likelihood == "probit" else Logistic(y)
-    params = PPAParams(kernel, jnp.log(noise).astype(X.dtype))
+    params = strongly_typed(PPAParams(kernel, jnp.log(noise).astype(X.dtype)), X.dtype)   # one compilation
     f_mean = jnp.zeros(X.shape[0], X.dtype)
     start = time.perf_counter()
     hist, hist_std, hist_cor = [], [], []
