@@ -176,47 +176,50 @@ REPEATS = 3
 """Timed runs per method in `peer`; the best is reported (ours: after the first run, which compiles)."""
 
 
-def peer(args):
+def run_sklearn(Xtr, ytr, Xte, yte):
+    """scikit-learn's GaussianProcessClassifier (Laplace, its own ML-II): (fit seconds, test log lik, error)."""
     from sklearn.gaussian_process import GaussianProcessClassifier
     from sklearn.gaussian_process.kernels import RBF, ConstantKernel
 
+    t0 = time.perf_counter()
+    sk = GaussianProcessClassifier(ConstantKernel(1.0) * RBF(np.sqrt(Xtr.shape[1])), random_state=0).fit(Xtr, ytr)
+    secs = time.perf_counter() - t0
+    p = np.clip(sk.predict_proba(Xte)[:, list(sk.classes_).index(1.0)], 1e-12, 1 - 1e-12)
+    return secs, np.mean(np.where(yte > 0, np.log(p), np.log(1 - p))), np.mean(np.where(p > 0.5, 1.0, -1.0) != yte)
+
+
+def run_ours(Xtr, ytr, Xte, yte):
+    """G-KL ML-II (logistic, SE, gtol 1e-3) and prediction: (seconds for both, test log lik, error, HyperResult)."""
+    t0 = time.perf_counter()
+    hr = gk.gp.fit_hyperparameters(Build(jnp.asarray(Xtr), jnp.asarray(ytr)),
+                                   gk.kernels.SquaredExponential(1.0, np.sqrt(Xtr.shape[1])), max_steps=50, gtol=1e-3)
+    pred = gk.gp.predict(hr.result, gk.gp.model(hr.params, Xtr, gk.potentials.Logistic(ytr)).prior, Xte,
+                         gk.potentials.Logistic(yte))
+    ll = float(jnp.mean(pred.log_density))
+    secs = time.perf_counter() - t0
+    return secs, ll, np.mean(np.where(np.asarray(pred.probability) > 0.5, 1.0, -1.0) != yte), hr
+
+
+def peer(args):
     print(f"\n## peer: sklearn GaussianProcessClassifier (Laplace, own ML-II) vs G-KL ML-II (logistic, SE)")
     print(f"{'data':12s} {'sk time s':>10s} {'sk test ll':>10s} {'sk err':>7s} {'ours time s':>11s} "
           f"{'ours test ll':>12s} {'ours err':>8s} {'ours conv':>9s} {'steps':>5s}   (times: best of {REPEATS}; "
           f"ours (first call, compilation included))")
     for ds in args.datasets:
-        Xtr, ytr, Xte, yte = split(ds)
-        sk_times, sk_kernel = [], ConstantKernel(1.0) * RBF(np.sqrt(Xtr.shape[1]))
-        for _ in range(REPEATS):
-            t0 = time.perf_counter()
-            sk = GaussianProcessClassifier(sk_kernel, random_state=0).fit(Xtr, ytr)
-            sk_times.append(time.perf_counter() - t0)
-        p = np.clip(sk.predict_proba(Xte)[:, list(sk.classes_).index(1.0)], 1e-12, 1 - 1e-12)
-        sk_ll = np.mean(np.where(yte > 0, np.log(p), np.log(1 - p)))
-        sk_err = np.mean(np.where(p > 0.5, 1.0, -1.0) != yte)
-        times = []
-        for _ in range(1 + REPEATS):   # the first run includes compilation, the others reuse the compiled step
-            t0 = time.perf_counter()
-            hr = gk.gp.fit_hyperparameters(Build(jnp.asarray(Xtr), jnp.asarray(ytr)),
-                                           gk.kernels.SquaredExponential(1.0, np.sqrt(Xtr.shape[1])), max_steps=50,
-                                           gtol=1e-3)
-            pred = gk.gp.predict(hr.result, gk.gp.model(hr.params, Xtr, gk.potentials.Logistic(ytr)).prior, Xte,
-                                 gk.potentials.Logistic(yte))
-            times.append(time.perf_counter() - t0)
-        ours_ll = float(jnp.mean(pred.log_density))
-        ours_err = np.mean(np.where(np.asarray(pred.probability) > 0.5, 1.0, -1.0) != yte)
-        print(f"{ds[:12]:12s} {min(sk_times):10.3f} {sk_ll:10.4f} {sk_err:7.3f} {min(times[1:]):5.3f} "
-              f"({times[0]:5.1f}) "
-              f"{ours_ll:12.4f} {ours_err:8.3f} {str(hr.converged):>9s} {hr.num_steps:5d}")
+        data = split(ds)
+        sk = [run_sklearn(*data) for _ in range(REPEATS)]
+        ours = [run_ours(*data) for _ in range(1 + REPEATS)]  # the first run compiles, the others reuse it
+        _, sk_ll, sk_err = sk[-1]
+        first, (_, ll, err, hr) = ours[0][0], ours[-1]
+        print(f"{ds[:12]:12s} {min(r[0] for r in sk):10.3f} {sk_ll:10.4f} {sk_err:7.3f} "
+              f"{min(r[0] for r in ours[1:]):5.3f} ({first:5.1f}) {ll:12.4f} {err:8.3f} {str(hr.converged):>9s} "
+              f"{hr.num_steps:5d}")
 
 
 def peer_splits(args):
     """The peer comparison on splits 0..peer_splits-1: mean test log likelihood (+- s.e.) and error of both, the
     number of splits where ours has the higher test log likelihood, and the median time per split (ours compiled
     on split 0 by `peer`)."""
-    from sklearn.gaussian_process import GaussianProcessClassifier
-    from sklearn.gaussian_process.kernels import RBF, ConstantKernel
-
     k = args.peer_splits
     print(f"\n## peer over {k} random splits (train/test sizes as above; times: median per split)")
     print(f"{'data':12s} {'sk time s':>9s} {'sk test ll':>16s} {'sk err':>6s} {'ours time s':>11s} "
@@ -225,23 +228,9 @@ def peer_splits(args):
     for ds in args.datasets:
         rows = []
         for seed in range(k):
-            Xtr, ytr, Xte, yte = split(ds, seed)
-            t0 = time.perf_counter()
-            sk = GaussianProcessClassifier(ConstantKernel(1.0) * RBF(np.sqrt(Xtr.shape[1])), random_state=0)
-            sk.fit(Xtr, ytr)
-            sk_time = time.perf_counter() - t0
-            p = np.clip(sk.predict_proba(Xte)[:, list(sk.classes_).index(1.0)], 1e-12, 1 - 1e-12)
-            t0 = time.perf_counter()
-            hr = gk.gp.fit_hyperparameters(Build(jnp.asarray(Xtr), jnp.asarray(ytr)),
-                                           gk.kernels.SquaredExponential(1.0, np.sqrt(Xtr.shape[1])), max_steps=50,
-                                           gtol=1e-3)
-            pred = gk.gp.predict(hr.result, gk.gp.model(hr.params, Xtr, gk.potentials.Logistic(ytr)).prior, Xte,
-                                 gk.potentials.Logistic(yte))
-            ours_ll = float(jnp.mean(pred.log_density))
-            ours_time = time.perf_counter() - t0
-            rows.append((sk_time, np.mean(np.where(yte > 0, np.log(p), np.log(1 - p))),
-                         np.mean(np.where(p > 0.5, 1.0, -1.0) != yte), ours_time, ours_ll,
-                         np.mean(np.where(np.asarray(pred.probability) > 0.5, 1.0, -1.0) != yte), hr.converged))
+            data = split(ds, seed)
+            secs, ll, err, hr = run_ours(*data)
+            rows.append((*run_sklearn(*data), secs, ll, err, hr.converged))
         r = np.array(rows, dtype=float)
         print(f"{ds[:12]:12s} {np.median(r[:, 0]):9.3f} {r[:, 1].mean():8.4f} +- {se(r[:, 1]):.4f} "
               f"{r[:, 2].mean():6.3f} {np.median(r[:, 3]):11.3f} {r[:, 4].mean():8.4f} +- {se(r[:, 4]):.4f} "
