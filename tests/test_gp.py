@@ -219,6 +219,21 @@ def test_ml2_inner_tolerance_follows_gtol_without_changing_the_result():
     assert loose.num_inner_unconverged == 0 and tight.num_inner_unconverged == 0
 
 
+def test_ml2_in_float32_with_python_float_hyperparameters():
+    """float32 data and hyperparameters given as Python floats (weakly typed): ML-II runs in float32 (it used to
+    fail on a float64 leak into the inner solver's loop) and lands where the float64 run does."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(30, 2))
+    y = np.where(X[:, 0] + rng.normal(size=30) > 0, 1.0, -1.0)
+    runs = [gk.gp.fit_hyperparameters(lambda k, d=d: gk.gp.model(k, X.astype(d), gk.potentials.Logistic(y.astype(d))),
+                                      K.SquaredExponential(1.0, 1.0), gtol=1e-2) for d in (np.float32, np.float64)]
+    single, double = runs
+    assert single.converged and double.converged
+    assert single.log_z.dtype == jnp.float32 and single.result.q.factor.C.dtype == jnp.float32
+    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(single.params))
+    np.testing.assert_allclose(single.log_z, double.log_z, rtol=1e-4)
+
+
 def test_bad_inputs_name_the_argument():
     X, y = _data(8)
     k = K.SquaredExponential()
