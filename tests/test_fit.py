@@ -141,6 +141,10 @@ def test_full_factor_beats_diagonal_and_warm_start_is_faster():
     assert float(full.log_z) > float(diag.log_z)
     again = gk.fit(model, q0=full.q)
     assert int(again.num_steps) <= 1 and abs(float(again.log_z) - float(full.log_z)) < 1e-10
+    # a float32 warm start (e.g. from a float32 fit) starts the float64 fit in float64
+    single = gk.fit(model, q0=jax.tree.map(lambda x: x.astype(jnp.float32), full.q))
+    assert single.q.mean.dtype == jnp.float64 and bool(single.converged)
+    assert abs(float(single.log_z) - float(full.log_z)) < 1e-10
 
 
 def test_log_z_gradient_is_the_envelope_derivative():
