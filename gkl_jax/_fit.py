@@ -189,7 +189,7 @@ def _initial_q(model, factor, q0):
             raise ValueError(f"q0 has dimension {q0.dim} but the model has {model.dim}")
         if type(q0.factor) is not type(factor):
             raise ValueError(f"q0 has a {type(q0.factor).__name__} factor but factor={type(factor).__name__}")
-        dtype = model_dtype(model)    # a warm start in another precision starts the fit in the model's
+        dtype = model_dtype(model)    # a warm start in another precision is cast to the model's
         return jax.tree.map(lambda x: x.astype(dtype) if eqx.is_inexact_array(x) else x, q0)
     if factor.is_initialised:
         if factor.dim != model.dim:
