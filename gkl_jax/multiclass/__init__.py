@@ -13,7 +13,8 @@ Functional core (datum-major nC-vectors; K is the (nC, nC) prior covariance, Y t
 - model learning `fit_hyperparameters` (Section 6) with `prior_covariance`;
 - the sparse approximation (Section 4): `inducing_prior`, `fit_sparse`, `sparse_log_z` (eq. 32),
   `sparse_hyper_gradient` (App. C.4); inducing-set selection (Section 6.1, App. D): `selection_scores`
-  (d_1, d_2, d_3), `select_inducing` (active or random);
+  (d_1, d_2, d_3), `select_inducing` (active or random, optionally alternating with `hyper_ascent`, the
+  hyper-parameter line searches of Table 5) -> `Selection`;
 - `GPClassifier`, the scikit-learn-style estimator.
 """
 
@@ -33,6 +34,8 @@ from ._sparse import sparse_log_z as sparse_log_z
 from ._sampling import ImportanceEstimate as ImportanceEstimate
 from ._sampling import importance_predictive as importance_predictive
 from ._sampling import importance_sampling as importance_sampling
+from ._selection import Selection as Selection
+from ._selection import hyper_ascent as hyper_ascent
 from ._selection import inducing_prior as inducing_prior
 from ._selection import select_inducing as select_inducing
 from ._selection import selection_scores as selection_scores
