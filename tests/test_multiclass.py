@@ -530,7 +530,7 @@ def test_greedy_selection_active_and_random():
     out = {}
     for method in ("random", "active"):
         sites, hist, post, kern = mc.select_inducing(kernel, X, Y, 24, method=method, batch=6, top=12, seed=0)
-        assert kern is kernel
+        assert [float(a) for a in jax.tree.leaves(kern)] == [float(a) for a in jax.tree.leaves(kernel)]
         assert len(set(sites.tolist())) == 24 and np.all(np.diff(hist) >= -1e-9)
         out[method] = hist
     assert out["active"][0] == out["random"][0]  # the same random start

@@ -36,6 +36,7 @@ import numpy as np
 from jax import lax
 
 from .._linalg import tdot
+from .._validate import strongly_typed
 from ._blocks import blockdiag_left
 from ._hyper import trainable_filter
 from ._sparse import _mf, fit_sparse, masked_prior, site_statistics, whitened_cross
@@ -228,6 +229,7 @@ def select_inducing(kernel, X, Y, num_inducing, *, method="active", batch=None, 
     spec = trainable_filter(kernel, fixed)
     X = np.asarray(X, np.float64)
     Y = np.asarray(Y, np.float64)
+    kernel = strongly_typed(kernel, jnp.asarray(X).dtype)    # as the searched kernels are: the scorer compiles once
     n, C = Y.shape
     N = n * C
     if not 1 <= int(num_inducing) <= N:
