@@ -201,7 +201,7 @@ def run_ours(Xtr, ytr, Xte, yte):
 
 
 def peer(args):
-    print(f"\n## peer: sklearn GaussianProcessClassifier (Laplace, own ML-II) vs G-KL ML-II (logistic, SE)")
+    print("\n## peer: sklearn GaussianProcessClassifier (Laplace, own ML-II) vs G-KL ML-II (logistic, SE)")
     print(f"{'data':12s} {'sk time s':>10s} {'sk test ll':>10s} {'sk err':>7s} {'ours time s':>11s} "
           f"{'ours test ll':>12s} {'ours err':>8s} {'ours conv':>9s} {'steps':>5s}   (times: best of {REPEATS}; "
           f"ours (first call, compilation included))")

@@ -52,6 +52,12 @@ _bound_jit = eqx.filter_jit(bound)
 _site_precision_log_z = eqx.filter_jit(_site_precision_log_z_eager)
 
 
+def stop_gradients(tree):
+    """`tree` with every inexact array behind `lax.stop_gradient`: the solvers iterate on such copies, and the
+    derivatives of their results come from the envelope and implicit-function rules, never from the loops."""
+    return jax.tree.map(lambda x: lax.stop_gradient(x) if eqx.is_inexact_array(x) else x, tree)
+
+
 def default_tol(dtype) -> float:
     return 1e-6 if jnp.finfo(dtype).bits >= 64 else 1e-3
 
@@ -142,7 +148,7 @@ def fit_warm(model: Model, *, q0: Gaussian | None = None, tol=None) -> WarmStart
     q_init = _initial_q(model, Full(), q0)
     dtype = q_init.mean.dtype
     tol = jnp.asarray(default_tol(dtype) if tol is None else tol, dtype)
-    frozen, q_init = jax.tree.map(lambda x: lax.stop_gradient(x) if eqx.is_inexact_array(x) else x, (model, q_init))
+    frozen, q_init = stop_gradients((model, q_init))
     m, k, ok, hist, (W, logdet, s_diag, L) = _site_precision(frozen, q_init, tol, _MAX_STEPS["site-precision"])
     log_z = _site_precision_log_z_eager(model, lax.stop_gradient(m), W, (logdet, s_diag, L))
     return WarmStart(Gaussian(m, Full(jnp.diag(jnp.sqrt(s_diag)))), W, log_z, ok, k, hist)
@@ -258,13 +264,13 @@ def _fit_jit(model, q_init, name, optimizer, tol, max_steps, max_cg):
 
 def _solve(model, q_init, name, optimizer, tol, max_steps, max_cg):
     params0, static = eqx.partition(q_init, _solver_filter(q_init))
-    static = jax.tree.map(lambda x: lax.stop_gradient(x) if eqx.is_inexact_array(x) else x, static)
+    static = stop_gradients(static)
     flat0, unravel = ravel_pytree(params0)
     flat0 = lax.stop_gradient(flat0)
     to_q = lambda flat: eqx.combine(unravel(flat), static)
     # The iterations run on a gradient-free copy of the model; derivatives of the optimum come from the
     # implicit function theorem below, never from differentiating through the loop.
-    frozen = jax.tree.map(lambda x: lax.stop_gradient(x) if eqx.is_inexact_array(x) else x, model)
+    frozen = stop_gradients(model)
     objective = lambda flat: bound(frozen, to_q(flat))
     sp = None       # the site precisions of the optimum and their factorisation (site-precision solver only)
     if name == "fixed-point":
@@ -305,7 +311,7 @@ def _refine_and_solve(model, q_init, name, optimizer, tol, max_steps, max_cg):
     rounds = q_init.factor.num_refinements
     if rounds == 0:
         return _solve(model, q_init, name, optimizer, tol, max_steps, max_cg)
-    frozen = jax.tree.map(lambda x: lax.stop_gradient(x) if eqx.is_inexact_array(x) else x, model)
+    frozen = stop_gradients(model)
     loose = jnp.maximum(tol, jnp.sqrt(tol))
 
     def round_(i, carry):

@@ -12,7 +12,7 @@ import pytest
 import gkl_jax as gk
 from gkl_jax import multiclass as mc
 from gkl_jax._linalg import invert_lower
-from gkl_jax.multiclass import _blocks, _full, _hyper, _site
+from gkl_jax.multiclass import _full, _hyper, _site
 
 N_DATA, N_CLASSES = 8, 3  # one problem shape for every fit in this file (one compilation)
 

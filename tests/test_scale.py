@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import warnings
 
 import jax
 import jax.numpy as jnp

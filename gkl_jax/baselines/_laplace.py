@@ -19,7 +19,6 @@ positive definite at the point found. Potentials that are not twice differentiab
 """
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 from jax import lax

@@ -131,7 +131,7 @@ class Banded(AbstractFactor):
         return jnp.sum(self._diagonal_gather(jnp.square(self.masked_bands())), axis=0)
 
     def dense(self):
-        B, D = self.bandwidth, self.dim
+        D = self.dim
         k, i = np.nonzero(self._valid())
         return jnp.zeros((D, D), self.bands.dtype).at[i, i + k].set(self.bands[k, i])
 

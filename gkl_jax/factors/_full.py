@@ -2,7 +2,6 @@
 
 from typing import ClassVar, Optional
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 

@@ -180,7 +180,7 @@ class Subspace(AbstractRefinableFactor):
 
         curvatures = site_curvatures(model, q)
         A = lambda X: precision_mm(model, curvatures, X)
-        D, K = self.dim, self.rank
+        K = self.rank
         E0 = lax.stop_gradient(self.basis)
         key_top, key_bottom = jax.random.split(jax.random.PRNGKey(1))
         top_w, top_V = self._ritz(A, E0, key_top)

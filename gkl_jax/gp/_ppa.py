@@ -26,7 +26,6 @@ for the corrected one) changes by less than `tol`. Each E-step and M-step is one
 """
 
 import time
-from typing import Any
 
 import equinox as eqx
 import jax

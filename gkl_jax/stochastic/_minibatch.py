@@ -26,7 +26,7 @@ import optax
 from jax import lax
 from jax.flatten_util import ravel_pytree
 
-from .._fit import _initial_q
+from .._fit import _initial_q, stop_gradients
 from .._gaussian import Gaussian
 from .._model import Model
 from .._result import Result
@@ -248,8 +248,7 @@ def _scaled_start(model, q, key, sizes, estimate):
 @eqx.filter_jit
 def _fit_minibatch_jit(model, q_init, key, optimizer, sizes, chunks, num_steps, estimate):
     TRACE_COUNT["fit_minibatch"] += 1
-    frozen = jax.tree.map(lambda x: lax.stop_gradient(x) if eqx.is_inexact_array(x) else x, model)
-    q_init = jax.tree.map(lambda x: lax.stop_gradient(x) if eqx.is_inexact_array(x) else x, q_init)
+    frozen, q_init = stop_gradients((model, q_init))
     key, start_key = jax.random.split(key)
     q_init, scale = _scaled_start(frozen, q_init, start_key, sizes, estimate)
     params0, static = eqx.partition(q_init, eqx.is_inexact_array)
