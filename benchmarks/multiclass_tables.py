@@ -170,25 +170,32 @@ def table45_split(name, Xtr, ytr, Xte, yte, C, args, seed):
     err_svm, n_sv = svm_split(Xtr, ytr, Xte, yte, args.quick)
     out.update(err_svm=err_svm, n_sv=n_sv)
     if args.sparse:
-        s = min(max(n_sv * C, C), len(ytr) * C)
-        for method in ("active", "random"):
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                batch = max(C, -(-s // args.sparse_rounds)) if args.sparse_rounds else C
-                # Table 4's kernel, or (the paper's protocol) the initial kernel learned along the rounds
-                start, final = (kernel, args.sparse_final_steps) if args.sparse_hyper_steps else (k, 0)
-                sites, hist, sp, ks = mc.select_inducing(start, Xtr, Y, s, method=method, batch=batch,
-                                                         top=max(20, batch), seed=seed,
-                                                         hyper_steps=args.sparse_hyper_steps, final_hyper_steps=final)
-            Kzz, Kzf, _ = mc.inducing_prior(ks, Xtr, C, sites)
-            m, V = sp.inducing_moments(Kzz, Kzf)
-            ii, cc = sites // C, sites % C
-            kzx = ks.gram(Xtr[ii], Xte)  # (s, n_te)
-            Kz_star = (kzx[:, :, None] * (cc[:, None, None] == jnp.arange(C)[None, None, :])).reshape(s, -1)
-            m_star = (Kz_star.T @ jnp.linalg.solve(Kzz, m)).reshape(-1, C)  # eq. 31 at the test inputs
-            out[f"sparse_{method}_err"] = int(np.sum(np.argmax(np.asarray(m_star), 1) != yte))
-            out[f"sparse_{method}_logz"] = float(sp.log_z)
-            out["sparse_size"] = int(s)
+        out.update(table5_split(Xtr, ytr, Xte, yte, C, args, seed, kernel, k, n_sv))
+    return out
+
+
+def table5_split(Xtr, ytr, Xte, yte, C, args, seed, kernel, k, n_sv):
+    """Table 5: the sparse model at #SV x C inducing latents, active and random selection, from the initial
+    sqexpiso `kernel` with per-round searches (--sparse-hyper-steps) or at Table 4's learned kernel `k`."""
+    Y = np.eye(C)[ytr]
+    s = min(max(n_sv * C, C), len(ytr) * C)
+    out = dict(sparse_size=int(s))
+    for method in ("active", "random"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            batch = max(C, -(-s // args.sparse_rounds)) if args.sparse_rounds else C
+            start, final = (kernel, args.sparse_final_steps) if args.sparse_hyper_steps else (k, 0)
+            sites, hist, sp, ks = mc.select_inducing(start, Xtr, Y, s, method=method, batch=batch,
+                                                     top=max(20, batch), seed=seed,
+                                                     hyper_steps=args.sparse_hyper_steps, final_hyper_steps=final)
+        Kzz, Kzf, _ = mc.inducing_prior(ks, Xtr, C, sites)
+        m, V = sp.inducing_moments(Kzz, Kzf)
+        ii, cc = sites // C, sites % C
+        kzx = ks.gram(Xtr[ii], Xte)  # (s, n_te)
+        Kz_star = (kzx[:, :, None] * (cc[:, None, None] == jnp.arange(C)[None, None, :])).reshape(s, -1)
+        m_star = (Kz_star.T @ jnp.linalg.solve(Kzz, m)).reshape(-1, C)  # eq. 31 at the test inputs
+        out[f"sparse_{method}_err"] = int(np.sum(np.argmax(np.asarray(m_star), 1) != yte))
+        out[f"sparse_{method}_logz"] = float(sp.log_z)
     return out
 
 
@@ -341,6 +348,9 @@ def main(argv=None):
     ap.add_argument("--sparse-timeout", type=float, default=1200.0, help="seconds for the pinned sparse run")
     ap.add_argument("--timing-sparse", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--json", default=None, help="write the per-split results here (after every split)")
+    ap.add_argument("--table5-from", default=None, metavar="JSON",
+                    help="only Table 5, at the Table 4 kernels and #SV recorded in this --json file of an earlier "
+                         "run (its splits are seeds --first-split, --first-split + 1, ... unless recorded)")
     ap.add_argument("--report", nargs="+", default=None,
                     help="only print the tables from --json files of earlier runs (their splits are pooled)")
     args = ap.parse_args(argv)
@@ -368,6 +378,9 @@ def main(argv=None):
         args.fig5_batch = args.fig5_batch or [args.fig5_delta]
         figure5(args)
         return
+    if args.table5_from:
+        table5_from(args)
+        return
     results = {}
     for name in args.datasets.split(","):
         X, y, C = load(name)
@@ -378,7 +391,7 @@ def main(argv=None):
             r = table3_split(name, Xtr, ytr, Xte, yte, C, args, jax.random.PRNGKey(seed))
             if args.table45:
                 r.update(table45_split(name, Xtr, ytr, Xte, yte, C, args, seed))
-            r["seconds"] = time.perf_counter() - t0
+            r["seconds"], r["seed"] = time.perf_counter() - t0, seed
             rows.append(r)
             print(f"{name} split {seed}: " + ", ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}"
                                                       for k, v in r.items() if k != "lengthscale"), flush=True)
@@ -387,6 +400,31 @@ def main(argv=None):
                 with open(args.json, "w") as fh:
                     json.dump(results, fh, indent=1)
     report(results, args.table45)
+
+
+def table5_from(args):
+    """Table 5 alone, at the Table 4 kernels and support-vector counts of an earlier run's records (that run's
+    Tables 3 and 4 are kept), written to --json as the earlier records plus the sparse columns."""
+    with open(args.table5_from) as fh:
+        earlier = json.load(fh)
+    results = {}
+    for name, rows in earlier.items():
+        X, y, C = load(name)
+        for i, r in enumerate(rows):
+            seed = r.get("seed", args.first_split + i)
+            Xtr, ytr, Xte, yte = split(X, y, seed)
+            t0 = time.perf_counter()
+            k = gk.kernels.SquaredExponential(r["sigma2"], r["theta"])
+            r = dict(r, seed=seed, **table5_split(Xtr, ytr, Xte, yte, C, args, seed,
+                                                  gk.kernels.SquaredExponential(1.0, 1.0), k, r["n_sv"]))
+            r["table5_seconds"] = time.perf_counter() - t0
+            results.setdefault(name, []).append(r)
+            print(f"{name} split {seed}: " + ", ".join(f"{k}={r[k]}" for k in r if k.startswith(("sparse", "table5"))),
+                  flush=True)
+            if args.json:
+                with open(args.json, "w") as fh:
+                    json.dump(results, fh, indent=1)
+    report(results, True)
 
 
 def report(results, table45):
