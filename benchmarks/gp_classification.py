@@ -17,8 +17,8 @@ method's max information over the grid, counted "below the mean / median of the 
 
 Part 2 (`--peer`, `--peer-splits K`): scikit-learn's GaussianProcessClassifier (Laplace, its own L-BFGS
 hyperparameter search) vs our G-KL with ML-II (`gp.fit_hyperparameters`, logistic likelihood, SE kernel, then
-`gp.predict`): wall time, best of 3 runs each (ours after a first run that compiles; its time is in parentheses),
-and mean test log likelihood on the same splits; with `--peer-splits K`, both again on K random splits (mean +-
+`gp.predict`): wall time of the fit and of fit + prediction, best of 3 runs each (ours after a first run that
+compiles; its time is in parentheses), and mean test log likelihood on the same splits; with `--peer-splits K`, both again on K random splits (mean +-
 s.e., wins, median times).
 
 Part 3 (`--sparse N,M`): a sparse G-KL GP classifier (probit) on N synthetic 2-D points with M inducing points.
@@ -177,64 +177,74 @@ REPEATS = 3
 
 
 def run_sklearn(Xtr, ytr, Xte, yte):
-    """scikit-learn's GaussianProcessClassifier (Laplace, its own ML-II): (fit seconds, test log lik, error)."""
+    """scikit-learn's GaussianProcessClassifier (Laplace, its own ML-II): (fit seconds, fit + predict seconds, test
+    log lik, error)."""
     from sklearn.gaussian_process import GaussianProcessClassifier
     from sklearn.gaussian_process.kernels import RBF, ConstantKernel
 
     t0 = time.perf_counter()
     sk = GaussianProcessClassifier(ConstantKernel(1.0) * RBF(np.sqrt(Xtr.shape[1])), random_state=0).fit(Xtr, ytr)
-    secs = time.perf_counter() - t0
-    p = np.clip(sk.predict_proba(Xte)[:, list(sk.classes_).index(1.0)], 1e-12, 1 - 1e-12)
-    return secs, np.mean(np.where(yte > 0, np.log(p), np.log(1 - p))), np.mean(np.where(p > 0.5, 1.0, -1.0) != yte)
+    t1 = time.perf_counter()
+    p = sk.predict_proba(Xte)[:, list(sk.classes_).index(1.0)]
+    t2 = time.perf_counter()
+    p = np.clip(p, 1e-12, 1 - 1e-12)
+    ll = np.mean(np.where(yte > 0, np.log(p), np.log(1 - p)))
+    return t1 - t0, t2 - t0, ll, np.mean(np.where(p > 0.5, 1.0, -1.0) != yte)
 
 
 def run_ours(Xtr, ytr, Xte, yte):
-    """G-KL ML-II (logistic, SE, gtol 1e-3) and prediction: (seconds for both, test log lik, error, HyperResult)."""
+    """G-KL ML-II (logistic, SE, gtol 1e-3) and prediction: (fit seconds, fit + predict seconds, test log lik,
+    error, HyperResult)."""
     t0 = time.perf_counter()
     hr = gk.gp.fit_hyperparameters(Build(jnp.asarray(Xtr), jnp.asarray(ytr)),
                                    gk.kernels.SquaredExponential(1.0, np.sqrt(Xtr.shape[1])), max_steps=50, gtol=1e-3)
+    jax.block_until_ready(hr.result)
+    t1 = time.perf_counter()
     pred = gk.gp.predict(hr.result, gk.gp.model(hr.params, Xtr, gk.potentials.Logistic(ytr)).prior, Xte,
                          gk.potentials.Logistic(yte))
-    ll = float(jnp.mean(pred.log_density))
-    secs = time.perf_counter() - t0
-    return secs, ll, np.mean(np.where(np.asarray(pred.probability) > 0.5, 1.0, -1.0) != yte), hr
+    p = np.asarray(pred.probability)
+    t2 = time.perf_counter()
+    return t1 - t0, t2 - t0, float(jnp.mean(pred.log_density)), np.mean(np.where(p > 0.5, 1.0, -1.0) != yte), hr
 
 
 def peer(args):
     print("\n## peer: sklearn GaussianProcessClassifier (Laplace, own ML-II) vs G-KL ML-II (logistic, SE)")
-    print(f"{'data':12s} {'sk time s':>10s} {'sk test ll':>10s} {'sk err':>7s} {'ours time s':>11s} "
-          f"{'ours test ll':>12s} {'ours err':>8s} {'ours conv':>9s} {'steps':>5s}   (times: best of {REPEATS}; "
-          f"ours (first call, compilation included))")
+    print(f"{'data':12s} {'sk fit s':>9s} {'+predict':>9s} {'sk test ll':>10s} {'sk err':>7s} {'ours fit s':>10s} "
+          f"{'+predict':>9s} {'(first)':>7s} {'ours test ll':>12s} {'ours err':>8s} {'ours conv':>9s} {'steps':>5s}"
+          f"   (times: best of {REPEATS}; ours after a first call that compiles, its fit + predict time in brackets)")
     for ds in args.datasets:
         data = split(ds)
         sk = [run_sklearn(*data) for _ in range(REPEATS)]
         ours = [run_ours(*data) for _ in range(1 + REPEATS)]  # the first run compiles, the others reuse it
-        _, sk_ll, sk_err = sk[-1]
-        first, (_, ll, err, hr) = ours[0][0], ours[-1]
-        print(f"{ds[:12]:12s} {min(r[0] for r in sk):10.3f} {sk_ll:10.4f} {sk_err:7.3f} "
-              f"{min(r[0] for r in ours[1:]):5.3f} ({first:5.1f}) {ll:12.4f} {err:8.3f} {str(hr.converged):>9s} "
-              f"{hr.num_steps:5d}")
+        _, _, sk_ll, sk_err = sk[-1]
+        first, (_, _, ll, err, hr) = ours[0][1], ours[-1]
+        best = lambda runs, i: min(r[i] for r in runs)
+        print(f"{ds[:12]:12s} {best(sk, 0):9.4f} {best(sk, 1):9.4f} {sk_ll:10.4f} {sk_err:7.3f} "
+              f"{best(ours[1:], 0):10.4f} {best(ours[1:], 1):9.4f} ({first:5.1f}) {ll:12.4f} {err:8.3f} "
+              f"{str(hr.converged):>9s} {hr.num_steps:5d}")
 
 
 def peer_splits(args):
     """The peer comparison on splits 0..peer_splits-1: mean test log likelihood (+- s.e.) and error of both, the
-    number of splits where ours has the higher test log likelihood, and the median time per split (ours compiled
-    on split 0 by `peer`)."""
+    number of splits where ours has the higher test log likelihood, and the median times per split (fit, fit +
+    predict; ours compiled on split 0 by `peer`)."""
     k = args.peer_splits
-    print(f"\n## peer over {k} random splits (train/test sizes as above; times: median per split)")
-    print(f"{'data':12s} {'sk time s':>9s} {'sk test ll':>16s} {'sk err':>6s} {'ours time s':>11s} "
+    print(f"\n## peer over {k} random splits (train/test sizes as above; times: median per split, fit / fit + "
+          "predict)")
+    print(f"{'data':12s} {'sk time s':>13s} {'sk test ll':>16s} {'sk err':>6s} {'ours time s':>13s} "
           f"{'ours test ll':>16s} {'ours err':>8s} {'ours ll better':>14s} {'ours conv':>9s}")
     se = lambda v: np.std(v, ddof=1) / np.sqrt(len(v))
     for ds in args.datasets:
         rows = []
         for seed in range(k):
             data = split(ds, seed)
-            secs, ll, err, hr = run_ours(*data)
-            rows.append((*run_sklearn(*data), secs, ll, err, hr.converged))
+            fit_s, total_s, ll, err, hr = run_ours(*data)
+            rows.append((*run_sklearn(*data), fit_s, total_s, ll, err, hr.converged))
         r = np.array(rows, dtype=float)
-        print(f"{ds[:12]:12s} {np.median(r[:, 0]):9.3f} {r[:, 1].mean():8.4f} +- {se(r[:, 1]):.4f} "
-              f"{r[:, 2].mean():6.3f} {np.median(r[:, 3]):11.3f} {r[:, 4].mean():8.4f} +- {se(r[:, 4]):.4f} "
-              f"{r[:, 5].mean():8.3f} {int(np.sum(r[:, 4] > r[:, 1])):>10d}/{k:<3d} {int(r[:, 6].sum()):>6d}/{k}")
+        med = lambda i: np.median(r[:, i])
+        print(f"{ds[:12]:12s} {med(0):6.4f}/{med(1):6.4f} {r[:, 2].mean():8.4f} +- {se(r[:, 2]):.4f} "
+              f"{r[:, 3].mean():6.3f} {med(4):6.4f}/{med(5):6.4f} {r[:, 6].mean():8.4f} +- {se(r[:, 6]):.4f} "
+              f"{r[:, 7].mean():8.3f} {int(np.sum(r[:, 6] > r[:, 2])):>10d}/{k:<3d} {int(r[:, 8].sum()):>6d}/{k}")
 
 
 def sparse(n, m):

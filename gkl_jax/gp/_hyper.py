@@ -16,8 +16,11 @@ For the other methods the gradient is whatever their `log_z` provides (exact: cl
 Each inner fit is warm-started at the previous optimum (q0), so after the first few outer steps an inner fit
 costs a few iterations. The outer optimiser is L-BFGS (the direction from `optax.scale_by_lbfgs`, an Armijo
 backtracking line search that treats a failed inner fit as a rejected step) or any `optax.GradientTransformation`
-(every update taken). One compiled function evaluates (log_z, gradient, inner result); it is module-level, so
-it compiles once per (build, method, shapes) and is reused across calls, and the outer loop is a host loop over it.
+(every update taken). The whole run is one compiled `lax.while_loop` whose body evaluates (log_z, gradient,
+inner result) at one trial point and then accepts it or halves the step (`_advance`), so the objective has one
+call site and one trace; it is module-level and compiles once per (build, method, shapes), reused across calls.
+On sonar (n = 108) the host loop it replaced spent 5 of 17 ms between the compiled evaluations. With `jit=False`
+(the baselines) the same `_advance` runs as a host loop.
 When G-KL runs the site-precision solver (GP models with log-concave likelihoods) the inner fits are
 `_fit.fit_warm`, which hands on the mean, marginal variances and site precisions W instead of the Full factor C,
 and C is formed once, for the returned Result (`_fit.warm_result`): C cost a fifth of each warm evaluation.
@@ -26,7 +29,8 @@ and C is formed once, for the returned Result (`_fit.warm_result`): C cost a fif
 
 import inspect
 import time
-from typing import Any, Callable, Optional, Union
+import warnings
+from typing import Any, Callable, NamedTuple, Optional, Union
 
 import equinox as eqx
 import jax
@@ -34,6 +38,7 @@ import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax import lax
 
 from .._fit import _initial_q, default_tol, fit, fit_warm, model_dtype, warm_fit_applies, warm_result
 from .._model import Model
@@ -182,13 +187,13 @@ def fit_hyperparameters(build: Callable[[Any], Model], params, *, method: Union[
     gradient = ("forward" if is_baseline else "reverse") if gradient is None else gradient
     if gradient not in ("reverse", "forward"):
         raise ValueError(f"gradient must be 'reverse' or 'forward', got {gradient!r}")
-    vg = _value_and_grad if jit else _value_and_grad_eager
-    value_and_grad = lambda dyn, q0: vg(build, fn, kwargs, use_q0, static, dyn, q0, dynamic_kwargs,
-                                        gradient == "forward")
-    update = lambda grad, state, dyn: _update(opt, grad, state, dyn)
 
     start = time.perf_counter()
-    q_start = _initial_q(model0, kwargs.get("factor") or Full(), None) if use_q0 else None
+    dtype = model_dtype(model0)
+    objective = _Objective(build, fn, kwargs, use_q0, static, gradient == "forward", kwargs.get("factor") or Full(),
+                           jit)
+    settings = _Settings(opt, linesearch, int(max_steps), jnp.asarray(gtol, dtype), jnp.asarray(ftol, dtype))
+    run = _run_jit if jit else _run
     key = jax.random.PRNGKey(0) if key is None else key
     runs = []
     for r in range(int(restarts) + 1):
@@ -200,18 +205,29 @@ def fit_hyperparameters(build: Callable[[Any], Model], params, *, method: Union[
             leaves = [x + restart_scale * jax.random.normal(k, jnp.shape(x), jnp.result_type(x))
                       for x, k in zip(leaves, subs)]
             dyn = jax.tree.unflatten(treedef, leaves)
-        runs.append(_run(value_and_grad, update, opt, linesearch, dyn, q_start, int(max_steps), gtol, ftol))
-    best = max(runs, key=lambda run: run["log_z"] if np.isfinite(run["log_z"]) else -np.inf)
-    params_best = eqx.combine(best["dyn"], static)
-    result = _warm_result(build, params_best, best["result"]) if warm else best["result"]
-    return HyperResult(params=params_best, result=result, log_z=result.log_z,
-                       num_steps=best["num_steps"], converged=best["converged"],
-                       history=np.asarray(best["history"]),
-                       restart_log_z=np.array([run["log_z"] for run in runs]),
-                       num_inner_unconverged=best["inner_bad"], wall_time=time.perf_counter() - start)
+        state = run(objective, settings, dyn, dynamic_kwargs)
+        if int(state.status) == _NOT_FINITE:
+            raise FloatingPointError("fit_hyperparameters: the objective is not finite at the initial parameters")
+        runs.append(state)
+    log_zs = np.array([-float(state.f) for state in runs])
+    best = runs[int(np.argmax(np.where(np.isfinite(log_zs), log_zs, -np.inf)))]
+    params_best = eqx.combine(best.x, static)
+    result = _warm_result(build, params_best, best.res) if warm else best.res
+    k, converged = int(best.k), int(best.status) == _CONVERGED
+    if not converged:
+        warnings.warn(f"gkl_jax.gp.fit_hyperparameters: stopped after {k} steps without meeting gtol or ftol (step "
+                      "limit or a failed line search); the returned parameters are the best found", stacklevel=2)
+    return HyperResult(params=params_best, result=result, log_z=result.log_z, num_steps=k, converged=converged,
+                       history=np.asarray(best.hist)[: k + 1], restart_log_z=log_zs,
+                       num_inner_unconverged=int(best.inner_bad), wall_time=time.perf_counter() - start)
 
 
 _LBFGS = optax.scale_by_lbfgs(memory_size=10)
+C1, MAX_HALVINGS = 1e-4, 30
+"""Armijo constant and the most step halvings of one line search."""
+_RUNNING, _CONVERGED, _STOPPED, _NOT_FINITE = 0, 1, 2, 3
+"""Outer-loop status: running; a stopping rule met; stopped without (step limit, failed line search, a non-finite
+optimiser step); the objective not finite at the starting parameters."""
 
 
 def _run_method(build, fn, kwargs, use_q0, static, dyn, q0):
@@ -224,9 +240,8 @@ TRACE_COUNT = {"objective": 0}
 
 
 def _value_and_grad_eager(build, fn, kwargs, use_q0, static, dyn, q0, dynamic_kwargs, forward=False):
-    """(-log_z, its gradient in dyn, the inner Result). Module-level so the compiled function is reused across
-    calls: pass `build` as an eqx.Module holding the data (arrays are traced), and the same method object.
-    `dynamic_kwargs` (arrays, not differentiated) join the static `kwargs` of the method."""
+    """(-log_z, its gradient in dyn, the inner Result). `dynamic_kwargs` (arrays, not differentiated) join the
+    static `kwargs` of the method."""
     TRACE_COUNT["objective"] += 1
 
     def objective(d):
@@ -246,7 +261,147 @@ def _value_and_grad_eager(build, fn, kwargs, use_q0, static, dyn, q0, dynamic_kw
     return value, grad, res
 
 
+# Jitted on its own so that the outer loop's shape query (`filter_eval_shape`) and its one call site share a trace.
 _value_and_grad = eqx.filter_jit(_value_and_grad_eager)
+
+
+class _Objective(eqx.Module):
+    """theta -> (-log_z, d(-log_z)/dtheta, the inner result) of `fn` on `build(theta)`, warm-started at q. Arrays
+    in `build` (the data) are traced by the compiled loop, everything else is part of its key."""
+
+    build: Any
+    fn: Callable
+    kwargs: dict
+    use_q0: bool
+    static: Any
+    forward: bool
+    factor: Any
+    jit: bool
+
+    def start(self, dyn):
+        """The first inner fit's warm start (None without warm starts): the method's own initial q."""
+        if not self.use_q0:
+            return None
+        return _initial_q(self.build(eqx.combine(dyn, self.static)), self.factor, None)
+
+    def __call__(self, dyn, q, dynamic_kwargs):
+        vg = _value_and_grad if self.jit else _value_and_grad_eager
+        return vg(self.build, self.fn, self.kwargs, self.use_q0, self.static, dyn, q, dynamic_kwargs, self.forward)
+
+
+class _Settings(eqx.Module):
+    opt: optax.GradientTransformation
+    linesearch: bool
+    max_steps: int
+    gtol: jax.Array
+    ftol: jax.Array
+
+
+class _State(NamedTuple):
+    x: Any              # the accepted parameters, their -log_z, gradient and inner result
+    f: jax.Array
+    g: Any
+    res: Any
+    q: Any              # the next inner fit's warm start
+    opt_state: Any
+    direction: Any      # the line search's direction, its slope <g, d> and current step t
+    slope: jax.Array
+    t: jax.Array
+    trial: Any          # the parameters the next iteration evaluates
+    halvings: jax.Array
+    k: jax.Array        # accepted steps
+    hist: jax.Array     # log_z at the start and after each accepted step (NaN beyond k)
+    inner_bad: jax.Array
+    status: jax.Array
+    started: jax.Array  # the starting point has been evaluated
+
+
+def _select(p, new, old):
+    if old is None:     # the eager loop's first result has no placeholder
+        return new
+    return jax.tree.map(lambda a, b: jnp.where(p, a, b), new, old)
+
+
+def _dot(a, b):
+    return sum(jnp.vdot(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def _advance(s: _State, v, g, r, settings: _Settings) -> _State:
+    """One outer iteration after evaluating the objective at `s.trial`: (v, g, r) = (-log_z, gradient, result).
+
+    The first evaluation (the starting point) is accepted if finite. After that, with `linesearch` (L-BFGS) a
+    trial is accepted on the Armijo condition v <= f + C1 t <g, d> and otherwise the step is halved; a
+    non-finite objective (a failed inner fit at an extreme hyperparameter) counts as a rejected step. Without it
+    every finite optimiser update is taken. After an acceptance the next direction is d = -H g from the
+    optimiser (steepest descent where that is not a descent direction). Stops when max |g| <= gtol, when an
+    accepted step changes log_z by at most ftol (1 + |log_z|) (line search only), after `max_steps` accepted
+    steps, or when a line search has halved MAX_HALVINGS times."""
+    first = ~s.started
+    finite = jnp.isfinite(v)
+    sufficient = (v <= s.f + C1 * s.t * s.slope) if settings.linesearch else True
+    accept = finite & (first | sufficient)
+    step = accept & ~first
+    pick = lambda new, old: _select(accept, new, old)
+    x, f, g, res = pick(s.trial, s.x), jnp.where(accept, v, s.f), pick(g, s.g), pick(r, s.res)
+    q = None if s.q is None else pick(r.q, s.q)
+    k = s.k + step.astype(s.k.dtype)
+    hist = jnp.where(accept, s.hist.at[k].set(-v), s.hist)
+    inner_bad = s.inner_bad + (accept & ~jnp.asarray(r.converged)).astype(s.inner_bad.dtype)
+
+    max_grad = jnp.max(jnp.stack([jnp.max(jnp.abs(leaf)) for leaf in jax.tree.leaves(g)] or [jnp.zeros(())]))
+    settled = step & (jnp.abs(s.f - v) <= settings.ftol * (1 + jnp.abs(v))) if settings.linesearch else False
+    converged = accept & ((max_grad <= settings.gtol) | settled)
+    failed = ~accept & (first | (s.halvings + 1 >= MAX_HALVINGS) if settings.linesearch else True)
+    stopped = (accept & (k >= settings.max_steps)) | failed
+    status = jnp.where(first & ~finite, _NOT_FINITE,
+                       jnp.where(converged, _CONVERGED, jnp.where(stopped, _STOPPED, _RUNNING)))
+
+    updates, opt_state = settings.opt.update(g, s.opt_state, x)
+    opt_state = pick(opt_state, s.opt_state)
+    if settings.linesearch:
+        d = jax.tree.map(jnp.negative, updates)
+        slope = _dot(g, d)
+        descent = slope < 0
+        d = _select(descent, d, jax.tree.map(jnp.negative, g))
+        slope = jnp.where(descent, slope, -_dot(g, g))
+        direction, slope = pick(d, s.direction), jnp.where(accept, slope, s.slope)
+        t = jnp.where(accept, 1.0, 0.5 * s.t).astype(s.t.dtype)
+        trial = jax.tree.map(lambda a, b: a + t * b, x, direction)
+        halvings = jnp.where(accept, 0, s.halvings + 1)
+    else:
+        direction, slope, t, halvings = s.direction, s.slope, s.t, s.halvings
+        trial = optax.apply_updates(x, updates)
+    return _State(x, f, g, res, q, opt_state, direction, slope, t, trial, halvings, k, hist, inner_bad, status,
+                  jnp.asarray(True))
+
+
+def _run(objective: _Objective, settings: _Settings, dyn, dynamic_kwargs) -> _State:
+    """One ML-II run from `dyn`: a `lax.while_loop` over `_advance` when `objective.jit` (this function is then
+    called through `_run_jit`, so the whole run is one compiled program with one call site of the objective),
+    else the same iterations as a host loop (methods that must see concrete model values)."""
+    q = objective.start(dyn)
+    dtype = settings.gtol.dtype
+    g0 = jax.tree.map(jnp.zeros_like, dyn)
+    res0 = None
+    if objective.jit:
+        shapes = eqx.filter_eval_shape(objective, dyn, q, dynamic_kwargs)[2]
+        res0 = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype) if isinstance(a, jax.ShapeDtypeStruct) else a,
+                            shapes)
+    zero, int0 = jnp.zeros((), dtype), jnp.zeros((), int)
+    state = _State(x=dyn, f=jnp.asarray(jnp.inf, dtype), g=g0, res=res0, q=q,
+                   opt_state=_strong(settings.opt.init(dyn)), direction=g0, slope=zero, t=jnp.ones((), dtype),
+                   trial=dyn, halvings=int0, k=int0, hist=jnp.full((settings.max_steps + 1,), jnp.nan, dtype),
+                   inner_bad=int0, status=int0, started=jnp.asarray(False))
+    cond = lambda s: s.status == _RUNNING
+    body = lambda s: _advance(s, *objective(s.trial, s.q, dynamic_kwargs), settings)
+    if objective.jit:
+        return lax.while_loop(cond, body, state)
+    while bool(cond(state)):
+        state = body(state)
+    return state
+
+
+_run_jit = eqx.filter_jit(_run)
 
 
 @eqx.filter_jit
@@ -254,66 +409,6 @@ def _warm_result(build, params, warm):
     return warm_result(build(params), warm)
 
 
-@eqx.filter_jit
-def _update(opt, grad, state, dyn):
-    return opt.update(grad, state, dyn)
-
-
 def _strong(tree):
-    """Drop weak types from an optimiser state, so the compiled update is not retraced after the first step."""
+    """Drop weak types from an optimiser state, so that the loop carry keeps one type."""
     return jax.tree.map(lambda x: jnp.array(x, dtype=jnp.result_type(x)) if eqx.is_array_like(x) else x, tree)
-
-
-def _dot(a, b):
-    return sum(jnp.vdot(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
-
-
-def _run(value_and_grad, update, opt, linesearch, dyn, q, max_steps, gtol, ftol, c1=1e-4, max_halvings=30):
-    """The outer loop. With `linesearch` (L-BFGS) the optimiser gives the direction d = -H g and a backtracking
-    (Armijo) line search along it picks the step; a non-finite objective (a failed inner fit at an extreme
-    hyperparameter) counts as a rejected step. Otherwise every optimiser update is taken."""
-    opt_state = _strong(opt.init(dyn))
-    value, grad, res = value_and_grad(dyn, q)
-    value = float(value)
-    if not np.isfinite(value):
-        raise FloatingPointError("fit_hyperparameters: the objective is not finite at the initial parameters")
-    history, inner_bad, converged, k = [-value], int(not bool(res.converged)), False, 0
-    for k in range(1, max_steps + 1):
-        if q is not None:
-            q = res.q
-        if max((float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(grad)), default=0.0) <= gtol:
-            converged, k = True, k - 1
-            break
-        updates, opt_state = update(grad, opt_state, dyn)
-        if linesearch:
-            direction = jax.tree.map(lambda u: -u, updates)
-            slope = float(_dot(grad, direction))
-            if not slope < 0:                       # not a descent direction: fall back to steepest descent
-                direction = jax.tree.map(lambda g: -g, grad)
-                slope = float(_dot(grad, direction))
-            t, accepted = 1.0, False
-            for _ in range(max_halvings):
-                trial = jax.tree.map(lambda x, d: x + t * d, dyn, direction)
-                v_new, g_new, r_new = value_and_grad(trial, q)
-                v_new = float(v_new)
-                if np.isfinite(v_new) and v_new <= value + c1 * t * slope:
-                    accepted = True
-                    break
-                t *= 0.5
-            if not accepted:
-                break
-        else:
-            trial = optax.apply_updates(dyn, updates)
-            v_new, g_new, r_new = value_and_grad(trial, q)
-            v_new = float(v_new)
-            if not np.isfinite(v_new):
-                break
-        change = abs(value - v_new)
-        dyn, value, grad, res = trial, v_new, g_new, r_new
-        history.append(-value)
-        inner_bad += int(not bool(res.converged))
-        if linesearch and change <= ftol * (1 + abs(value)):
-            converged = True
-            break
-    return {"dyn": dyn, "result": res, "log_z": -value, "num_steps": k, "converged": converged,
-            "history": history, "inner_bad": inner_bad}

@@ -21,6 +21,13 @@ from ..operators import Dense as DenseOperator
 from ._priors import AbstractPrior, _mean, dense_cholesky
 
 
+@eqx.filter_jit
+def _jittered_gram(kernel, X, jitter):
+    """K(X, X) + jitter I, compiled (built eagerly, the Gram matrix is otherwise a dozen dispatches)."""
+    K = kernel.gram(X)
+    return K + jitter * jnp.eye(X.shape[0], dtype=K.dtype)
+
+
 class GP(AbstractPrior):
     """N(f | mean, K(X, X) + jitter I) over the latent function values at the n rows of X.
 
@@ -48,8 +55,7 @@ class GP(AbstractPrior):
         jitter = float(jitter)
         if not jitter >= 0:
             raise ValueError(f"jitter must be non-negative, got {jitter}")
-        K = kernel.gram(X)
-        covariance = K + jitter * jnp.eye(X.shape[0], dtype=K.dtype)
+        covariance = _jittered_gram(kernel, X, jitter)
         self.chol, self.inv_chol = dense_cholesky(covariance, "covariance (K(X, X) + jitter I)")
         self.kernel = kernel
         self.X = X

