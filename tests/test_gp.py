@@ -198,15 +198,19 @@ def test_ml2_gkl_equals_exact_with_gaussian_likelihood():
     assert np.all(np.diff(ex.history) >= -1e-10)
 
 
+def _logistic_ml2(n):
+    """(build, starting SE kernel) for ML-II on n points of `_data` with logistic labels."""
+    X, y = _data(n)
+    labels = jnp.where(y > 0, 1.0, -1.0)
+    return (lambda k: gk.gp.model(k, X, gk.potentials.Logistic(labels))), K.SquaredExponential(1.0, 1.0)
+
+
 def test_ml2_inner_tolerance_follows_gtol_without_changing_the_result():
     """With gtol = 1e-3 the G-KL inner fits stop at max|grad| <= 1e-4 (gtol / 10): the learned hyperparameters
     and bound equal those of inner fits run to 1e-7 (an explicit method_kwargs tol). The inner tolerance is an
     argument of the compiled objective: the first run compiles it once (its weakly typed start included), the
     second run not at all."""
-    X, y = _data(30)
-    labels = jnp.where(y > 0, 1.0, -1.0)
-    build = lambda k: gk.gp.model(k, X, gk.potentials.Logistic(labels))
-    k0 = K.SquaredExponential(1.0, 1.0)
+    build, k0 = _logistic_ml2(30)
     traces = _hyper.TRACE_COUNT["objective"]
     loose = gk.gp.fit_hyperparameters(build, k0, gtol=1e-3)
     assert _hyper.TRACE_COUNT["objective"] == traces + 1
@@ -223,10 +227,7 @@ def test_ml2_outer_loop_compiled_equals_host_loop():
     """The outer L-BFGS loop runs as one compiled `lax.while_loop` (one trace of the whole run and of the
     objective per build); with jit=False the same iterations run as a host loop. Both take the same steps to the
     same hyperparameters, and log_z never decreases along the accepted steps."""
-    X, y = _data(20)
-    labels = jnp.where(y > 0, 1.0, -1.0)
-    build = lambda k: gk.gp.model(k, X, gk.potentials.Logistic(labels))
-    k0 = K.SquaredExponential(1.0, 1.0)
+    build, k0 = _logistic_ml2(20)
     traces = _hyper.TRACE_COUNT["objective"]
     compiled = gk.gp.fit_hyperparameters(build, k0, gtol=1e-5)
     assert _hyper.TRACE_COUNT["objective"] == traces + 1
