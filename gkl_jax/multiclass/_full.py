@@ -212,8 +212,12 @@ def _b_step(K, Y, st, km):
 
 
 def _s_step(K, Y, st, km, sweeps):
-    """`sweeps` safeguarded S_i updates (eq. 61) in parallel over the data; none for the Knowles-Minka bound."""
-    m = _means(K, Y, st.b)
+    return s_sweeps(_means(K, Y, st.b), st, km, sweeps)
+
+
+def s_sweeps(m, st, km, sweeps):
+    """`sweeps` safeguarded S_i updates (eq. 61) in parallel over the data at the latent means m (n, C); none for
+    the Knowles-Minka bound. `st` holds (b, S, Vb, value), as the full and the sparse solvers' states do."""
     vals = jax.vmap(site_bound_free)(m, st.Vb, st.b, st.S)
 
     def one(_, carry):

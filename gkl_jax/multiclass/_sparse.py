@@ -32,9 +32,9 @@ from jax import lax
 from .._linalg import invert_lower, tdot
 from .._validate import is_concrete
 from ._blocks import blockdiag_left, sym
-from ._full import V_UPDATES, _cg, site_terms
+from ._full import V_UPDATES, _cg, s_sweeps, site_terms
 from ._linesearch import safeguarded_step, segment_search
-from ._site import profile_sensitivity, s_fixed_point_profile, s_step, site_bound_free, site_statistics
+from ._site import profile_sensitivity, s_fixed_point_profile, site_bound_free, site_statistics
 
 TRACE_COUNT = {"fit_sparse": 0}
 
@@ -142,16 +142,7 @@ def _b_step(Lt, Y, st, km):
 
 
 def _s_step(Lt, Y, st, km, sweeps):
-    m = _mf(Lt, Y, st.b)
-    vals = jax.vmap(site_bound_free)(m, st.Vb, st.b, st.S)
-
-    def one(_, carry):
-        S, v = carry
-        return jax.vmap(s_step)(m, st.Vb, st.b, S, v)
-
-    S, vals_new = lax.fori_loop(0, jnp.where(km, 0, sweeps), one, (st.S, vals))
-    value = jnp.where(km, st.value, st.value + jnp.sum(vals_new) - jnp.sum(vals))
-    return eqx.tree_at(lambda s: (s.S, s.value), st, (S, value))
+    return s_sweeps(_mf(Lt, Y, st.b), st, km, sweeps)
 
 
 def _v_step(Lt, Kff, Y, st, km, newton, cg_iters):

@@ -14,11 +14,10 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .._linalg import lower_gram, tdot
+from .._linalg import tdot
 from .._validate import as_float_array, check_finite, check_ndim
 from ..kernels import AbstractKernel
-from ..operators import Dense as DenseOperator
-from ._priors import AbstractPrior, _mean, dense_cholesky
+from ._priors import AbstractDensePrior, _mean, dense_cholesky
 
 
 @eqx.filter_jit
@@ -28,7 +27,7 @@ def _jittered_gram(kernel, X, jitter):
     return K + jitter * jnp.eye(X.shape[0], dtype=K.dtype)
 
 
-class GP(AbstractPrior):
+class GP(AbstractDensePrior):
     """N(f | mean, K(X, X) + jitter I) over the latent function values at the n rows of X.
 
     `mean` is None (zero), a scalar (a constant mean function, also used at test inputs) or an (n,) array (then
@@ -68,27 +67,6 @@ class GP(AbstractPrior):
             self.constant_mean = as_float_array(mean, "mean")
         else:
             self.constant_mean = None
-
-    def logdet(self):
-        return 2 * jnp.sum(jnp.log(jnp.diag(self.chol)))
-
-    def trace_precision(self, factor):
-        return jnp.sum(factor.project_variances(DenseOperator(self.inv_chol)))
-
-    def precision_mv(self, v):
-        return tdot(self.inv_chol, self.inv_chol @ v)
-
-    def precision_dense(self):
-        return lower_gram(self.inv_chol)
-
-    def precision_diagonal(self):
-        return jnp.sum(jnp.square(self.inv_chol), axis=0)
-
-    def cholesky(self):
-        return self.chol
-
-    def marginal_variances(self):
-        return jnp.diag(self.covariance)
 
     def cross_covariance(self, X_new):
         """K(X, X_new), shape (n, n_new)."""

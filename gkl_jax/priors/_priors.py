@@ -179,19 +179,13 @@ def dense_cholesky(covariance, name="covariance"):
     return L, inv
 
 
-class Dense(AbstractPrior):
-    """N(w | mean, covariance) with a dense covariance; its Cholesky factor is computed once here."""
+class AbstractDensePrior(AbstractPrior):
+    """A prior with a dense covariance Sigma = L L^T whose factor L and L^{-1} are stored (`dense_cholesky`):
+    tr(Sigma^{-1} S) = sum_n ||C g_n||^2 over the rows g_n of L^{-1}, Sigma^{-1} v = L^{-T} L^{-1} v."""
 
-    mean: jax.Array
-    covariance: jax.Array
-    chol: jax.Array
-    inv_chol: jax.Array
-
-    def __init__(self, covariance, mean=None):
-        covariance = as_float_array(covariance, "covariance")
-        self.chol, self.inv_chol = dense_cholesky(covariance)
-        self.covariance = covariance
-        self.mean = _mean(mean, covariance.shape[0], covariance.dtype)
+    covariance: eqx.AbstractVar[jax.Array]
+    chol: eqx.AbstractVar[jax.Array]
+    inv_chol: eqx.AbstractVar[jax.Array]
 
     def logdet(self):
         return 2 * jnp.sum(jnp.log(jnp.diag(self.chol)))
@@ -213,3 +207,18 @@ class Dense(AbstractPrior):
 
     def marginal_variances(self):
         return jnp.diag(self.covariance)
+
+
+class Dense(AbstractDensePrior):
+    """N(w | mean, covariance) with a dense covariance; its Cholesky factor is computed once here."""
+
+    mean: jax.Array
+    covariance: jax.Array
+    chol: jax.Array
+    inv_chol: jax.Array
+
+    def __init__(self, covariance, mean=None):
+        covariance = as_float_array(covariance, "covariance")
+        self.chol, self.inv_chol = dense_cholesky(covariance)
+        self.covariance = covariance
+        self.mean = _mean(mean, covariance.shape[0], covariance.dtype)
