@@ -53,7 +53,7 @@ class HyperResult(eqx.Module):
     - `params`: the learned hyperparameter pytree (same structure as the input).
     - `result`: the inner `Result` at `params` (the posterior and log_z there).
     - `log_z`: the method's evidence estimate at `params`.
-    - `num_steps`: outer iterations of the best run; `converged`: its stopping rule was met.
+    - `num_steps`: accepted outer steps of the best run; `converged`: its stopping rule was met.
     - `history`: log_z at the start and after each accepted outer step of the best run.
     - `restart_log_z`: the final log_z of every run (first entry: the run from the given params).
     - `num_inner_unconverged`: outer steps of the best run whose inner fit did not converge.
@@ -129,11 +129,11 @@ def fit_hyperparameters(build: Callable[[Any], Model], params, *, method: Union[
     have no implicit-function rule), so the thesis comparison is the same call with another `method`.
 
     Stops when max |d log_z / d theta| <= gtol, when log_z changes by less than ftol (1 + |log_z|) in one
-    step, or after `max_steps` outer steps (then `converged` is False). For G-KL the inner fits stop at
-    max |grad| <= gtol / 10 (in float32 not below 1e-3) unless `method_kwargs` sets `tol` (on the thesis'
-    classification sets, gtol = 1e-3: the learned bound and test log-likelihood agree with inner tol 1e-6 to 5
-    digits, 15-30% faster). Restarts add N(0, restart_scale^2)
-    noise to every selected leaf (`key` defaults to PRNGKey(0)).
+    step, or after `max_steps` outer steps or a failed line search (then `converged` is False, with a warning).
+    For G-KL the inner fits stop at max |grad| <= gtol / 10 (in float32 not below 1e-3) unless `method_kwargs`
+    sets `tol` (on the thesis' classification sets, gtol = 1e-3: the learned bound and test log-likelihood agree
+    with inner tol 1e-6 to 5 digits, 15-30% faster). Restarts add N(0, restart_scale^2) noise to every selected
+    leaf (`key` defaults to PRNGKey(0)).
     """
     if not callable(build):
         raise ValueError(f"build must be a callable mapping params to a gkl_jax.Model, got {type(build).__name__}")
