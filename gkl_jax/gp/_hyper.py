@@ -190,8 +190,7 @@ def fit_hyperparameters(build: Callable[[Any], Model], params, *, method: Union[
 
     start = time.perf_counter()
     dtype = model_dtype(model0)
-    objective = _Objective(build, fn, kwargs, use_q0, static, gradient == "forward", kwargs.get("factor") or Full(),
-                           jit)
+    objective = _Objective(build, fn, kwargs, use_q0, static, gradient == "forward", jit)
     settings = _Settings(opt, linesearch, int(max_steps), jnp.asarray(gtol, dtype), jnp.asarray(ftol, dtype))
     run = _run_jit if jit else _run
     key = jax.random.PRNGKey(0) if key is None else key
@@ -275,14 +274,13 @@ class _Objective(eqx.Module):
     use_q0: bool
     static: Any
     forward: bool
-    factor: Any
     jit: bool
 
     def start(self, dyn):
         """The first inner fit's warm start (None without warm starts): the method's own initial q."""
         if not self.use_q0:
             return None
-        return _initial_q(self.build(eqx.combine(dyn, self.static)), self.factor, None)
+        return _initial_q(self.build(eqx.combine(dyn, self.static)), self.kwargs.get("factor") or Full(), None)
 
     def __call__(self, dyn, q, dynamic_kwargs):
         vg = _value_and_grad if self.jit else _value_and_grad_eager
@@ -313,7 +311,6 @@ class _State(NamedTuple):
     hist: jax.Array     # log_z at the start and after each accepted step (NaN beyond k)
     inner_bad: jax.Array
     status: jax.Array
-    started: jax.Array  # the starting point has been evaluated
 
 
 def _select(p, new, old):
@@ -336,7 +333,7 @@ def _advance(s: _State, v, g, r, settings: _Settings) -> _State:
     optimiser (steepest descent where that is not a descent direction). Stops when max |g| <= gtol, when an
     accepted step changes log_z by at most ftol (1 + |log_z|) (line search only), after `max_steps` accepted
     steps, or when a line search has halved MAX_HALVINGS times."""
-    first = ~s.started
+    first = jnp.isinf(s.f)  # f starts at +inf; the starting point is accepted only if finite
     finite = jnp.isfinite(v)
     sufficient = (v <= s.f + C1 * s.t * s.slope) if settings.linesearch else True
     accept = finite & (first | sufficient)
@@ -351,7 +348,10 @@ def _advance(s: _State, v, g, r, settings: _Settings) -> _State:
     max_grad = jnp.max(jnp.stack([jnp.max(jnp.abs(leaf)) for leaf in jax.tree.leaves(g)] or [jnp.zeros(())]))
     settled = step & (jnp.abs(s.f - v) <= settings.ftol * (1 + jnp.abs(v))) if settings.linesearch else False
     converged = accept & ((max_grad <= settings.gtol) | settled)
-    failed = ~accept & (first | (s.halvings + 1 >= MAX_HALVINGS) if settings.linesearch else True)
+    if settings.linesearch:
+        failed = ~accept & (first | (s.halvings + 1 >= MAX_HALVINGS))
+    else:
+        failed = ~accept
     stopped = (accept & (k >= settings.max_steps)) | failed
     status = jnp.where(first & ~finite, _NOT_FINITE,
                        jnp.where(converged, _CONVERGED, jnp.where(stopped, _STOPPED, _RUNNING)))
@@ -371,8 +371,7 @@ def _advance(s: _State, v, g, r, settings: _Settings) -> _State:
     else:
         direction, slope, t, halvings = s.direction, s.slope, s.t, s.halvings
         trial = optax.apply_updates(x, updates)
-    return _State(x, f, g, res, q, opt_state, direction, slope, t, trial, halvings, k, hist, inner_bad, status,
-                  jnp.asarray(True))
+    return _State(x, f, g, res, q, opt_state, direction, slope, t, trial, halvings, k, hist, inner_bad, status)
 
 
 def _run(objective: _Objective, settings: _Settings, dyn, dynamic_kwargs) -> _State:
@@ -391,7 +390,7 @@ def _run(objective: _Objective, settings: _Settings, dyn, dynamic_kwargs) -> _St
     state = _State(x=dyn, f=jnp.asarray(jnp.inf, dtype), g=g0, res=res0, q=q,
                    opt_state=_strong(settings.opt.init(dyn)), direction=g0, slope=zero, t=jnp.ones((), dtype),
                    trial=dyn, halvings=int0, k=int0, hist=jnp.full((settings.max_steps + 1,), jnp.nan, dtype),
-                   inner_bad=int0, status=int0, started=jnp.asarray(False))
+                   inner_bad=int0, status=int0)
     cond = lambda s: s.status == _RUNNING
     body = lambda s: _advance(s, *objective(s.trial, s.q, dynamic_kwargs), settings)
     if objective.jit:
