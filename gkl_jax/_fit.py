@@ -310,7 +310,7 @@ def _refine_and_solve(model, q_init, name, optimizer, tol, max_steps, max_cg):
     over the solver leaves."""
     rounds = q_init.factor.num_refinements
     if rounds == 0:
-        return _solve(model, q_init, name, optimizer, tol, max_steps, max_cg)
+        return _solve(model, q_init, name, optimizer, tol, max_steps, max_cg)[:4]
     frozen = stop_gradients(model)
     loose = jnp.maximum(tol, jnp.sqrt(tol))
 
