@@ -52,9 +52,15 @@ def applies(model) -> bool:
             and all(isinstance(s.operator(model.dim), Identity) for s in model.sites))
 
 
-def site_precision(model, q0, tol, max_steps):
-    """Iterate on (m, W) from the Full-factor Gaussian q0 (module doc); of q0 only the mean and the marginal
-    variances are used.
+def initial_point(model, q0):
+    """(m, W) from a Full-factor Gaussian q0: its mean and the fixed-point precisions W = Gamma at its mean and
+    marginal variances (of q0 nothing else is used)."""
+    m0 = q0.mean
+    return m0, jnp.maximum(-2 * _mean_terms(model.prior, model.sites, m0, q0.factor.marginal_variances())[2], 0.0)
+
+
+def site_precision(model, start, tol, max_steps):
+    """Iterate on (m, W) from `start` = (m0, W0) (module doc; `initial_point` gives it for a Gaussian q0).
 
     Returns (m, num_steps, converged, history) like the solvers of `gkl_jax._solvers`, and (W, log det(Sigma^{-1} S),
     diag S, L) at the returned m (for `log_z`); `posterior` forms the Full factor of S."""
@@ -112,9 +118,7 @@ def site_precision(model, q0, tol, max_steps):
         kept = tuple(jnp.where(ok, a, b) for a, b in zip(new, old))
         return kept + (k + 1, hist.at[k + 1].set(kept[2]), jnp.where(progress, 0, stalls + 1))
 
-    # Start from q0's mean and the fixed-point precisions at q0.
-    m0 = q0.mean
-    W0 = jnp.maximum(-2 * mean_terms(m0, q0.factor.marginal_variances())[2], 0.0)
+    m0, W0 = start
     logdet0, s_diag0, _, L0 = parts(W0)
     value0, g0, b0 = mean_terms(m0, s_diag0)
     f0 = _bound_value(W0, logdet0, s_diag0, value0)

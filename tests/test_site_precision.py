@@ -170,6 +170,23 @@ def test_warm_fit_is_fit_without_the_factor():
     np.testing.assert_allclose(hr.result.q.covariance(), refit.q.covariance(), atol=1e-5)
 
 
+def test_warm_fit_from_an_earlier_optimum_of_another_kernel():
+    """fit_warm started from the WarmPoint (m, W) of an optimum under another kernel reaches the cold fit's
+    optimum in fewer steps; started from its own WarmPoint it is already converged (0 steps)."""
+    X, y, _ = _gp_problem()
+    build = lambda k: gk.gp.model(k, X, gk.potentials.Logistic(y))
+    fit = jax.jit(lambda m, q0: _fit.fit_warm(m, q0=q0, tol=1e-8))
+    cold = jax.jit(lambda m: _fit.fit_warm(m, tol=1e-8))
+    before = cold(build(gk.kernels.SquaredExponential(4.0, 1.2)))
+    model = build(gk.kernels.SquaredExponential(3.0, 1.5))
+    ref, warm = cold(model), fit(model, before.point)
+    assert bool(warm.converged) and int(warm.num_steps) < int(ref.num_steps)
+    assert abs(float(warm.log_z) - float(ref.log_z)) < 1e-10
+    np.testing.assert_allclose(warm.q.mean, ref.q.mean, atol=1e-7)
+    again = fit(model, warm.point)
+    assert int(again.num_steps) == 0 and float(again.log_z) == float(warm.log_z)
+
+
 def test_explicit_solver_on_a_model_it_does_not_fit_raises():
     X, y, rng = _gp_problem(n=8)
     gp = gk.gp.model(gk.kernels.SquaredExponential(), X, gk.potentials.Logistic(y))
