@@ -1,5 +1,7 @@
 """GP prediction, exact regression, sparse GPs and ML-II against dense / closed-form / quadrature oracles."""
 
+import types
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -257,6 +259,22 @@ def test_ml2_outer_loop_compiled_equals_host_loop():
     np.testing.assert_allclose(compiled.history, host.history, rtol=1e-9)
     np.testing.assert_allclose(compiled.params.lengthscale, host.params.lengthscale, rtol=1e-7)
     assert np.all(np.diff(compiled.history) >= 0)
+
+
+def test_ml2_stops_when_the_next_step_cannot_beat_ftol():
+    """An accepted L-BFGS step whose next direction predicts a change of log_z below ftol (1 + |log_z|) ends the
+    run as converged, although that step itself lowered -log_z by far more than ftol and max|g| > gtol: further
+    trial points would sit at the objective's noise floor (sonar, split 8: 26 step halvings)."""
+    x = {"a": jnp.asarray([0.3, -0.2])}
+    settings = _hyper._Settings(_hyper._LBFGS, True, 50, jnp.asarray(1e-12), jnp.asarray(1e-9))
+    state = _hyper._State(x=x, f=jnp.asarray(10.0), g=x, res=None, q=None, opt_state=_hyper._LBFGS.init(x),
+                          direction={"a": -x["a"]}, slope=jnp.asarray(-0.13), t=jnp.asarray(1.0), trial=x,
+                          halvings=jnp.asarray(0), k=jnp.asarray(3), hist=jnp.zeros(51), inner_bad=jnp.asarray(0),
+                          status=jnp.asarray(0))
+    for g, expected in ((1e-6, _hyper._CONVERGED), (1e-3, _hyper._RUNNING)):
+        grad = {"a": jnp.asarray([g, -g])}     # the first L-BFGS direction is -g: predicted change 2 g^2
+        new = _hyper._advance(state, jnp.asarray(9.9), grad, types.SimpleNamespace(converged=True), settings)
+        assert int(new.k) == 4 and int(new.status) == expected
 
 
 def test_ml2_optax_optimizer_restarts_and_step_limit():

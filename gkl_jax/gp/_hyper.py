@@ -340,8 +340,9 @@ def _advance(s: _State, v, g, r, settings: _Settings) -> _State:
     non-finite objective (a failed inner fit at an extreme hyperparameter) counts as a rejected step. Without it
     every finite optimiser update is taken. After an acceptance the next direction is d = -H g from the
     optimiser (steepest descent where that is not a descent direction). Stops when max |g| <= gtol, when an
-    accepted step changes log_z by at most ftol (1 + |log_z|) (line search only), after `max_steps` accepted
-    steps, or when a line search has halved MAX_HALVINGS times."""
+    accepted step changes log_z by at most ftol (1 + |log_z|) or the next direction predicts no larger change
+    (|<g, d>| <= ftol (1 + |log_z|); line search only), after `max_steps` accepted steps, or when a line search
+    has halved MAX_HALVINGS times."""
     first = jnp.isinf(s.f)  # f starts at +inf; the starting point is accepted only if finite
     finite = jnp.isfinite(v)
     sufficient = (v <= s.f + C1 * s.t * s.slope) if settings.linesearch else True
@@ -353,17 +354,6 @@ def _advance(s: _State, v, g, r, settings: _Settings) -> _State:
     k = s.k + step.astype(s.k.dtype)
     hist = jnp.where(accept, s.hist.at[k].set(-v), s.hist)
     inner_bad = s.inner_bad + (accept & ~jnp.asarray(r.converged)).astype(s.inner_bad.dtype)
-
-    max_grad = jnp.max(jnp.stack([jnp.max(jnp.abs(leaf)) for leaf in jax.tree.leaves(g)] or [jnp.zeros(())]))
-    settled = step & (jnp.abs(s.f - v) <= settings.ftol * (1 + jnp.abs(v))) if settings.linesearch else False
-    converged = accept & ((max_grad <= settings.gtol) | settled)
-    if settings.linesearch:
-        failed = ~accept & (first | (s.halvings + 1 >= MAX_HALVINGS))
-    else:
-        failed = ~accept
-    stopped = (accept & (k >= settings.max_steps)) | failed
-    status = jnp.where(first & ~finite, _NOT_FINITE,
-                       jnp.where(converged, _CONVERGED, jnp.where(stopped, _STOPPED, _RUNNING)))
 
     updates, opt_state = settings.opt.update(g, s.opt_state, x)
     opt_state = pick(opt_state, s.opt_state)
@@ -380,6 +370,20 @@ def _advance(s: _State, v, g, r, settings: _Settings) -> _State:
     else:
         direction, slope, t, halvings = s.direction, s.slope, s.t, s.halvings
         trial = optax.apply_updates(x, updates)
+
+    max_grad = jnp.max(jnp.stack([jnp.max(jnp.abs(leaf)) for leaf in jax.tree.leaves(g)] or [jnp.zeros(())]))
+    if settings.linesearch:
+        # an accepted step changed log_z by at most ftol (1 + |log_z|), or the next step cannot change it by more:
+        # its predicted change <g, d> is below that (sonar split 8: 26 halvings at the objective's noise floor)
+        resolution = settings.ftol * (1 + jnp.abs(v))
+        settled = step & ((jnp.abs(s.f - v) <= resolution) | (-slope <= resolution))
+        failed = ~accept & (first | (s.halvings + 1 >= MAX_HALVINGS))
+    else:
+        settled, failed = False, ~accept
+    converged = accept & ((max_grad <= settings.gtol) | settled)
+    stopped = (accept & (k >= settings.max_steps)) | failed
+    status = jnp.where(first & ~finite, _NOT_FINITE,
+                       jnp.where(converged, _CONVERGED, jnp.where(stopped, _STOPPED, _RUNNING)))
     return _State(x, f, g, res, q, opt_state, direction, slope, t, trial, halvings, k, hist, inner_bad, status)
 
 
