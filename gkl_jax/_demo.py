@@ -163,7 +163,8 @@ def _print_table(rows, train_shape, num_test, seed):
               f"{r['warm_seconds']:>9.3f}")
     print("\ntest log-lik: mean log p(y|x) per test point. G-KL rows: p(y|x) = E_q[sigmoid(y w^T x)] by 64-node "
           "Gauss-Hermite\nquadrature over a = w^T x ~ N(m_n, s_n^2); MAP row: plug-in sigmoid(y w_map^T x). "
-          "fit [s]: first call,\nincluding JIT compilation; warm [s]: a second, compiled call.")
+          "fit [s]: first call,\nincluding JIT compilation (or, on a later run, loading the compiled program "
+          "from the cache); warm [s]: a second,\ncompiled call.")
 
 
 def _plot(path, names, summaries, w_map):

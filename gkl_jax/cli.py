@@ -1,12 +1,17 @@
 """The `gkl-jax` command line (also `python -m gkl_jax`).
 
-    gkl-jax demo [--output-dir DIR] [--seed N]
-    gkl-jax fit DATA.csv --target COL --likelihood logistic --factor full [--output result.json]
+    gkl-jax [--no-cache] demo [--output-dir DIR] [--seed N]
+    gkl-jax [--no-cache] fit DATA.csv --target COL --likelihood logistic --factor full [--output result.json]
     gkl-jax --version
 
 `demo` compares the Full and Diagonal G-KL factors on Bayesian logistic regression of the bundled ionosphere
 data (see `gkl_jax._demo`). `fit` runs a Bayesian GLM with an isotropic Gaussian prior on the columns of a CSV file
 plus a bias. Usage and data errors print one line, `gkl-jax: error: ...`, on stderr and exit with status 2.
+
+Each run is a new process, so every compiled program would be compiled again; the command keeps them in JAX's
+persistent compilation cache (`cache_dir`: $GKL_JAX_CACHE_DIR, else $XDG_CACHE_HOME/gkl-jax/xla, else
+~/.cache/gkl-jax/xla; GKL_JAX_CACHE_DIR="" or `--no-cache` turns it off, and a JAX_COMPILATION_CACHE_DIR set by
+the user is left alone). The demo's second run takes 6.7 s instead of 18.8 s.
 """
 
 import argparse
@@ -107,6 +112,9 @@ def _build_parser():
 
     parser = _Parser(prog="gkl-jax", description="Gaussian Kullback-Leibler approximate inference in JAX.")
     parser.add_argument("--version", action="version", version=f"gkl-jax {__version__}")
+    parser.add_argument("--no-cache", action="store_true",
+                        help="do not keep compiled programs between runs (default: in $GKL_JAX_CACHE_DIR or "
+                             "~/.cache/gkl-jax/xla)")
     sub = parser.add_subparsers(dest="command", metavar="{demo,fit}")
 
     demo = sub.add_parser("demo", help="Full vs Diagonal G-KL on Bayesian logistic regression (ionosphere)",
@@ -159,6 +167,8 @@ def main(argv=None) -> int:
         import jax
 
         jax.config.update("jax_enable_x64", True)
+        if not args.no_cache:
+            _use_compilation_cache(jax)
         if args.command == "demo":
             from ._demo import run_demo
 
@@ -174,6 +184,32 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("gkl-jax: interrupted", file=sys.stderr)
         return 130
+
+
+def cache_dir():
+    """Where the command keeps compiled programs (module doc), or None when the cache is turned off."""
+    path = os.environ.get("GKL_JAX_CACHE_DIR")
+    if path is None:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        path = os.path.join(base, "gkl-jax", "xla")
+    return path or None
+
+
+def _use_compilation_cache(jax) -> None:
+    """JAX's persistent compilation cache in `cache_dir()`, for every program however quick to compile (the
+    demo's 48 programs take 0.7 MB); skipped where the user configured one or the directory is not writable."""
+    path = cache_dir()
+    if path is None or os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError:
+        return
+    if not os.access(path, os.W_OK):
+        return
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
 # ----------------------------------------------------------------------------------------------- fit: reading

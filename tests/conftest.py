@@ -6,6 +6,10 @@ import os
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
 
+# The CLI keeps compiled programs in a persistent cache under ~/.cache; the tests that run it in-process would
+# turn that on for the whole session. Off here; tests/test_cli.py checks the cache in subprocesses.
+os.environ.setdefault("GKL_JAX_CACHE_DIR", "")
+
 import jax  # noqa: E402
 import pytest  # noqa: E402
 

@@ -277,3 +277,28 @@ def test_installed_entry_point_runs_as_a_subprocess(files):
     assert done.stderr.strip().splitlines() == [
         "gkl-jax: error: bad labels in target column 'label': a binary likelihood needs two classes (0/1, -1/+1 "
         "or two distinct strings), found 3: 'maybe', 'no', 'yes'"]
+
+
+def test_compiled_programs_are_cached_between_runs_unless_turned_off(files, tmp_path):
+    """Each CLI run is a new process: the compiled programs go to the persistent cache in GKL_JAX_CACHE_DIR, and
+    nowhere with --no-cache."""
+    script = _entry_point()
+    assert script, "the gkl-jax console script is not on PATH"
+    for flags, cache in (([], tmp_path / "on"), (["--no-cache"], tmp_path / "off")):
+        env = dict(os.environ, GKL_JAX_CACHE_DIR=str(cache))
+        env.pop("JAX_COMPILATION_CACHE_DIR", None)
+        done = subprocess.run([script, *flags, "fit", files["strings"], "--quiet"], capture_output=True, text=True,
+                              timeout=300, stdin=subprocess.DEVNULL, env=env)
+        assert done.returncode == 0, done.stderr
+        entries = list(cache.iterdir()) if cache.exists() else []
+        assert (len(entries) > 0) == (not flags)
+
+
+def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("GKL_JAX_CACHE_DIR", str(tmp_path / "x"))
+    assert cli.cache_dir() == str(tmp_path / "x")
+    monkeypatch.setenv("GKL_JAX_CACHE_DIR", "")
+    assert cli.cache_dir() is None
+    monkeypatch.delenv("GKL_JAX_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cli.cache_dir() == os.path.join(str(tmp_path / "xdg"), "gkl-jax", "xla")
