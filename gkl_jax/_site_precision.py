@@ -246,16 +246,17 @@ def _mean_steps(terms, m0, start, precond, tol, noise):
         f, g, _ = current
         p = precond(g)
 
+        # t = 1, 1/2, ...: the first trial is made inside the loop, so the quadrature has one call site here
         def ls_cond(ls):
             t, trial, j = ls
-            return ~(jnp.isfinite(trial[0]) & (trial[0] >= f - noise)) & (j < _MAX_HALVINGS)
+            return (j == 0) | (~(jnp.isfinite(trial[0]) & (trial[0] >= f - noise)) & (j <= _MAX_HALVINGS))
 
         def ls_body(ls):
             t, _, j = ls
-            t = 0.5 * t
+            t = jnp.where(j == 0, t, 0.5 * t)
             return t, terms(m + t * p), j + 1
 
-        t, trial, _ = lax.while_loop(ls_cond, ls_body, (jnp.ones((), m.dtype), terms(m + p), 0))
+        t, trial, _ = lax.while_loop(ls_cond, ls_body, (jnp.ones((), m.dtype), current, 0))
         ok = jnp.isfinite(trial[0]) & (trial[0] >= f - noise)
         progress = ok & ((trial[0] > f) | (jnp.max(jnp.abs(trial[1])) < jnp.max(jnp.abs(g))))
         kept = jax.tree.map(lambda a, b: jnp.where(ok, a, b), trial, current)
