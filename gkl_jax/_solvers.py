@@ -84,17 +84,19 @@ def backtracking(f, x, fx, g, p, max_halvings=40, c=1e-4):
         armijo = (fnew >= fx + c * t * slope) & (fnew > fx)
         return jnp.isfinite(fnew) & (armijo | (in_noise & (fnew >= fx - noise)))
 
+    # t = 1, 1/2, ...: the first trial is made inside the loop, so that f has one call site (one copy of the
+    # bound in the compiled program instead of two)
     def cond(state):
         t, fnew, k = state
-        return ~accept(t, fnew) & (k < max_halvings)
+        return (k == 0) | (~accept(t, fnew) & (k <= max_halvings))
 
     def body(state):
         t, _, k = state
-        t = 0.5 * t
+        t = jnp.where(k == 0, t, 0.5 * t)
         return t, f(x + t * p), k + 1
 
     t0 = jnp.ones((), x.dtype)
-    t, fnew, _ = lax.while_loop(cond, body, (t0, f(x + p), 0))
+    t, fnew, _ = lax.while_loop(cond, body, (t0, fx, 0))
     return t, fnew, accept(t, fnew)
 
 
@@ -103,27 +105,30 @@ def newton_cg(f, x0, *, tol, max_steps, max_cg=100):
     the CG iterations reuse the primal computation: quadrature nodes, site derivatives) and a backtracking line
     search.
 
-    For a concave objective (log-concave sites, Section 3.2) the CG system is positive definite."""
-    value_and_grad = jax.value_and_grad(f)
-    grad = jax.grad(f)
-    f0, g0 = value_and_grad(x0)
+    Each step starts with `jax.linearize` of the gradient at x, whose primal output is the gradient itself: the
+    stopping test and the CG right-hand side take it from there, so a step costs one gradient evaluation, not two
+    (a separate value-and-gradient at the new point was the same gradient again).
 
-    def cond(state):
-        x, fx, g, k, hist, ok = state
-        return ok & (k < max_steps) & (_max_abs(g) > tol)
+    For a concave objective (log-concave sites, Section 3.2) the CG system is positive definite."""
+    grad = jax.grad(f)
+    f0 = f(x0)
+
+    def step(x, fx, g, hvp):
+        forcing = jnp.minimum(0.5, jnp.sqrt(jnp.linalg.norm(g)))
+        p = truncated_cg(hvp, g, max_cg, forcing)
+        t, f_new, ok = backtracking(f, x, fx, g, p)
+        return jnp.where(ok, x + t * p, x), jnp.where(ok, f_new, fx), ok
 
     def body(state):
-        x, fx, g, k, hist, _ = state
-        _, hvp = jax.linearize(grad, x)  # the primal pass once per Newton step; each CG product is linear
-        gnorm = jnp.linalg.norm(g)
-        forcing = jnp.minimum(0.5, jnp.sqrt(gnorm))
-        p = truncated_cg(hvp, g, max_cg, forcing)
-        t, _, ok = backtracking(f, x, fx, g, p)
-        x_new = jnp.where(ok, x + t * p, x)
-        f_new, g_new = value_and_grad(x_new)
-        return x_new, f_new, g_new, k + 1, hist.at[k + 1].set(f_new), ok
+        x, fx, _, k, hist, _ = state
+        g, hvp = jax.linearize(grad, x)  # the gradient at x, and the primal pass every CG product reuses
+        done = (_max_abs(g) <= tol) | (k >= max_steps)
+        x_new, f_new, ok = lax.cond(done, lambda: (x, fx, jnp.array(True)), lambda: step(x, fx, g, hvp))
+        hist = jnp.where(done, hist, hist.at[k + 1].set(f_new))
+        return x_new, f_new, g, k + (~done).astype(k.dtype), hist, ~done & ok
 
-    x, fx, g, k, hist, _ = lax.while_loop(cond, body, (x0, f0, g0, 0, _history(max_steps, f0), jnp.array(True)))
+    init = (x0, f0, jnp.zeros_like(x0), jnp.zeros((), jnp.int32), _history(max_steps, f0), jnp.array(True))
+    x, fx, g, k, hist, _ = lax.while_loop(lambda state: state[-1], body, init)
     converged = (_max_abs(g) <= tol) & jnp.isfinite(fx)
     return x, k, converged, hist
 
