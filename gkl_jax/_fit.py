@@ -34,7 +34,8 @@ from jax.flatten_util import ravel_pytree
 
 from . import _solvers
 from ._fixed_point import _to_flat, fixed_point as _fixed_point
-from ._site_precision import applies as _site_precision_applies, log_z as _site_precision_log_z_eager
+from ._site_precision import applies as _site_precision_applies, has_dense_prior as _has_dense_prior
+from ._site_precision import log_z as _site_precision_log_z_eager
 from ._site_precision import initial_point as _site_precision_start, posterior as _site_precision_posterior
 from ._site_precision import site_precision as _site_precision
 from ._bound import bound
@@ -75,9 +76,9 @@ def fit(model: Model, factor: AbstractFactor | None = None, *, solver=None, q0: 
     `q0` warm-starts the fit (its factor type is used when `factor` is None). With `whiten=True` the fit runs
     in the basis w = mu + L v, L L^T = Sigma (App. E), and the result is reported in the original basis with a
     full factor (a `q0` is taken to that basis; it needs a Full factor). Whitening is what makes L-BFGS converge
-    on ill-conditioned GP priors (with non-log-concave sites `fit` runs Newton-CG there unless told otherwise). `tol` (default 1e-6, float32: 1e-3)
-    may be a traced scalar inside a transformation (then it is not checked for positivity); every value shares
-    one compilation. Returns a `Result`; `converged` is False (and a warning is issued outside of tracing) when
+    on ill-conditioned GP priors (with non-log-concave sites `fit` runs Newton-CG there unless told otherwise).
+    `tol` (default 1e-6, float32: 1e-3) may be a traced scalar inside a transformation (then it is not checked
+    for positivity); every value shares one compilation. Returns a `Result`; `converged` is False (and a warning is issued outside of tracing) when
     the gradient tolerance was not reached.
     """
     if not isinstance(model, Model):
@@ -138,17 +139,20 @@ class WarmPoint(eqx.Module):
 
 class WarmStart(eqx.Module):
     """What one ML-II evaluation by `fit_warm` returns: `q` = N(m, diag S), the optimum's mean and marginal
-    variances (a Full factor with diagonal C); the site precisions W of S = (Sigma^{-1} + diag W)^{-1}; `point`,
-    where the next evaluation starts; and `log_z`, `converged`, `num_steps`, `history` of the fit.
+    variances (a Full factor with diagonal C); the site precisions W of S = (Sigma^{-1} + diag W)^{-1}; and
+    `log_z`, `converged`, `num_steps`, `history` of the fit. `point` is where the next evaluation starts;
     `warm_result` turns it into the `Result` that `fit` returns."""
 
     q: Gaussian
     site_precisions: jax.Array
-    point: WarmPoint
     log_z: jax.Array
     converged: jax.Array
     num_steps: jax.Array
     history: jax.Array
+
+    @property
+    def point(self) -> WarmPoint:
+        return WarmPoint(self.q.mean, self.site_precisions)
 
 
 def warm_fit_applies(model) -> bool:
@@ -172,7 +176,7 @@ def fit_warm(model: Model, *, q0: Gaussian | WarmPoint | None = None, tol=None) 
     tol = jnp.asarray(default_tol(dtype) if tol is None else tol, dtype)
     m, k, ok, hist, (W, logdet, s_diag, L) = _site_precision(frozen, start, tol, _MAX_STEPS["site-precision"])
     log_z = _site_precision_log_z_eager(model, lax.stop_gradient(m), W, (logdet, s_diag, L))
-    return WarmStart(Gaussian(m, Full(jnp.diag(jnp.sqrt(s_diag)))), W, WarmPoint(m, W), log_z, ok, k, hist)
+    return WarmStart(Gaussian(m, Full(jnp.diag(jnp.sqrt(s_diag)))), W, log_z, ok, k, hist)
 
 
 def warm_result(model: Model, warm: WarmStart) -> Result:
@@ -185,8 +189,7 @@ def warm_result(model: Model, warm: WarmStart) -> Result:
 def _solver_name(solver, model, factor):
     if solver is None:
         if not model.log_concave:
-            dense_prior = model.prior is not None and hasattr(model.prior, "covariance")
-            return "newton" if dense_prior and factor.concave else "lbfgs"
+            return "newton" if _has_dense_prior(model) and factor.concave else "lbfgs"
         if isinstance(factor, Full) and _site_precision_applies(model):
             return "site-precision"
         return factor.default_solver

@@ -48,8 +48,12 @@ from .operators import Identity
 def applies(model) -> bool:
     """Whether the model has the structure the solver needs: a prior with a dense covariance and only
     identity site projections (h_n = e_n)."""
-    return (model.prior is not None and hasattr(model.prior, "covariance")
-            and all(isinstance(s.operator(model.dim), Identity) for s in model.sites))
+    return has_dense_prior(model) and all(isinstance(s.operator(model.dim), Identity) for s in model.sites)
+
+
+def has_dense_prior(model) -> bool:
+    """Whether the prior has a dense covariance Sigma (`GP`, `Dense`)."""
+    return model.prior is not None and hasattr(model.prior, "covariance")
 
 
 def initial_point(model, q0):
