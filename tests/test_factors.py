@@ -329,7 +329,8 @@ def test_subspace_eigen_update_is_the_best_end_of_the_spectrum():
     for N in (5, 40):
         model, A = _gaussian_target(N)
         w, U = np.linalg.eigh(A)
-        q = gk.Gaussian(jnp.zeros(dim), Subspace(K, basis_iterations=60).initialise(dim, 1.0))
+        # at dim = 12 the first Krylov block (K + 9 columns) already spans R^D: exact Ritz pairs
+        q = gk.Gaussian(jnp.zeros(dim), Subspace(K).initialise(dim, 1.0))
         E = np.asarray(_refined_basis(model, q))
         gap = lambda out: np.log(np.mean(out)) - np.mean(np.log(out))
         scores = {j: gap(w[K - j:dim - j]) for j in range(K + 1)}
@@ -338,6 +339,42 @@ def test_subspace_eigen_update_is_the_best_end_of_the_spectrum():
         np.testing.assert_allclose(E @ E.T, chosen @ chosen.T, atol=1e-6)
         splits.append(j)
     assert splits[0] == K and splits[1] < K
+
+
+def test_best_split_minimises_the_gaussian_kl():
+    """`best_split` against the KL of every split computed from the eigenvalues left outside the basis."""
+    from gkl_jax.factors._subspace import best_split
+
+    rng = np.random.default_rng(3)
+    for dim, K in [(9, 3), (20, 5), (30, 1), (6, 6)]:
+        for _ in range(5):
+            w = np.sort(np.exp(rng.normal(scale=2.0, size=dim)))
+            kl = {j: (np.log(np.mean(o)) - np.mean(np.log(o))) * (dim - K) if dim > K else 0.0
+                  for j in range(K + 1) for o in [w[K - j:dim - j]]}
+            j = int(best_split(jnp.asarray(w), jnp.sum(jnp.asarray(w)), dim, K))
+            assert kl[j] <= min(kl.values()) + 1e-12
+
+
+def test_subspace_krylov_basis_with_an_invariant_krylov_space():
+    """dim = 60 with 0 or 5 informative Gaussian sites: A - I has rank 0 or 5, so the Krylov space from [E, 10
+    columns] is invariant after one product (the next blocks are filled from the round-off perturbation). Q must
+    still be orthonormal to round-off, A Q its image, and the refined basis the 3 leading eigenvectors (N < D)."""
+    from gkl_jax.factors._kernels import precision_mm, site_curvatures
+
+    K, dim = 3, 60
+    for N in (0, 5):
+        model, A = _gaussian_target(N, dim=dim)
+        q = gk.Gaussian(jnp.zeros(dim), Subspace(K).initialise(dim, 1.0))
+        Q, AQ = q.factor._krylov(lambda X: precision_mm(model, site_curvatures(model, q), X), q.factor.basis,
+                                 jax.random.PRNGKey(1))
+        Q, AQ = np.asarray(Q), np.asarray(AQ)
+        assert Q.shape == (dim, 3 * (K + 10))
+        np.testing.assert_allclose(Q.T @ Q, np.eye(Q.shape[1]), atol=1e-13)
+        np.testing.assert_allclose(AQ, A @ Q, atol=1e-8)
+        if N:
+            U = np.linalg.eigh(A)[1][:, -K:]
+            E = np.asarray(_refined_basis(model, q))
+            np.testing.assert_allclose(E @ E.T, U @ U.T, atol=1e-6)
 
 
 def test_subspace_gradient_update_increases_the_bound():
