@@ -288,8 +288,9 @@ def main(argv=None):
     header = dict(command=" ".join([os.path.basename(sys.executable)] + sys.argv),
                   date=datetime.datetime.now().isoformat(timespec="seconds"),
                   machine=f"{platform.machine()} {os.cpu_count()} cores, {platform.processor()}",
-        jax=jax.__version__, dtype=str(jnp.dtype(dtype)), num_points=args.num_points or gk.potentials.Logistic(jnp.ones(1)).num_points,
-        loadavg_start=os.getloadavg())
+                  jax=jax.__version__, dtype=str(jnp.dtype(dtype)),
+                  num_points=args.num_points or gk.potentials.Logistic(jnp.ones(1)).num_points,
+                  loadavg_start=os.getloadavg())
     print(json.dumps(header), flush=True)
     results = dict(header=header, cells=[])
     if args.memory:

@@ -39,21 +39,21 @@ class Subspace(AbstractRefinableFactor):
     - "eigen" (default; the fixed point of eqs. 10/21, App. B.4.3): Ritz vectors of the optimal precision
       A = Sigma^{-1} + H^T Gamma H, Gamma_nn = -E[psi_n''] at the current q, from both ends of its spectrum, by
       Rayleigh-Ritz on the block Krylov space [X, A X, ..., A^b X], X = [current basis, 10 random columns],
-      b = `basis_iterations` (default 2): b + 1 products with A, O(b (K + 10) nnz(H)), no D x D matrix, for dense, sparse and
-      matrix-free H. Which split of the K columns between the two ends (the j largest and K - j smallest Ritz
-      vectors) is decided by the KL for a Gaussian target, computed for every j from the Ritz values and tr A
-      (`best_split`); (C_1, c) go to their fixed point for this Gamma, S_1 = (E^T A E)^{-1},
+      b = `basis_iterations` (default 2): b + 1 products with A, O(b (K + 10) nnz(H)), no D x D matrix, for
+      dense, sparse and matrix-free H. Which split of the K columns between the two ends (the j largest and
+      K - j smallest Ritz vectors) is decided by the KL for a Gaussian target, computed for every j from the Ritz
+      values and tr A (`best_split`); (C_1, c) go to their fixed point for this Gamma, S_1 = (E^T A E)^{-1},
       c^2 = (D - K) / tr(A (I - E E^T)), and the new factor replaces the current one if its bound is not lower.
       Why both ends: App. B.4.3 asks for "the leading K eigenvectors of S" (the smallest eigenvalues of A), while
       its own approximation (the non-zero eigenvectors of H Gamma' H^T) returns the largest ones. For a Gaussian
       target the optimal (S_1, c) give KL = (D - K)/2 log(AM/GM) of the eigenvalues of A left outside the
       subspace, minimised by taking extreme eigenvalues from either end: with N < D (the smallest eigenvalues all
       1/v) the largest win by a wide margin, with N > D the smallest often do (tests/test_factors.py checks both).
-      One Krylov space serves both ends; the subspace iterations towards each end that it replaced needed twice
-      the products and gave lower bounds (papers/000 Table 3 cells at D = 500 and 1000, 5 rounds: 1.4-1.6x faster,
-      bound per point equal or up to 0.004 higher).
-    - "gradient" (App. B.4.2): `basis_iterations` (default 4) steps of projected gradient ascent E <- orth(E + alpha dB/dE),
-      each with a backtracking step size so that the bound increases.
+      One Krylov space serves both ends. The subspace iterations towards each end that it replaced, with 6
+      candidate bases, took 16 products with A per update against 3 and 6 bounds against 2, and ended lower: in the 18 cells of papers/000 Tables 2-4 the fits
+      are 1.2-1.8x faster, with the bound per point equal or up to 0.002 higher (benchmarks/README §2).
+    - "gradient" (App. B.4.2): `basis_iterations` (default 4) steps of projected gradient ascent
+      E <- orth(E + alpha dB/dE), each with a backtracking step size so that the bound increases.
 
     Concave in (m, C_1, c) for log-concave sites (s_n is a norm of a linear function of (C_1, c)).
     """
@@ -207,7 +207,7 @@ class Subspace(AbstractRefinableFactor):
         """(Q, A Q): an orthonormal basis Q of the block Krylov space [X, A X, ..., A^b X] from X = [E0, 10 random
         columns] (b = `basis_iterations`, fewer blocks where D is too small for them; each block orthogonalised
         against the earlier ones twice, BCGS2), and its image. Both ends of the spectrum of A converge in it
-        (Rayleigh-Ritz on Q): b + 1 products with A, against 2 (b + 1) for subspace iterations towards each end."""
+        (Rayleigh-Ritz on Q) from b + 1 products with A."""
         D, K = E0.shape
         width = K + min(_OVERSAMPLING, D - K)
         blocks = max(1, min(self.basis_iterations + 1, D // width))
