@@ -151,7 +151,8 @@ def optax_solver(f, x0, optimizer, *, tol, max_steps, linesearch=False):
     Returns the last iterate if it meets the tolerance, else the best one seen (any optimiser). With
     `linesearch` (a monotone method such as L-BFGS) it also stops after `LINESEARCH_MAX_STALLS` steps in a row
     that neither raise f nor lower max|grad f| (the line search finds no ascent) instead of repeating the failed
-    step until `max_steps`."""
+    step until `max_steps`. A line search stores the value and gradient at the point it accepts in the optimiser
+    state (optax's zoom search for L-BFGS does); they are taken from there instead of being evaluated again."""
     neg = lambda x: -f(x)
     value_and_grad = jax.value_and_grad(neg)
     v0, g0 = value_and_grad(x0)
@@ -167,7 +168,7 @@ def optax_solver(f, x0, optimizer, *, tol, max_steps, linesearch=False):
         else:
             updates, state = optimizer.update(g, state, x)
         x_new = optax.apply_updates(x, updates)
-        v_new, g_new = value_and_grad(x_new)
+        v_new, g_new = _stored_value_and_grad(neg, x_new, state) if linesearch else value_and_grad(x_new)
         if linesearch:
             stalls = jnp.where((v_new < v) | (_max_abs(g_new) < _max_abs(g)), 0, stalls + 1)
         best = _select(v_new < best[1], (x_new, v_new, g_new), best)
@@ -177,6 +178,18 @@ def optax_solver(f, x0, optimizer, *, tol, max_steps, linesearch=False):
     (x, _, v, g), best, k, hist, _ = lax.while_loop(cond, body, init)
     converged = (_max_abs(g) <= tol) & jnp.isfinite(v)
     return _select(converged, x, best[0]), k, converged, hist
+
+
+def _stored_value_and_grad(neg, x, state):
+    """The value and gradient of `neg` at x: those a line search stored in the optimiser state where it holds both
+    (optax's zoom and backtracking searches), else evaluated."""
+    try:
+        stored = [optax.tree.get(state, key) for key in ("value", "grad")]
+    except KeyError:    # more than one of them in the state
+        stored = [None]
+    if any(leaf is None for leaf in stored):
+        return jax.value_and_grad(neg)(x)
+    return optax.value_and_grad_from_state(neg)(x, state=state)
 
 
 def _select(pred, a, b):
