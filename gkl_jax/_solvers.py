@@ -69,13 +69,15 @@ def conjugate_gradient(matvec, b, *, max_iters, rtol=1e-10):
     return x
 
 
-def backtracking(f, x, fx, g, p, max_halvings=40, c=1e-4):
+def backtracking(f, x, fx, g, p, max_halvings=40, c=1e-4, skip=False):
     """Largest t in {1, 1/2, ...} with f(x + t p) >= f(x) + c t g.p (Armijo), finite, and strictly above f(x).
 
     In the round-off regime, where the predicted gain g.p is below the resolution of f, a step is accepted when
     f does not drop by more than that resolution (quadratically convergent Newton steps are then the only way to
     tighten the gradient). Returns (t, f_new, ok); ok is False when no step qualifies, so stalled solvers stop.
+    With `skip` (a traced flag) f is not evaluated and (1, f(x), True) is returned.
     """
+    skip = jnp.asarray(skip, bool)
     slope = g @ p
     noise = 64 * jnp.finfo(fx.dtype).eps * (1 + jnp.abs(fx))
     in_noise = slope <= noise
@@ -88,7 +90,7 @@ def backtracking(f, x, fx, g, p, max_halvings=40, c=1e-4):
     # bound in the compiled program instead of two)
     def cond(state):
         t, fnew, k = state
-        return (k == 0) | (~accept(t, fnew) & (k <= max_halvings))
+        return ~skip & ((k == 0) | (~accept(t, fnew) & (k <= max_halvings)))
 
     def body(state):
         t, _, k = state
@@ -97,7 +99,7 @@ def backtracking(f, x, fx, g, p, max_halvings=40, c=1e-4):
 
     t0 = jnp.ones((), x.dtype)
     t, fnew, _ = lax.while_loop(cond, body, (t0, fx, 0))
-    return t, fnew, accept(t, fnew)
+    return t, fnew, skip | accept(t, fnew)
 
 
 def newton_cg(f, x0, *, tol, max_steps, max_cg=100):
@@ -113,17 +115,17 @@ def newton_cg(f, x0, *, tol, max_steps, max_cg=100):
     grad = jax.grad(f)
     f0 = f(x0)
 
-    def step(x, fx, g, hvp):
-        forcing = jnp.minimum(0.5, jnp.sqrt(jnp.linalg.norm(g)))
-        p = truncated_cg(hvp, g, max_cg, forcing)
-        t, f_new, ok = backtracking(f, x, fx, g, p)
-        return jnp.where(ok, x + t * p, x), jnp.where(ok, f_new, fx), ok
-
     def body(state):
         x, fx, _, k, hist, _ = state
         g, hvp = jax.linearize(grad, x)  # the gradient at x, and the primal pass every CG product reuses
         done = (_max_abs(g) <= tol) | (k >= max_steps)
-        x_new, f_new, ok = lax.cond(done, lambda: (x, fx, jnp.array(True)), lambda: step(x, fx, g, hvp))
+        forcing = jnp.minimum(0.5, jnp.sqrt(jnp.linalg.norm(g)))
+        p = lax.cond(done, lambda: jnp.zeros_like(x), lambda: truncated_cg(hvp, g, max_cg, forcing))
+        # The line search is skipped by its own loop condition, not inside the conditional: the parts of f that do
+        # not depend on x (the projections H E_1 of a subspace basis) stay invariants of the Newton loop, which XLA
+        # computes once per solve (inside a conditional branch they were computed once per Newton step).
+        t, f_new, ok = backtracking(f, x, fx, g, p, skip=done)
+        x_new, f_new = jnp.where(ok, x + t * p, x), jnp.where(ok, f_new, fx)
         hist = jnp.where(done, hist, hist.at[k + 1].set(f_new))
         return x_new, f_new, g, k + (~done).astype(k.dtype), hist, ~done & ok
 
