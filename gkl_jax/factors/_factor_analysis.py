@@ -23,6 +23,13 @@ class FactorAnalysis(AbstractFactor):
     at a local optimum. Theta is initialised to a small deterministic random matrix (Theta = 0 is a saddle point
     of the bound: its gradient in Theta vanishes there).
 
+    Known weakness: the bound can keep rising as some d_i -> 0 while Theta covers e_i (a Heywood case of factor
+    analysis). There log d_i^2 and the capacitance term cancel, so the gradient in d_i loses its precision
+    (|dB/dd_i| ~ 1e8 at d_i ~ 1e-2 was seen). L-BFGS then stalls and reports converged=False. This happened in 3 of
+    10 synthetic logistic problems at D = 1000, N = 500, K = 100 (786-1015 steps). The returned bound is still
+    valid. Storing log d instead converged in 117-135 steps there, but stopped 0.1-0.7 nats lower, so it was not
+    adopted.
+
     `dense()` returns the square root C = (I + Q diag(sqrt(1 + sigma^2) - 1) Q^T) diag(d), with
     diag(1/d) Theta = Q diag(sigma) V^T (thin SVD), so that C^T C = S; C is not triangular. It is formed in
     O(D K^2) by `matvec`/`rmatvec` (used for sampling) and densely only by `dense()`.
