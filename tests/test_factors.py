@@ -302,6 +302,25 @@ def test_factor_analysis_is_not_concave(gaussian_problem):
     assert np.linalg.eigvalsh(np.asarray(hessian)).max() > 1e-3
 
 
+def test_factor_analysis_log_det_in_a_heywood_case():
+    """Uniquenesses d_i -> 0 on rows that Theta covers (a Heywood case): log det S must still equal the dense
+    determinant (without the floor on psi the capacitance term and sum log d_i^2 cancelled: 0.86 nats off at
+    D = 1000, so the reported bound exceeded the true one)."""
+    rng = np.random.default_rng(5)
+    D, K = 40, 4
+    theta = rng.normal(size=(D, K))
+    d = np.abs(rng.normal(size=D)) + 0.1
+    d[:2] = 1e-11     # two of the K directions nearly singular in diag(d^2): cond(capacitance) ~ 1e22
+    factor = FactorAnalysis(K, jnp.asarray(theta), jnp.asarray(d))
+    S = np.asarray(factor.covariance())
+    np.testing.assert_allclose(S, theta @ theta.T + np.diag(np.asarray(factor.uniquenesses())), rtol=1e-12)
+    assert np.all(np.asarray(factor.uniquenesses()) >= d ** 2)
+    _, dense = np.linalg.slogdet(S)
+    assert abs(float(factor.logdet()) - dense) < 1e-6
+    C = np.asarray(factor.dense())
+    np.testing.assert_allclose(C.T @ C, S, atol=1e-9)
+
+
 # ---------------------------------------------------------------- subspace basis updates
 
 
@@ -459,7 +478,9 @@ def test_bad_configurations_raise_value_errors_naming_the_argument():
         Sparse(np.ones((3, 4), bool))
     for make, word in [(lambda: Banded(-1), "bandwidth"), (lambda: Chevron(1.5), "rows"),
                        (lambda: Subspace(0), "rank"), (lambda: Subspace(2, basis_update="pca"), "basis_update"),
-                       (lambda: FactorAnalysis(-2), "rank"), (lambda: Banded(1, jnp.ones((3, 5))), "bands"),
+                       (lambda: FactorAnalysis(-2), "rank"), (lambda: FactorAnalysis(2, floor=-1e-3), "floor"),
+                       (lambda: FactorAnalysis(2, floor="small"), "floor"),
+                       (lambda: Banded(1, jnp.ones((3, 5))), "bands"),
                        (lambda: Chevron(2, jnp.ones((2, 5)), jnp.ones(4)), "d"),
                        (lambda: Subspace(2, jnp.ones((5, 2)), jnp.eye(2), 1.0), "orthonormal")]:
         with pytest.raises(ValueError, match=word):

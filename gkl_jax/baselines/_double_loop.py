@@ -249,6 +249,6 @@ def _double_loop_jit(model, key, rank, max_outer, max_inner, max_cg, num_probes,
     hist = hist.at[k].set(log_z)
     ok = jnp.isfinite(log_z) & jnp.all(jnp.isfinite(u)) & jnp.all(nu_hat > 0)
     ridge = jnp.finfo(dtype).eps ** (2 / 3) * jnp.maximum(nu_hat, jnp.finfo(dtype).tiny)
-    q = Gaussian(u, FactorAnalysis(rank, W, jnp.sqrt(ridge)))
+    q = Gaussian(u, FactorAnalysis(rank, W, jnp.sqrt(ridge), floor=0.0))   # exactly W W^T + ridge
     return Result(q=q, log_z=log_z, converged=done & ok, num_steps=k, history=hist, method="double_loop",
                   is_bound=False)
