@@ -23,7 +23,7 @@ parametrisations of $S$ (Challis & Barber 2013, Section 4.1):
 | `Chevron(rows=K)` | first $K$ rows of $C$ dense, a diagonal below | $O(NDK)$ | yes | all |
 | `Sparse(mask)` | $C$ on a fixed upper-triangular pattern | $O(N\\,\\mathrm{nnz}(C))$ | yes | dense, sparse |
 | `Subspace(rank=K)` | $E C_1^\\top C_1 E^\\top + c^2 (I - E E^\\top)$ | $O(NK^2)$ per basis | yes (fixed $E$) | all |
-| `FactorAnalysis(rank=K)` | $\\Theta\\Theta^\\top + \\mathrm{diag}(d^2)$ | $O(NDK)$ | no (L-BFGS) | all |
+| `FactorAnalysis(rank=K)` | $\\Theta\\Theta^\\top + \\mathrm{diag}(d^2 + 10^{-6}\\lVert\\theta_i\\rVert^2)$ | $O(NDK)$ | no (L-BFGS) | all |
 
 This notebook fits each of them to the same synthetic Bayesian logistic regression problem (the generator of
 Section 6.2) and plots fit time against the bound and against the test log-likelihood.

@@ -8,7 +8,7 @@
 | `Chevron(rows=K)` | first K rows of C dense, a diagonal below | O(N D K) | yes |
 | `Sparse(mask)` | C on a fixed upper-triangular pattern | O(N nnz(C)) | yes |
 | `Subspace(rank=K)` | E C_1^T C_1 E^T + c^2 (I - E E^T) | O(N K^2) per basis | yes (for fixed E) |
-| `FactorAnalysis(rank=K)` | Theta Theta^T + diag(d^2) | O(N D K) | no (L-BFGS) |
+| `FactorAnalysis(rank=K)` | Theta Theta^T + diag(d^2 + 1e-6 ||theta_i||^2) | O(N D K) | no (L-BFGS) |
 """
 
 from ._banded import Banded as Banded
