@@ -50,8 +50,9 @@ class Subspace(AbstractRefinableFactor):
       subspace, minimised by taking extreme eigenvalues from either end: with N < D (the smallest eigenvalues all
       1/v) the largest win by a wide margin, with N > D the smallest often do (tests/test_factors.py checks both).
       One Krylov space serves both ends. The subspace iterations towards each end that it replaced, with 6
-      candidate bases, took 16 products with A per update against 3 and 6 bounds against 2, and ended lower: in the 18 cells of papers/000 Tables 2-4 the fits
-      are 1.2-1.8x faster, with the bound per point equal or up to 0.002 higher (benchmarks/README §2).
+      candidate bases, took 16 products with A per update against 3 and 6 bounds against 2, and ended lower: in
+      the 18 cells of papers/000 Tables 2-4 the fits are 1.2-1.8x faster, with the bound per point equal or up
+      to 0.002 higher (benchmarks/README §2).
     - "gradient" (App. B.4.2): `basis_iterations` (default 4) steps of projected gradient ascent
       E <- orth(E + alpha dB/dE), each with a backtracking step size so that the bound increases.
 
