@@ -140,8 +140,9 @@ class WarmPoint(eqx.Module):
 class WarmStart(eqx.Module):
     """What one ML-II evaluation by `fit_warm` returns: `q` = N(m, diag S), the optimum's mean and marginal
     variances (a Full factor with diagonal C); the site precisions W of S = (Sigma^{-1} + diag W)^{-1}; and
-    `log_z`, `converged`, `num_steps`, `history` of the fit. `point` is where the next evaluation starts;
-    `warm_result` turns it into the `Result` that `fit` returns."""
+    `log_z`, `converged`, `num_steps`, `history` of the fit; `gap`, to second order how far `log_z` lies below the
+    optimum (`_site_precision.gap`; ML-II reads it as the resolution of its objective). `point` is where the next
+    evaluation starts; `warm_result` turns it into the `Result` that `fit` returns."""
 
     q: Gaussian
     site_precisions: jax.Array
@@ -149,6 +150,7 @@ class WarmStart(eqx.Module):
     converged: jax.Array
     num_steps: jax.Array
     history: jax.Array
+    gap: jax.Array
 
     @property
     def point(self) -> WarmPoint:
@@ -174,9 +176,9 @@ def fit_warm(model: Model, *, q0: Gaussian | WarmPoint | None = None, tol=None) 
         start = _site_precision_start(frozen, stop_gradients(_initial_q(model, Full(), q0)))
     dtype = start[0].dtype
     tol = jnp.asarray(default_tol(dtype) if tol is None else tol, dtype)
-    m, k, ok, hist, (W, logdet, s_diag, L) = _site_precision(frozen, start, tol, _MAX_STEPS["site-precision"])
+    m, k, ok, hist, (W, logdet, s_diag, L), gap = _site_precision(frozen, start, tol, _MAX_STEPS["site-precision"])
     log_z = _site_precision_log_z_eager(model, lax.stop_gradient(m), W, (logdet, s_diag, L))
-    return WarmStart(Gaussian(m, Full(jnp.diag(jnp.sqrt(s_diag)))), W, log_z, ok, k, hist)
+    return WarmStart(Gaussian(m, Full(jnp.diag(jnp.sqrt(s_diag)))), W, log_z, ok, k, hist, gap)
 
 
 def warm_result(model: Model, warm: WarmStart) -> Result:
@@ -302,7 +304,7 @@ def _solve(model, q_init, name, optimizer, tol, max_steps, max_cg):
         x, k, ok, hist = _fixed_point(frozen, to_q, flat0, tol, max_steps, max_cg=max_cg)
     elif name == "site-precision":
         q0 = to_q(flat0)
-        m, k, ok, hist, sp = _site_precision(frozen, _site_precision_start(frozen, q0), tol, max_steps)
+        m, k, ok, hist, sp, _ = _site_precision(frozen, _site_precision_start(frozen, q0), tol, max_steps)
         x = _to_flat(_site_precision_posterior(frozen.prior, q0, m, sp[0]))
     elif name == "newton":
         x, k, ok, hist = _solvers.newton_cg(objective, flat0, tol=tol, max_steps=max_steps, max_cg=max_cg)
@@ -341,7 +343,7 @@ def _refine_and_solve(model, q_init, name, optimizer, tol, max_steps, max_cg):
 
     def round_(i, carry):
         q, k, hist, best = carry
-        factor = lax.stop_gradient(q.factor.refine(frozen, lax.stop_gradient(q)))
+        factor = lax.stop_gradient(q.factor.refine(frozen, lax.stop_gradient(q), best))
         q2, k2, _, hist2, _ = _solve(model, eqx.tree_at(lambda g: g.factor, q, factor), name, optimizer,
                                   jnp.where(i == rounds - 1, tol, loose), max_steps, max_cg)
         value = bound(frozen, lax.stop_gradient(q2))
@@ -351,7 +353,8 @@ def _refine_and_solve(model, q_init, name, optimizer, tol, max_steps, max_cg):
 
     f0 = bound(frozen, lax.stop_gradient(q_init))
     hist0 = jnp.full((max_steps + 1,), jnp.nan, dtype=f0.dtype).at[0].set(f0)
-    init = (q_init, jnp.zeros((), jnp.int32), hist0, jnp.array(-jnp.inf, f0.dtype))
+    # best: the bound at the carried q (-inf where not finite), which the next refinement compares against
+    init = (q_init, jnp.zeros((), jnp.int32), hist0, jnp.where(jnp.isfinite(f0), f0, -jnp.inf))
     q, k, hist, best = lax.fori_loop(0, rounds, round_, init)
     params, static = eqx.partition(lax.stop_gradient(q), _solver_filter(q))
     grad = jax.grad(lambda p: bound(frozen, eqx.combine(p, static)))(params)

@@ -277,6 +277,29 @@ def test_ml2_stops_when_the_next_step_cannot_beat_ftol():
         assert int(new.k) == 4 and int(new.status) == expected
 
 
+def test_ml2_inner_tolerance_follows_the_outer_gradient():
+    """The inner fits' tolerance is clip(1e-3 max|g|, tol, 1e-2) at the current point (the loosest for the first
+    evaluation), and a point evaluated at a looser tolerance than `tol` cannot end the run, however small its
+    gradient: the stopping tests need an inner optimum at `tol`."""
+    x = {"a": jnp.asarray([0.3, -0.2])}
+    tol = jnp.asarray(1e-4)
+    state = _hyper._State(x=x, f=jnp.asarray(10.0), g={"a": jnp.asarray([2.0, -5.0])}, res=None, q=None,
+                          opt_state=_hyper._LBFGS.init(x), direction={"a": -x["a"]}, slope=jnp.asarray(-0.13),
+                          t=jnp.asarray(1.0), trial=x, halvings=jnp.asarray(0), k=jnp.asarray(3),
+                          hist=jnp.zeros(51), inner_bad=jnp.asarray(0), status=jnp.asarray(0))
+    assert float(_hyper._inner_tol(state, tol)) == pytest.approx(5e-3)
+    assert float(_hyper._inner_tol(state._replace(g={"a": jnp.asarray([0.01, 0.0])}), tol)) == pytest.approx(1e-4)
+    assert float(_hyper._inner_tol(state._replace(g={"a": jnp.asarray([50.0, 0.0])}), tol)) == pytest.approx(1e-2)
+    assert float(_hyper._inner_tol(state._replace(f=jnp.asarray(jnp.inf)), tol)) == pytest.approx(1e-2)
+    assert float(_hyper._inner_tol(state, jnp.asarray(0.1))) == pytest.approx(0.1)   # never below tol itself
+    settings = _hyper._Settings(_hyper._LBFGS, True, 50, jnp.asarray(1e-3), jnp.asarray(1e-9), True)
+    tiny = {"a": jnp.asarray([1e-5, 0.0])}
+    for exact, expected in ((True, _hyper._CONVERGED), (False, _hyper._RUNNING)):
+        new = _hyper._advance(state, jnp.asarray(9.9), tiny, types.SimpleNamespace(converged=True), settings,
+                              exact=jnp.asarray(exact))
+        assert int(new.k) == 4 and int(new.status) == expected
+
+
 def test_ml2_optax_optimizer_restarts_and_step_limit():
     """An optax optimizer takes every finite update (no line search); restarts keep the best run; a run that
     hits max_steps is reported as not converged, with a warning."""

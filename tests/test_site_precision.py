@@ -237,3 +237,19 @@ def test_blocked_triangular_inverse_and_gram(n, base, levels):
     assert np.all(np.triu(Linv, 1) == 0)
     G = np.tril(rng.normal(size=(n, n)))
     np.testing.assert_allclose(lower_gram(jnp.asarray(G), levels), G.T @ G, rtol=1e-10, atol=1e-10)
+
+
+def test_gap_estimates_the_distance_to_the_optimum():
+    """`WarmStart.gap` (the mean's Newton decrement plus the factor step's diagonal term) is within a factor 10 of
+    the true distance of an early-stopped fit's log Z below the optimum, from a 1e-3-nat gap down to 1e-8: ML-II
+    reads it as the resolution of its objective."""
+    X, y, _ = _gp_problem(40, seed=1)
+    model = gk.gp.model(gk.kernels.SquaredExponential(2.0, 1.0), X, gk.potentials.Logistic(y))
+    optimum = float(_fit.fit_warm(model, tol=1e-10).log_z)
+    gaps = []
+    for tol in (3e-2, 3e-3, 1e-4):
+        warm = _fit.fit_warm(model, tol=tol)
+        true_gap, estimate = optimum - float(warm.log_z), float(warm.gap)
+        gaps.append(true_gap)
+        assert true_gap > 0 and 0.1 * true_gap <= estimate <= 10 * true_gap, (tol, true_gap, estimate)
+    assert gaps[0] > 1e-5 and gaps[-1] < 1e-6      # the three fits stopped at different distances

@@ -7,6 +7,7 @@ prediction and design never branch on the factor type:
 - `logdet()`                 log det S
 - `project_variances(op)`    s_n^2 = ||C h_n||^2 for the rows h_n of an operator H (the hot path)
 - `marginal_variances()`     diag(S)
+- `trace()`                  tr S (the isotropic prior's tr(Sigma^{-1} S))
 - `dense()`                  C as a dense matrix (users and tests only)
 - `matvec(v)`, `rmatvec(z)`  C v and C^T z (sampling: w = m + C^T z)
 - `covariance()`             S = C^T C as a dense matrix (users and tests only)
@@ -53,6 +54,10 @@ class AbstractFactor(eqx.Module):
     @abc.abstractmethod
     def marginal_variances(self):
         """diag(S)."""
+
+    def trace(self):
+        """tr S = sum diag(S); factors override it where a closed form is cheaper than diag(S)."""
+        return jnp.sum(self.marginal_variances())
 
     @abc.abstractmethod
     def dense(self):

