@@ -161,7 +161,7 @@ def _evaluate(q, H, v, z, directions, model):
     objective = lambda x: gk.bound(model, to_q(x))
     differences = jax.vmap(lambda u: (objective(flat + EPS * u) - objective(flat - EPS * u)) / (2 * EPS))
     return dict(C=f.dense(), S=f.covariance(), logdet=f.logdet(), marginals=f.marginal_variances(),
-                Cv=f.matvec(v), Ctz=f.rmatvec(z), Sv=f.covariance_mv(v),
+                trace=f.trace(), Cv=f.matvec(v), Ctz=f.rmatvec(z), Sv=f.covariance_mv(v),
                 s2={k: f.project_variances(op) for k, op in ops.items()},
                 bound=objective(flat), grad=jax.grad(objective)(flat),
                 fd=differences(directions), hessian=jax.hessian(objective)(flat))
@@ -182,7 +182,7 @@ def evaluated(request):
 
 
 def test_structure_matches_dense_oracles(evaluated):
-    """covariance = C^T C; log det, diag(S), C v, C^T z, S v and s_n^2 = h_n^T S h_n for dense, BCOO (padded,
+    """covariance = C^T C; log det, diag(S), tr S, C v, C^T z, S v and s_n^2 = h_n^T S h_n for dense, BCOO (padded,
     row-batched), identity and matrix-free H, all against numpy on the dense matrices."""
     e = evaluated
     C, S, H, v, z = e["C"], e["S"], e["H"], e["v"], e["z"]
@@ -190,6 +190,7 @@ def test_structure_matches_dense_oracles(evaluated):
     np.testing.assert_allclose(S, S.T, atol=1e-12)
     np.testing.assert_allclose(e["logdet"], np.linalg.slogdet(S)[1], rtol=1e-9)
     np.testing.assert_allclose(e["marginals"], np.diag(S), atol=1e-10)
+    np.testing.assert_allclose(e["trace"], np.trace(S), rtol=1e-12)
     np.testing.assert_allclose(e["Cv"], C @ v, atol=1e-10)
     np.testing.assert_allclose(e["Ctz"], C.T @ z, atol=1e-10)
     np.testing.assert_allclose(e["Sv"], S @ v, atol=1e-10)

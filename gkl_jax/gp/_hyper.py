@@ -189,8 +189,8 @@ def fit_hyperparameters(build: Callable[[Any], Model], params, *, method: Union[
     warm = fn is fit and not kwargs and warm_fit_applies(model0)
     if warm:
         fn = fit_warm
-    # an inner tolerance that follows the outer gradient (`_inner_tol`), where it was measured: the warm
-    # site-precision fits (GP classification)
+    # an inner tolerance that follows the outer gradient (`_inner_tol`) where it was measured: the warm
+    # site-precision fits (GP classification; Table 1's Laplace-likelihood column reproduced with it)
     adaptive = warm and default_inner_tol
     is_baseline = _is_baseline(fn)
     jit = (not is_baseline) if jit is None else bool(jit)
