@@ -336,6 +336,11 @@ def _select(p, new, old):
     return jax.tree.map(lambda a, b: jnp.where(p, a, b), new, old)
 
 
+def _max_abs(tree):
+    """max |x| over every leaf of a pytree (0 for none)."""
+    return jnp.max(jnp.stack([jnp.max(jnp.abs(leaf)) for leaf in jax.tree.leaves(tree)] or [jnp.zeros(())]))
+
+
 def _dot(a, b):
     return sum(jnp.vdot(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
@@ -381,7 +386,7 @@ def _advance(s: _State, v, g, r, settings: _Settings, exact=True) -> _State:
         direction, slope, t, halvings = s.direction, s.slope, s.t, s.halvings
         trial = optax.apply_updates(x, updates)
 
-    max_grad = jnp.max(jnp.stack([jnp.max(jnp.abs(leaf)) for leaf in jax.tree.leaves(g)] or [jnp.zeros(())]))
+    max_grad = _max_abs(g)
     if settings.linesearch:
         # an accepted step changed log_z by at most the resolution, or the next step cannot change it by more:
         # its predicted change <g, d> is below that (sonar split 8: 26 halvings at the objective's noise floor);
@@ -454,8 +459,7 @@ def _inner_tol(s: _State, tol):
     ms, the learned log Z equal to 1e-6 and the mean test log-likelihood to 1e-5. The stopping tests only count
     evaluations at `tol` itself."""
     cap = jnp.maximum(tol, INNER_TOL_MAX)
-    g_max = jnp.max(jnp.stack([jnp.max(jnp.abs(leaf)) for leaf in jax.tree.leaves(s.g)]))
-    return jnp.where(jnp.isinf(s.f), cap, jnp.clip(INNER_TOL_SCALE * g_max, tol, cap)).astype(tol.dtype)
+    return jnp.where(jnp.isinf(s.f), cap, jnp.clip(INNER_TOL_SCALE * _max_abs(s.g), tol, cap)).astype(tol.dtype)
 
 
 @eqx.filter_jit
