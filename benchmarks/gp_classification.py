@@ -21,11 +21,16 @@ hyperparameter search) vs our G-KL with ML-II (`gp.fit_hyperparameters`, logisti
 compiles; its time is in parentheses), and mean test log likelihood on the same splits; with `--peer-splits K`, both again on K random splits (mean +-
 s.e., wins, median times).
 
+Part 2b (`--swap-splits K`): on K random splits, the test log likelihood of LA, EP and G-KL at scikit-learn's
+learned hyperparameters and at ours, and each method's log Z at both: separates what the inference contributes
+(the methods at the same hyperparameters) from what ML-II's choice of hyperparameters does.
+
 Part 3 (`--sparse N,M`): a sparse G-KL GP classifier (probit) on N synthetic 2-D points with M inducing points.
 
 Run: python benchmarks/gp_classification.py --quick
      python benchmarks/gp_classification.py --kernels se,matern32,matern52 --grid 6 --ais 4   # ~1 h on one core
      python benchmarks/gp_classification.py --no-grid --peer --sparse 50000,500
+     python benchmarks/gp_classification.py --no-grid --swap-splits 10          # ~3 min on one core
 """
 
 import argparse
@@ -247,6 +252,47 @@ def peer_splits(args):
               f"{r[:, 7].mean():8.3f} {int(np.sum(r[:, 6] > r[:, 2])):>10d}/{k:<3d} {int(r[:, 8].sum()):>6d}/{k}")
 
 
+def swap_hyperparameters(args):
+    """Part 2b: LA / EP / G-KL predictions at scikit-learn's hyperparameters and at ours (G-KL ML-II), per split;
+    means +- s.e. of the test log likelihood, splits where G-KL beats LA at the same hyperparameters, and the
+    change of each method's log Z from scikit-learn's hyperparameters to ours."""
+    from sklearn.gaussian_process import GaussianProcessClassifier
+    from sklearn.gaussian_process.kernels import RBF, ConstantKernel
+
+    k = args.swap_splits
+    methods = {"LA": gk.laplace, "EP": gk.ep, "KL": gk.fit}
+    print(f"\n## the same methods at both learned hyperparameters ({k} random splits; test log lik mean +- s.e.)")
+    print(f"{'data':12s} {'sklearn':>16s} " + " ".join(f"{m + '@' + h:>16s}" for h in ("sk", "ours") for m in methods)
+          + f" {'KL>LA @sk':>9s} {'KL>LA @ours':>11s}  log Z(ours) - log Z(sk): " + " ".join(methods))
+    se = lambda v: np.std(v, ddof=1) / np.sqrt(len(v))
+    for ds in args.datasets:
+        ll, dz = {"sklearn": []}, {m: [] for m in methods}
+        for seed in range(k):
+            Xtr, ytr, Xte, yte = split(ds, seed)
+            sk = GaussianProcessClassifier(ConstantKernel(1.0) * RBF(np.sqrt(Xtr.shape[1])), random_state=0).fit(Xtr, ytr)
+            p = np.clip(sk.predict_proba(Xte)[:, list(sk.classes_).index(1.0)], 1e-12, 1 - 1e-12)
+            ll["sklearn"].append(np.mean(np.where(yte > 0, np.log(p), np.log(1 - p))))
+            ours = gk.gp.fit_hyperparameters(Build(jnp.asarray(Xtr), jnp.asarray(ytr)),
+                                             gk.kernels.SquaredExponential(1.0, np.sqrt(Xtr.shape[1])), max_steps=50,
+                                             gtol=1e-3).params
+            kernels = {"sk": gk.kernels.SquaredExponential(sk.kernel_.k1.constant_value, sk.kernel_.k2.length_scale),
+                       "ours": ours}
+            log_z = {}
+            for h, kernel in kernels.items():
+                model = gk.gp.model(kernel, Xtr, gk.potentials.Logistic(ytr))
+                for m, fn in methods.items():
+                    res = fn(model)
+                    pred = gk.gp.predict(res, model.prior, Xte, gk.potentials.Logistic(yte))
+                    ll.setdefault(f"{m}@{h}", []).append(float(jnp.mean(pred.log_density)))
+                    log_z[m, h] = float(res.log_z)
+            for m in methods:
+                dz[m].append(log_z[m, "ours"] - log_z[m, "sk"])
+        wins = lambda h: int(np.sum(np.array(ll[f"KL@{h}"]) > np.array(ll[f"LA@{h}"])))
+        print(f"{ds[:12]:12s} " + " ".join(f"{np.mean(v):8.4f} +- {se(v):.4f}" for v in ll.values())
+              + f" {wins('sk'):>6d}/{k:<2d} {wins('ours'):>8d}/{k:<2d}  "
+              + " ".join(f"{np.mean(v):+.4f} [{np.min(v):+.4f}, {np.max(v):+.4f}]" for v in dz.values()))
+
+
 def sparse(n, m):
     rng = np.random.default_rng(0)
     X = rng.uniform(-3, 3, size=(n + 2000, 2))
@@ -283,6 +329,9 @@ def main():
     ap.add_argument("--peer", action="store_true", help="also time scikit-learn's GaussianProcessClassifier")
     ap.add_argument("--peer-splits", type=int, default=0,
                     help="with --peer: also compare on this many random splits (test log likelihood, error, time)")
+    ap.add_argument("--swap-splits", type=int, default=0,
+                    help="LA / EP / G-KL test log likelihood at scikit-learn's and at our hyperparameters on this "
+                         "many splits")
     ap.add_argument("--no-grid", action="store_true", help="skip part 1")
     ap.add_argument("--sparse", default=None, help="N,M for the sparse GP demonstration (e.g. 50000,500)")
     args = ap.parse_args()
@@ -310,6 +359,8 @@ def main():
         peer(args)
         if args.peer_splits > 0:
             peer_splits(args)
+    if args.swap_splits > 0:
+        swap_hyperparameters(args)
     if args.sparse:
         n, m = (int(v) for v in args.sparse.split(","))
         sparse(n, m)
