@@ -181,20 +181,32 @@ REPEATS = 3
 """Timed runs per method in `peer`; the best is reported (ours: after the first run, which compiles)."""
 
 
-def run_sklearn(Xtr, ytr, Xte, yte):
-    """scikit-learn's GaussianProcessClassifier (Laplace, its own ML-II): (fit seconds, fit + predict seconds, test
-    log lik, error)."""
+def sklearn_classifier(Xtr, ytr):
+    """scikit-learn's GaussianProcessClassifier (Laplace, its own ML-II) fitted from sigma_f^2 = 1, l = sqrt(d)."""
     from sklearn.gaussian_process import GaussianProcessClassifier
     from sklearn.gaussian_process.kernels import RBF, ConstantKernel
 
+    return GaussianProcessClassifier(ConstantKernel(1.0) * RBF(np.sqrt(Xtr.shape[1])), random_state=0).fit(Xtr, ytr)
+
+
+def sklearn_probability(sk, Xte):
+    """scikit-learn's p(y = +1 | x) at Xte, clipped to [1e-12, 1 - 1e-12]."""
+    return np.clip(sk.predict_proba(Xte)[:, list(sk.classes_).index(1.0)], 1e-12, 1 - 1e-12)
+
+
+def mean_log_lik(p, y):
+    """Mean test log likelihood of labels y in {-1, +1} under p(y = +1)."""
+    return np.mean(np.where(y > 0, np.log(p), np.log(1 - p)))
+
+
+def run_sklearn(Xtr, ytr, Xte, yte):
+    """`sklearn_classifier`: (fit seconds, fit + predict seconds, test log lik, error)."""
     t0 = time.perf_counter()
-    sk = GaussianProcessClassifier(ConstantKernel(1.0) * RBF(np.sqrt(Xtr.shape[1])), random_state=0).fit(Xtr, ytr)
+    sk = sklearn_classifier(Xtr, ytr)
     t1 = time.perf_counter()
-    p = sk.predict_proba(Xte)[:, list(sk.classes_).index(1.0)]
+    p = sklearn_probability(sk, Xte)
     t2 = time.perf_counter()
-    p = np.clip(p, 1e-12, 1 - 1e-12)
-    ll = np.mean(np.where(yte > 0, np.log(p), np.log(1 - p)))
-    return t1 - t0, t2 - t0, ll, np.mean(np.where(p > 0.5, 1.0, -1.0) != yte)
+    return t1 - t0, t2 - t0, mean_log_lik(p, yte), np.mean(np.where(p > 0.5, 1.0, -1.0) != yte)
 
 
 def run_ours(Xtr, ytr, Xte, yte):
@@ -256,9 +268,6 @@ def swap_hyperparameters(args):
     """Part 2b: LA / EP / G-KL predictions at scikit-learn's hyperparameters and at ours (G-KL ML-II), per split;
     means +- s.e. of the test log likelihood, splits where G-KL beats LA at the same hyperparameters, and the
     change of each method's log Z from scikit-learn's hyperparameters to ours."""
-    from sklearn.gaussian_process import GaussianProcessClassifier
-    from sklearn.gaussian_process.kernels import RBF, ConstantKernel
-
     k = args.swap_splits
     methods = {"LA": gk.laplace, "EP": gk.ep, "KL": gk.fit}
     print(f"\n## the same methods at both learned hyperparameters ({k} random splits; test log lik mean +- s.e.)")
@@ -269,14 +278,10 @@ def swap_hyperparameters(args):
         ll, dz = {"sklearn": []}, {m: [] for m in methods}
         for seed in range(k):
             Xtr, ytr, Xte, yte = split(ds, seed)
-            sk = GaussianProcessClassifier(ConstantKernel(1.0) * RBF(np.sqrt(Xtr.shape[1])), random_state=0).fit(Xtr, ytr)
-            p = np.clip(sk.predict_proba(Xte)[:, list(sk.classes_).index(1.0)], 1e-12, 1 - 1e-12)
-            ll["sklearn"].append(np.mean(np.where(yte > 0, np.log(p), np.log(1 - p))))
-            ours = gk.gp.fit_hyperparameters(Build(jnp.asarray(Xtr), jnp.asarray(ytr)),
-                                             gk.kernels.SquaredExponential(1.0, np.sqrt(Xtr.shape[1])), max_steps=50,
-                                             gtol=1e-3).params
+            sk = sklearn_classifier(Xtr, ytr)
+            ll["sklearn"].append(mean_log_lik(sklearn_probability(sk, Xte), yte))
             kernels = {"sk": gk.kernels.SquaredExponential(sk.kernel_.k1.constant_value, sk.kernel_.k2.length_scale),
-                       "ours": ours}
+                       "ours": run_ours(Xtr, ytr, Xte, yte)[4].params}
             log_z = {}
             for h, kernel in kernels.items():
                 model = gk.gp.model(kernel, Xtr, gk.potentials.Logistic(ytr))
