@@ -199,6 +199,11 @@ def mean_log_lik(p, y):
     return np.mean(np.where(y > 0, np.log(p), np.log(1 - p)))
 
 
+def se(v):
+    """Standard error of the mean of v."""
+    return np.std(v, ddof=1) / np.sqrt(len(v))
+
+
 def run_sklearn(Xtr, ytr, Xte, yte):
     """`sklearn_classifier`: (fit seconds, fit + predict seconds, test log lik, error)."""
     t0 = time.perf_counter()
@@ -250,7 +255,6 @@ def peer_splits(args):
           "predict)")
     print(f"{'data':12s} {'sk time s':>13s} {'sk test ll':>16s} {'sk err':>6s} {'ours time s':>13s} "
           f"{'ours test ll':>16s} {'ours err':>8s} {'ours ll better':>14s} {'ours conv':>9s}")
-    se = lambda v: np.std(v, ddof=1) / np.sqrt(len(v))
     for ds in args.datasets:
         rows = []
         for seed in range(k):
@@ -273,7 +277,6 @@ def swap_hyperparameters(args):
     print(f"\n## the same methods at both learned hyperparameters ({k} random splits; test log lik mean +- s.e.)")
     print(f"{'data':12s} {'sklearn':>16s} " + " ".join(f"{m + '@' + h:>16s}" for h in ("sk", "ours") for m in methods)
           + f" {'KL>LA @sk':>9s} {'KL>LA @ours':>11s}  log Z(ours) - log Z(sk): " + " ".join(methods))
-    se = lambda v: np.std(v, ddof=1) / np.sqrt(len(v))
     for ds in args.datasets:
         ll, dz = {"sklearn": []}, {m: [] for m in methods}
         for seed in range(k):
