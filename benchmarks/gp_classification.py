@@ -200,8 +200,8 @@ def mean_log_lik(p, y):
 
 
 def se(v):
-    """Standard error of the mean of v."""
-    return np.std(v, ddof=1) / np.sqrt(len(v))
+    """Standard error of the mean of v (NaN for fewer than two values)."""
+    return np.std(v, ddof=1) / np.sqrt(len(v)) if len(v) > 1 else float("nan")
 
 
 def run_sklearn(Xtr, ytr, Xte, yte):
