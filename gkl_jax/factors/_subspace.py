@@ -207,8 +207,8 @@ class Subspace(AbstractRefinableFactor):
         chosen = U[:, jnp.where(i < K - j, i, w.shape[0] - K + i)]  # the K - j smallest and the j largest
         new = self._fixed_point(Q @ chosen, AQ @ chosen, trace_A)
         current = bound(model, q) if value is None else value
-        value = bound(model, eqx.tree_at(lambda g: g.factor, q, new))
-        new_wins = jnp.isfinite(value) & ~(current > value)
+        candidate = bound(model, eqx.tree_at(lambda g: g.factor, q, new))
+        new_wins = jnp.isfinite(candidate) & ~(current > candidate)
         return jax.tree.map(lambda a, b: jnp.where(new_wins, a, b), new, self)
 
     def _krylov(self, A, E0, key):
