@@ -58,13 +58,15 @@ def _gram(kernel, X1, X2):
 @eqx.filter_jit
 def _stationary_gram(kernel, X1, X2, same: bool):
     centre = jnp.mean(X1, axis=0)
-    a, b = (X1 - centre) / kernel.lengthscale, (X2 - centre) / kernel.lengthscale
+    a, b, scale = X1 - centre, X2 - centre, kernel.lengthscale
+    if jnp.ndim(scale) == 1:        # ARD: each dimension scaled before the product
+        a, b, scale = a / scale, b / scale, jnp.ones((), a.dtype)
     norms = jnp.sum(jnp.square(a), axis=1)[:, None] + jnp.sum(jnp.square(b), axis=1)[None, :]
     r2 = norms - 2 * a @ b.T
     r2 = jnp.where(r2 > 8 * jnp.finfo(r2.dtype).eps * norms, r2, 0.0)   # round-off of duplicate points -> 0
     if same:
         r2 = r2 * (1 - jnp.eye(r2.shape[0], dtype=r2.dtype))
-    return kernel.variance * kernel.profile(r2)
+    return kernel.variance * kernel.profile(r2 / jnp.square(scale))
 
 
 @eqx.filter_jit
@@ -135,8 +137,11 @@ class AbstractStationary(AbstractKernel):
         return self.variance * self.profile(jnp.sum(jnp.square(d)))
 
     def gram(self, X1, X2=None):
-        """As `AbstractKernel.gram`, from r^2 = |a|^2 + |b|^2 - 2 a^T b on the scaled, centred inputs: one matrix
-        product instead of n1 n2 d differences (5x faster with its gradient at n = 300, d = 9). The cancellation
+        """As `AbstractKernel.gram`, from r^2 = |a|^2 + |b|^2 - 2 a^T b on the centred inputs: one matrix product
+        instead of n1 n2 d differences (5x faster with its gradient at n = 300, d = 9). With a scalar lengthscale
+        the inputs are scaled after the product (r^2 / l^2), so the product does not depend on the
+        hyperparameters: inside a compiled ML-II loop XLA computes it once (sonar, n = 108, d = 60: Gram value and
+        lengthscale gradient 163 -> 41 us); an ARD lengthscale scales each dimension before it. The cancellation
         error of r^2 is eps (|a|^2 + |b|^2); r^2 below 8 times that is set to 0 (duplicate points), and the diagonal
         of gram(X) is exactly 0."""
         return _stationary_gram(self, *self._pair(X1, X2), X2 is None)
