@@ -24,8 +24,9 @@ One step from (m, W), with Gamma at the current (m, diag S), alternates as the f
    max |g| <= max(tol, residual) / 10: loose while the factor is far from its fixed point.
 
 The solver carries alpha = Sigma^{-1} (m - mu) beside m (as the thesis' code does, papers/003 Section 4.11, "to
-avoid multiplications with K^{-1}"): each mean step moves it by Sigma^{-1} S g = g - W^{1/2} L^{-T} (V g), so neither the steps nor `log_z`
-solve with Sigma, and the prior's Cholesky factor is used once per fit (alpha at the start) and its inverse never.
+avoid multiplications with K^{-1}"): each mean step moves it by Sigma^{-1} S g = g - W^{1/2} L^{-T} (V g), so
+neither the steps nor `log_z` solve with Sigma, and the prior's Cholesky factor is used once per fit (alpha at the
+start) and its inverse never.
 In ML-II, where the prior is rebuilt at every outer step, this and `log_z` reusing the solver's quadrature took a
 warm evaluation on sonar (n = 108) from 1.14 to 0.88 ms and the 10-split median fit from 25.6 to 22.8 ms.
 
@@ -34,9 +35,9 @@ max |dB/dC| for the Full factor C of S (dB/dC = C diag(W - Gamma), |C_ij| <= sqr
 factor C = chol-factor of (Sigma^{-1} + diag W)^{-1} meets the same gradient test as every other solver.
 
 `fit` reports log Z through `log_z(model, m, W, parts)`: the same bound from (m, W) and the solver's alpha and
-quadrature (no further quadrature), whose derivative in the prior covariance is the closed form 1/2 (alpha alpha^T - W^{1/2} B^{-1} W^{1/2}) (App. F.2 at S = (Sigma^{-1} + W)^{-1}),
-so an ML-II gradient costs one triangular solve instead of reverse mode through the prior's Cholesky factor
-and L^{-1} (breast cancer, n = 300, value and gradient with the prior built: 11.2 -> 6.4 ms).
+quadrature (no further quadrature), whose derivative in the prior covariance is the closed form
+1/2 (alpha alpha^T - W^{1/2} B^{-1} W^{1/2}) (App. F.2 at S = (Sigma^{-1} + W)^{-1}), so an ML-II gradient costs
+one triangular solve instead of reverse mode through the prior's Cholesky factor and L^{-1} (breast cancer, n = 300, value and gradient with the prior built: 11.2 -> 6.4 ms).
 """
 
 import functools
@@ -244,17 +245,19 @@ def log_z(model, m, W, parts):
 
 
 def _log_z_value(model, m, W, parts):
+    """B from the solver's parts: the prior terms from (log det, diag S, alpha), the sites' from their value."""
     logdet, s_diag, _, alpha, sites_value = parts
     return _bound_value(W, logdet, s_diag, sites_value - 0.5 * (m - model.prior.mean) @ alpha)
 
 
 @log_z.def_jvp
 def _log_z_jvp(primals, tangents):
-    model, m, W, (logdet, s_diag, L, alpha, sites_value) = primals
+    model, m, W, parts = primals
+    _, s_diag, L, alpha, _ = parts
     t_model = tangents[0]
     if t_model is None:
         t_model = jax.tree.map(lambda _: None, model)
-    f = _log_z_value(model, m, W, primals[3])
+    f = _log_z_value(model, m, W, parts)
     tangent = 0.0
     if any(t is not None for t in jax.tree.leaves(t_model.sites, is_leaf=lambda x: x is None)):
         dynamic, static = eqx.partition(model.sites, eqx.is_inexact_array)
