@@ -37,7 +37,8 @@ factor C = chol-factor of (Sigma^{-1} + diag W)^{-1} meets the same gradient tes
 `fit` reports log Z through `log_z(model, m, W, parts)`: the same bound from (m, W) and the solver's alpha and
 quadrature (no further quadrature), whose derivative in the prior covariance is the closed form
 1/2 (alpha alpha^T - W^{1/2} B^{-1} W^{1/2}) (App. F.2 at S = (Sigma^{-1} + W)^{-1}), so an ML-II gradient costs
-one triangular solve instead of reverse mode through the prior's Cholesky factor and L^{-1} (breast cancer, n = 300, value and gradient with the prior built: 11.2 -> 6.4 ms).
+one triangular solve instead of reverse mode through the prior's Cholesky factor and L^{-1} (breast cancer,
+n = 300, value and gradient with the prior built: 11.2 -> 6.4 ms).
 """
 
 import functools
