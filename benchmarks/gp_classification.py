@@ -222,8 +222,7 @@ def run_ours(Xtr, ytr, Xte, yte):
                                    gk.kernels.SquaredExponential(1.0, np.sqrt(Xtr.shape[1])), max_steps=50, gtol=1e-3)
     jax.block_until_ready(hr.result)
     t1 = time.perf_counter()
-    pred = gk.gp.predict(hr.result, gk.gp.model(hr.params, Xtr, gk.potentials.Logistic(ytr)).prior, Xte,
-                         gk.potentials.Logistic(yte))
+    pred = gk.gp.predict(hr.result, hr.model.prior, Xte, gk.potentials.Logistic(yte))
     p = np.asarray(pred.probability)
     t2 = time.perf_counter()
     return t1 - t0, t2 - t0, float(jnp.mean(pred.log_density)), np.mean(np.where(p > 0.5, 1.0, -1.0) != yte), hr

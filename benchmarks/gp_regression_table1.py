@@ -134,11 +134,10 @@ def run_one(name, method, lik, data, scale, steps, whiten=False):
                                    gtol=1e-3, jit=method in ("gkl", "exact"),
                                    method_kwargs={"whiten": True} if whitened else None,
                                    gradient="reverse" if method in ("gkl", "exact") else "forward")
-    model = build(hr.params)
     out = {"lml": float(hr.log_z), "hyper_converged": hr.converged, "inner_converged": bool(hr.result.converged),
            "steps": hr.num_steps}
     for split, (Xs, ys) in (("val", (Xva, yva)), ("test", (Xte, yte))):
-        pred = gk.gp.predict(hr.result, model.prior, Xs, build.likelihood(jnp.asarray(ys), hr.params))
+        pred = gk.gp.predict(hr.result, hr.model.prior, Xs, build.likelihood(jnp.asarray(ys), hr.params))
         out[split + "_tlp"] = float(jnp.mean(pred.log_density))
         out[split + "_mse"] = float(jnp.mean(jnp.square(pred.mean - ys)))
     return out

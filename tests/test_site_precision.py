@@ -148,7 +148,8 @@ def test_warm_fit_is_fit_without_the_factor():
     variances of fit's q; warm_result rebuilds fit's Result; fit_hyperparameters returns that Result."""
     X, y, _ = _gp_problem()
     build = lambda k: gk.gp.model(k, X, gk.potentials.Logistic(y))
-    kernel = gk.kernels.SquaredExponential(4.0, 1.2)
+    # strongly typed, as the learned parameters are: the refit below reuses the compiled `ref` fit
+    kernel = gk.kernels.SquaredExponential(jnp.asarray(4.0, X.dtype), jnp.asarray(1.2, X.dtype))
     model = build(kernel)
     assert _fit.warm_fit_applies(model)
     assert not _fit.warm_fit_applies(gk.gp.model(kernel, X, gk.potentials.StudentT(y, 3.0)))
@@ -158,7 +159,7 @@ def test_warm_fit_is_fit_without_the_factor():
     assert abs(float(warm.log_z) - float(ref.log_z)) < 1e-12
     np.testing.assert_allclose(warm.q.mean, ref.q.mean, atol=1e-12)
     np.testing.assert_allclose(warm.q.factor.marginal_variances(), ref.q.factor.marginal_variances(), atol=1e-12)
-    grad = lambda f: jax.grad(lambda k: f(build(k)).log_z)(kernel)
+    grad = lambda f: jax.jit(jax.grad(lambda k: f(build(k)).log_z))(kernel)
     g_ref, g_warm = grad(lambda m: gk.fit(m, tol=1e-8)), grad(lambda m: _fit.fit_warm(m, tol=1e-8))
     np.testing.assert_allclose(jax.flatten_util.ravel_pytree(g_warm)[0], jax.flatten_util.ravel_pytree(g_ref)[0],
                                rtol=1e-10)
@@ -169,6 +170,7 @@ def test_warm_fit_is_fit_without_the_factor():
     # the ML-II result is the Result of a fit at the learned parameters, started from the warm start
     hr = gk.gp.fit_hyperparameters(build, kernel, gtol=1e-4)
     assert hr.converged and isinstance(hr.result, gk.Result)
+    np.testing.assert_allclose(hr.model.prior.inv_chol, build(hr.params).prior.inv_chol, rtol=1e-12)
     refit = gk.fit(build(hr.params), tol=1e-8)
     assert abs(float(hr.log_z) - float(refit.log_z)) < 1e-8
     np.testing.assert_allclose(hr.result.q.covariance(), refit.q.covariance(), atol=1e-5)

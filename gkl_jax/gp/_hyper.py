@@ -55,6 +55,8 @@ class HyperResult(eqx.Module):
     """Outcome of `fit_hyperparameters`.
 
     - `params`: the learned hyperparameter pytree (same structure as the input).
+    - `model`: `build(params)`, the model at the learned parameters (predict with `gp.predict(result,
+      model.prior, X_new)` without building it again).
     - `result`: the inner `Result` at `params` (the posterior and log_z there).
     - `log_z`: the method's evidence estimate at `params`.
     - `num_steps`: accepted outer steps of the best run; `converged`: its stopping rule was met.
@@ -65,6 +67,7 @@ class HyperResult(eqx.Module):
     """
 
     params: Any
+    model: Model
     result: Result
     log_z: jax.Array
     num_steps: int = eqx.field(static=True)
@@ -223,13 +226,16 @@ def fit_hyperparameters(build: Callable[[Any], Model], params, *, method: Union[
     log_zs = np.array([-float(state.f) for state in runs])
     best = runs[int(np.argmax(np.where(np.isfinite(log_zs), log_zs, -np.inf)))]
     params_best = eqx.combine(best.x, static)
-    result = _warm_result(build, params_best, best.res) if warm else best.res
+    if warm:
+        model, result = _warm_result(build, params_best, best.res)
+    else:
+        model, result = build(params_best), best.res
     k, converged = int(best.k), int(best.status) == _CONVERGED
     if not converged:
         warnings.warn(f"gkl_jax.gp.fit_hyperparameters: stopped after {k} steps without meeting gtol or ftol (step "
                       "limit or a failed line search); the returned parameters are the best found", stacklevel=2)
-    return HyperResult(params=params_best, result=result, log_z=result.log_z, num_steps=k, converged=converged,
-                       history=np.asarray(best.hist)[: k + 1], restart_log_z=log_zs,
+    return HyperResult(params=params_best, model=model, result=result, log_z=result.log_z, num_steps=k,
+                       converged=converged, history=np.asarray(best.hist)[: k + 1], restart_log_z=log_zs,
                        num_inner_unconverged=int(best.inner_bad), wall_time=time.perf_counter() - start)
 
 
@@ -466,7 +472,9 @@ def _inner_tol(s: _State, tol):
 
 @eqx.filter_jit
 def _warm_result(build, params, warm):
-    return warm_result(build(params), warm)
+    """(build(params), the `Result` that `warm` summarises) in one compiled call."""
+    model = build(params)
+    return model, warm_result(model, warm)
 
 
 def _strong(tree):
