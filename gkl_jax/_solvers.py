@@ -135,8 +135,14 @@ def newton_cg(f, x0, *, tol, max_steps, max_cg=100):
     return x, k, converged, hist
 
 
-def lbfgs(f, x0, *, tol, max_steps, memory_size=20):
-    """L-BFGS (optax) with a zoom line search, on -f."""
+def lbfgs(f, x0, *, tol, max_steps, memory_size=10):
+    """L-BFGS (optax) with a zoom line search, on -f.
+
+    Memory 10 (optax's and scipy's default): each step's two-loop recursion streams the 2 m stored vectors twice,
+    which at FactorAnalysis sizes (10^4-10^5 parameters) costs more than the extra steps a longer memory saves.
+    Memory 20 -> 10 on papers/000 Tables 2-4 (FactorAnalysis): the same bounds, 0-4 more steps, 1.07-1.44x faster
+    where N <= D, within 1% at N = 5 D; Student-t GP fits on Boston (n = 100, whitened or not): 3-11% more steps,
+    14-21% faster."""
     return optax_solver(f, x0, optax.lbfgs(memory_size=memory_size), tol=tol, max_steps=max_steps, linesearch=True)
 
 
