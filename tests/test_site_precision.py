@@ -170,7 +170,7 @@ def test_warm_fit_is_fit_without_the_factor():
     # the ML-II result is the Result of a fit at the learned parameters, started from the warm start
     hr = gk.gp.fit_hyperparameters(build, kernel, gtol=1e-4)
     assert hr.converged and isinstance(hr.result, gk.Result)
-    np.testing.assert_allclose(hr.model.prior.inv_chol, build(hr.params).prior.inv_chol, rtol=1e-12)
+    np.testing.assert_allclose(hr.model.prior.inv_chol, build(hr.params).prior.inv_chol, rtol=1e-12, atol=1e-12)
     refit = gk.fit(build(hr.params), tol=1e-8)
     assert abs(float(hr.log_z) - float(refit.log_z)) < 1e-8
     np.testing.assert_allclose(hr.result.q.covariance(), refit.q.covariance(), atol=1e-5)
