@@ -307,6 +307,31 @@ def test_ml2_inner_tolerance_follows_the_outer_gradient():
         assert int(new.k) == 4 and int(new.status) == expected
 
 
+def test_ml2_first_trial_of_a_line_search_moves_no_parameter_by_more_than_max_step():
+    """After an accepted point the next trial is x + t d with t = min(1, max_step / max|d|); a rejected trial
+    halves t; max_step=None (inf) leaves t = 1. A non-positive max_step is refused."""
+    x = {"a": jnp.asarray([0.3, -0.2]), "b": jnp.asarray(1.0)}
+    state = _hyper._State(x=x, f=jnp.asarray(10.0), g=x, res=None, q=None, opt_state=_hyper._LBFGS.init(x),
+                          direction=x, slope=jnp.asarray(-0.13), t=jnp.asarray(1.0), trial=x,
+                          halvings=jnp.asarray(0), k=jnp.asarray(3), hist=jnp.zeros(51), inner_bad=jnp.asarray(0),
+                          status=jnp.asarray(0))
+    grad = {"a": jnp.asarray([8.0, -2.0]), "b": jnp.asarray(0.5)}   # first L-BFGS direction: -grad / ||grad||
+    d = np.array([-8.0, 2.0, -0.5]) / np.linalg.norm([8.0, 2.0, 0.5])
+    r = types.SimpleNamespace(converged=True)
+    for max_step, t in ((0.5, 0.5 / abs(d[0])), (np.inf, 1.0)):
+        settings = _hyper._Settings(_hyper._LBFGS, True, 50, jnp.asarray(1e-12), jnp.asarray(1e-12), False,
+                                    jnp.asarray(max_step))
+        new = _hyper._advance(state, jnp.asarray(9.9), grad, r, settings)
+        assert int(new.k) == 4 and float(new.t) == pytest.approx(t)
+        step = np.concatenate([np.asarray(new.trial["a"] - x["a"]), [float(new.trial["b"] - x["b"])]])
+        np.testing.assert_allclose(step, t * d, rtol=1e-6)
+        rejected = _hyper._advance(new._replace(res=None), jnp.asarray(20.0), grad, r, settings)   # worse: halve
+        assert float(rejected.t) == pytest.approx(0.5 * t)
+    build, k0 = _logistic_ml2(10)
+    with pytest.raises(ValueError, match="max_step"):
+        gk.gp.fit_hyperparameters(build, k0, max_step=0.0)
+
+
 def test_ml2_optax_optimizer_restarts_and_step_limit():
     """An optax optimizer takes every finite update (no line search); restarts keep the best run; a run that
     hits max_steps is reported as not converged, with a warning."""

@@ -121,7 +121,8 @@ def fit_hyperparameters(build: Callable[[Any], Model], params, *, method: Union[
                         gtol: float = 1e-4, ftol: float = 1e-9, restarts: int = 0, key=None,
                         restart_scale: float = 0.5, filter_spec=eqx.is_inexact_array,
                         method_kwargs: Optional[dict] = None, warm_start: bool = True,
-                        jit: Optional[bool] = None, gradient: Optional[str] = None) -> HyperResult:
+                        jit: Optional[bool] = None, gradient: Optional[str] = None,
+                        max_step: Optional[float] = 3.0) -> HyperResult:
     """Maximise `method(build(params)).log_z` over the inexact-array leaves of `params` selected by
     `filter_spec` (see the module doc for the gradient).
 
@@ -143,6 +144,14 @@ def fit_hyperparameters(build: Callable[[Any], Model], params, *, method: Union[
     with inner tol 1e-6 to 5 digits, 15-30% faster); with the site-precision solver (GP models with log-concave
     likelihoods) the tolerance is looser while the outer gradient is large (`_inner_tol`). Restarts add
     N(0, restart_scale^2) noise to every selected leaf (`key` defaults to PRNGKey(0)).
+
+    With L-BFGS, the first trial of each line search moves no parameter by more than `max_step` (None: no
+    limit); the step is shortened along the L-BFGS direction. Kernel parameters are stored as logarithms, so the
+    default 3 is a factor e^3 ~ 20 per step. Sonar's ML-II (10 splits): L-BFGS had jumped the log signal variance
+    by 6.5 on split 6 and then backtracked, with long inner fits at the rejected points; with the limit the median
+    fit takes 18.6 instead of 21.6 ms, the learned log Z equal to 1e-6, and ionosphere, breast cancer, pima and
+    Table 1's Laplace-likelihood and exact columns are unchanged. Put parameters on comparable scales (or pass
+    None) when some of them, e.g. inducing inputs in raw units, need larger steps.
     """
     if not callable(build):
         raise ValueError(f"build must be a callable mapping params to a gkl_jax.Model, got {type(build).__name__}")
@@ -155,6 +164,8 @@ def fit_hyperparameters(build: Callable[[Any], Model], params, *, method: Union[
         raise ValueError(f"max_steps must be >= 1, got {max_steps}")
     if int(restarts) < 0:
         raise ValueError(f"restarts must be >= 0, got {restarts}")
+    if max_step is not None and not float(max_step) > 0:
+        raise ValueError(f"max_step must be positive or None, got {max_step}")
     if optimizer == "lbfgs":
         opt = _LBFGS
         linesearch = True
@@ -205,7 +216,7 @@ def fit_hyperparameters(build: Callable[[Any], Model], params, *, method: Union[
     dtype = model_dtype(model0)
     objective = _Objective(build, fn, kwargs, use_q0, static, gradient == "forward", jit)
     settings = _Settings(opt, linesearch, int(max_steps), np.asarray(gtol, dtype), np.asarray(ftol, dtype),
-                         bool(adaptive))
+                         bool(adaptive), np.asarray(np.inf if max_step is None else max_step, dtype))
     run = _run_jit if jit else _run
     if key is None and restarts:
         key = jax.random.PRNGKey(0)   # 0.25 ms; made only where a restart needs it
@@ -318,6 +329,7 @@ class _Settings(eqx.Module):
     gtol: jax.Array
     ftol: jax.Array
     adaptive: bool = False  # the inner tolerance follows the outer gradient (`_inner_tol`)
+    max_step: Any = np.inf  # the largest |change| of a parameter at a line search's first trial
 
 
 class _State(NamedTuple):
@@ -357,7 +369,8 @@ def _advance(s: _State, v, g, r, settings: _Settings, exact=True) -> _State:
     """One outer iteration after evaluating the objective at `s.trial`: (v, g, r) = (-log_z, gradient, result).
 
     The first evaluation (the starting point) is accepted if finite. After that, with `linesearch` (L-BFGS) a
-    trial is accepted on the Armijo condition v <= f + C1 t <g, d> and otherwise the step is halved; a
+    trial x + t d, first t = min(1, max_step / max|d|), is accepted on the Armijo condition
+    v <= f + C1 t <g, d> and otherwise the step is halved; a
     non-finite objective (a failed inner fit at an extreme hyperparameter) counts as a rejected step. Without it
     every finite optimiser update is taken. After an acceptance the next direction is d = -H g from the
     optimiser (steepest descent where that is not a descent direction). Stops when max |g| <= gtol, when an
@@ -387,7 +400,8 @@ def _advance(s: _State, v, g, r, settings: _Settings, exact=True) -> _State:
         d = _select(descent, d, jax.tree.map(jnp.negative, g))
         slope = jnp.where(descent, slope, -_dot(g, g))
         direction, slope = pick(d, s.direction), jnp.where(accept, slope, s.slope)
-        t = jnp.where(accept, 1.0, 0.5 * s.t).astype(s.t.dtype)
+        first_t = jnp.minimum(1.0, settings.max_step / jnp.maximum(_max_abs(direction), jnp.finfo(s.t.dtype).tiny))
+        t = jnp.where(accept, first_t, 0.5 * s.t).astype(s.t.dtype)
         trial = jax.tree.map(lambda a, b: a + t * b, x, direction)
         halvings = jnp.where(accept, 0, s.halvings + 1)
     else:
