@@ -29,7 +29,13 @@ import resource
 import sys
 import time
 
-import numpy as np
+# One OpenBLAS thread (LAPACK calls: Cholesky, eigh, triangular solves), set before numpy or scipy load it:
+# XLA already spreads a fit over the cores, and OpenBLAS workers spinning after each small LAPACK call take
+# cores from it. On 2 cores, FactorAnalysis at D = 1000 / N = 5000 / K = 50 took 15.0 s with the default and
+# 8.8 s with this (benchmarks/README §2).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
 
 # (D, N_trn, K) -> {factor: (time, B/N, ||m - w||/D, tll/N)}, each (mean, standard error); papers/000 Tables 2-4.
 _T = {
@@ -290,7 +296,8 @@ def main(argv=None):
                   machine=f"{platform.machine()} {os.cpu_count()} cores, {platform.processor()}",
                   jax=jax.__version__, dtype=str(jnp.dtype(dtype)),
                   num_points=args.num_points or gk.potentials.Logistic(jnp.ones(1)).num_points,
-                  loadavg_start=os.getloadavg())
+                  loadavg_start=os.getloadavg(), openblas_threads=os.environ.get("OPENBLAS_NUM_THREADS"),
+                  affinity=sorted(os.sched_getaffinity(0)))
     print(json.dumps(header), flush=True)
     results = dict(header=header, cells=[])
     if args.memory:

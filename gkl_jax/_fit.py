@@ -45,7 +45,7 @@ from ._model import Model, Sites
 from ._result import Result
 from ._validate import is_concrete
 from .factors import AbstractFactor, AbstractFixedPointFactor, AbstractRefinableFactor, Full
-from .operators import Dense as DenseOperator
+from .operators import AbstractOperator, Dense as DenseOperator
 from .priors import Isotropic
 
 SOLVERS = ("fixed-point", "site-precision", "newton", "lbfgs")
@@ -63,6 +63,13 @@ def stop_gradients(tree):
     """`tree` with every inexact array behind `lax.stop_gradient`: the solvers iterate on such copies, and the
     derivatives of their results come from the envelope and implicit-function rules, never from the loops."""
     return jax.tree.map(lambda x: lax.stop_gradient(x) if eqx.is_inexact_array(x) else x, tree)
+
+
+def _frozen(model):
+    """The gradient-free copy of `model` the solvers iterate on (`stop_gradients`), with H o H stored
+    (`AbstractOperator.with_squares`)."""
+    is_op = lambda x: isinstance(x, AbstractOperator)
+    return jax.tree.map(lambda x: x.with_squares() if is_op(x) else x, stop_gradients(model), is_leaf=is_op)
 
 
 def default_tol(dtype) -> float:
@@ -172,7 +179,7 @@ def fit_warm(model: Model, *, q0: Gaussian | WarmPoint | None = None, tol=None) 
     is needed only once, at the end (`warm_result`). C costs 3.3 n^3 flops, a fifth of a warm ML-II evaluation at
     n = 350. `log_z` is the same bound as `fit`'s, with the same closed-form derivative in the model. `q0` may be
     a Gaussian (as for `fit`) or the `WarmPoint` of an earlier fit_warm (`WarmStart.point`)."""
-    frozen = stop_gradients(model)
+    frozen = _frozen(model)
     if isinstance(q0, WarmPoint):
         start = _site_precision_point(frozen, *stop_gradients((q0.mean, q0.site_precisions)))
     else:
@@ -300,7 +307,7 @@ def _solve(model, q_init, name, optimizer, tol, max_steps, max_cg):
     to_q = lambda flat: eqx.combine(unravel(flat), static)
     # The iterations run on a gradient-free copy of the model; derivatives of the optimum come from the
     # implicit function theorem below, never from differentiating through the loop.
-    frozen = stop_gradients(model)
+    frozen = _frozen(model)
     objective = lambda flat: bound(frozen, to_q(flat))
     sp = None       # the site precisions of the optimum and their factorisation (site-precision solver only)
     if name == "fixed-point":
@@ -341,7 +348,7 @@ def _refine_and_solve(model, q_init, name, optimizer, tol, max_steps, max_cg):
     rounds = q_init.factor.num_refinements
     if rounds == 0:
         return _solve(model, q_init, name, optimizer, tol, max_steps, max_cg)[:4]
-    frozen = stop_gradients(model)
+    frozen = _frozen(model)
     loose = jnp.maximum(tol, jnp.sqrt(tol))
 
     def round_(i, carry):

@@ -44,7 +44,7 @@ class Gaussian(eqx.Module):
 
     def project(self, op):
         """(m_n, s_n^2) = (h_n^T m, h_n^T S h_n) for the rows of an operator."""
-        return op.mv(self.mean), self.factor.project_variances(op)
+        return self.factor.project(op, self.mean)
 
     def sample(self, key, num_samples: int):
         """`num_samples` draws w = m + C^T z, z ~ N(0, I); shape (num_samples, D)."""

@@ -163,6 +163,7 @@ def _evaluate(q, H, v, z, directions, model):
     return dict(C=f.dense(), S=f.covariance(), logdet=f.logdet(), marginals=f.marginal_variances(),
                 trace=f.trace(), Cv=f.matvec(v), Ctz=f.rmatvec(z), Sv=f.covariance_mv(v),
                 s2={k: f.project_variances(op) for k, op in ops.items()},
+                projected={k: f.project(op, q.mean) for k, op in ops.items()},
                 bound=objective(flat), grad=jax.grad(objective)(flat),
                 fd=differences(directions), hessian=jax.hessian(objective)(flat))
 
@@ -195,8 +196,12 @@ def test_structure_matches_dense_oracles(evaluated):
     np.testing.assert_allclose(e["Ctz"], C.T @ z, atol=1e-10)
     np.testing.assert_allclose(e["Sv"], S @ v, atol=1e-10)
     oracle = np.einsum("nd,de,ne->n", H, S, H)
+    m = np.asarray(e["q"].mean)
     for kind, s2 in e["s2"].items():
         np.testing.assert_allclose(s2, np.diag(S) if kind == "identity" else oracle, atol=1e-10, err_msg=kind)
+        m_n, s2_n = e["projected"][kind]   # (h_n^T m, s_n^2) together: FactorAnalysis and Chevron in one product
+        np.testing.assert_allclose(m_n, m if kind == "identity" else H @ m, atol=1e-10, err_msg=kind)
+        np.testing.assert_allclose(s2_n, s2, atol=1e-10, err_msg=kind)
     if isinstance(e["q"].factor, (Banded, Sparse)):
         with pytest.raises(ValueError, match="matrix-free"):
             e["q"].factor.project_variances(MatrixFree(jnp.asarray(H)))

@@ -142,6 +142,9 @@ def test_stack_and_image_filters(rng):
     op = Stack([fd, wav, dense])
     A = np.concatenate([fd_oracle(4, 8, "both", "valid"), wavelet_oracle(4, 8, 2, DB4), dense])
     check_against_dense(op, A, rng)
+    stored = op.with_squares()   # the dense block keeps H o H; the matrix-free blocks are unchanged
+    assert stored.operators[2].squared is not None and stored.operators[:2] == op.operators[:2]
+    check_against_dense(stored, A, rng)
     B = image_filters(8, 8)
     assert B.shape == (3 * 64 - 2 * 8, 64)  # M ~ 3 D (papers/000 Section 6.3.4)
 

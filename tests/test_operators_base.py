@@ -28,11 +28,13 @@ def test_operator_products_match_the_dense_matrix(index):
 
     @jax.jit
     def products(op, x, y, X, Y, g):
+        stored = op.with_squares()   # H o H kept for the solver loops: the same products
         return (op.as_matrix(), op.mv(x), op.rmv(y), op.mm(X), op.rmm(Y), op.sq_mv(x), op.sq_rmv(y),
-                op.weighted_gram(g))
+                op.weighted_gram(g), stored.sq_mv(x), stored.sq_rmv(y), stored.mv(x))
 
     got = products(op, *(jnp.asarray(a) for a in (x, y, X, Y, g)))
-    want = (H, H @ x, H.T @ y, H @ X, H.T @ Y, (H ** 2) @ x, (H ** 2).T @ y, H.T @ (g[:, None] * H))
+    want = (H, H @ x, H.T @ y, H @ X, H.T @ Y, (H ** 2) @ x, (H ** 2).T @ y, H.T @ (g[:, None] * H),
+            (H ** 2) @ x, (H ** 2).T @ y, H @ x)
     for a, b in zip(got, want):
         np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-14)
 

@@ -51,6 +51,11 @@ class AbstractFactor(eqx.Module):
     def project_variances(self, op):
         """s_n^2 = h_n^T S h_n = ||C h_n||^2 for every row h_n of `op`."""
 
+    def project(self, op, mean):
+        """(m_n, s_n^2) = (h_n^T m, h_n^T S h_n) for every row h_n of `op`; factors whose s_n^2 come from a product
+        H X override it to take H m from the same product."""
+        return op.mv(mean), self.project_variances(op)
+
     @abc.abstractmethod
     def marginal_variances(self):
         """diag(S)."""

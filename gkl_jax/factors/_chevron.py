@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from .._linalg import tdot
 from .._validate import as_float_array, check_finite, check_ndim
 from ._base import AbstractFactor, check_initialised, signed_log_abs_diag
-from ._kernels import broadcast_variances, check_count, check_shape, operator_kind
+from ._kernels import broadcast_variances, check_count, check_shape, low_rank_projection, operator_kind
 
 
 class Chevron(AbstractFactor):
@@ -80,13 +80,15 @@ class Chevron(AbstractFactor):
         head = jnp.diagonal(self.theta[:, :self.rows]) if self.rows else jnp.zeros((0,), self.d.dtype)
         return 2 * (signed_log_abs_diag(head) + signed_log_abs_diag(self.d))
 
+    def project(self, op, mean):
+        if operator_kind(op) == "identity":
+            return mean, self.marginal_variances()
+        return low_rank_projection(op, self.upper_rows().T, self._tail(jnp.square(self.d)), mean)
+
     def project_variances(self, op):
         if operator_kind(op) == "identity":
             return self.marginal_variances()
-        tail = op.sq_mv(self._tail(jnp.square(self.d)))
-        if self.rows == 0:
-            return tail
-        return jnp.sum(jnp.square(op.mm(self.upper_rows().T)), axis=1) + tail
+        return low_rank_projection(op, self.upper_rows().T, self._tail(jnp.square(self.d)))
 
     def marginal_variances(self):
         return jnp.sum(jnp.square(self.upper_rows()), axis=0) + self._tail(jnp.square(self.d))

@@ -10,7 +10,7 @@ import numpy as np
 from .._linalg import tdot
 from .._validate import as_float_array, check_finite, check_ndim
 from ._base import AbstractFactor, check_initialised
-from ._kernels import broadcast_variances, check_count, check_shape, operator_kind
+from ._kernels import broadcast_variances, check_count, check_shape, low_rank_projection, operator_kind
 
 
 UNIQUENESS_FLOOR = 1e-6
@@ -105,13 +105,15 @@ class FactorAnalysis(AbstractFactor):
             return logdet_psi
         return logdet_psi + 2 * jnp.sum(jnp.log(jnp.diagonal(self._capacitance_cholesky())))
 
+    def project(self, op, mean):
+        if operator_kind(op) == "identity":
+            return mean, self.marginal_variances()
+        return low_rank_projection(op, self.theta, self.uniquenesses(), mean)
+
     def project_variances(self, op):
         if operator_kind(op) == "identity":
             return self.marginal_variances()
-        diag = op.sq_mv(self.uniquenesses())
-        if self.rank == 0:
-            return diag
-        return jnp.sum(jnp.square(op.mm(self.theta)), axis=1) + diag
+        return low_rank_projection(op, self.theta, self.uniquenesses())
 
     def marginal_variances(self):
         return jnp.sum(jnp.square(self.theta), axis=1) + self.uniquenesses()

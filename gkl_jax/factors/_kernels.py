@@ -38,6 +38,20 @@ def operator_kind(op) -> str:
     return "matrix-free"
 
 
+def low_rank_projection(op, loadings, diagonal, mean=None):
+    """s_n^2 = ||L^T h_n||^2 + sum_i diagonal_i H_ni^2, the projected variances of S = L L^T + diag(diagonal)
+    (FactorAnalysis: L = Theta; Chevron: L = its first K rows, transposed), and with `mean`, (h_n^T m, s_n^2) from
+    the one product H [L, m]. Computing H m on its own takes another pass over a dense H and one more in the
+    adjoint: a fifth of a FactorAnalysis step at N = 5000, D = 1000, K = 50, where the products stream 40 MB."""
+    diag = op.sq_mv(diagonal)
+    if mean is None:
+        if loadings.shape[1] == 0:
+            return diag
+        return jnp.sum(jnp.square(op.mm(loadings)), axis=1) + diag
+    P = op.mm(jnp.concatenate([loadings, mean[:, None]], axis=1))
+    return P[:, -1], jnp.sum(jnp.square(P[:, :-1]), axis=1) + diag
+
+
 def check_count(value, name: str, owner: str, *, minimum: int = 0) -> int:
     """A non-negative integer shape option (`bandwidth`, `rows`, `rank`), with a ValueError naming it."""
     if isinstance(value, bool) or int(value) != value:

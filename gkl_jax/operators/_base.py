@@ -5,6 +5,7 @@ a sparse BCOO matrix and matrix-free operators (finite differences, wavelets) ar
 """
 
 import abc
+from typing import Optional
 
 import equinox as eqx
 import jax
@@ -49,6 +50,12 @@ class AbstractOperator(eqx.Module):
         """H X for X of shape (D, K)."""
         return jax.vmap(self.mv, in_axes=1, out_axes=1)(X)
 
+    def with_squares(self):
+        """This operator with H o H stored for `sq_mv`/`sq_rmv`; itself where there is nothing to store. The
+        solvers iterate on such a copy: otherwise a dense H is squared again at every bound evaluation, since XLA
+        does not hoist the square out of the line search's conditional."""
+        return self
+
     def rmm(self, Y):
         """H^T Y for Y of shape (N, K)."""
         return jax.vmap(self.rmv, in_axes=1, out_axes=1)(Y)
@@ -60,15 +67,23 @@ class AbstractOperator(eqx.Module):
 
 
 class Dense(AbstractOperator):
-    """A dense (N, D) matrix."""
+    """A dense (N, D) matrix. `squared` is H o H where `with_squares()` stored it, else None."""
 
     matrix: jax.Array
+    squared: Optional[jax.Array]
 
     def __init__(self, matrix, name: str = "H"):
         matrix = as_float_array(matrix, name)
         check_ndim(matrix, 2, name)
         check_finite(matrix, name)
         self.matrix = matrix
+        self.squared = None
+
+    def with_squares(self):
+        return eqx.tree_at(lambda op: op.squared, self, jnp.square(self.matrix), is_leaf=lambda x: x is None)
+
+    def _squares(self):
+        return jnp.square(self.matrix) if self.squared is None else self.squared
 
     @property
     def shape(self):
@@ -87,10 +102,10 @@ class Dense(AbstractOperator):
         return tdot(self.matrix, Y)
 
     def sq_mv(self, v):
-        return jnp.square(self.matrix) @ v
+        return self._squares() @ v
 
     def sq_rmv(self, y):
-        return tdot(jnp.square(self.matrix), y)
+        return tdot(self._squares(), y)
 
     def as_matrix(self):
         return self.matrix

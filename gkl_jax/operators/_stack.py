@@ -52,6 +52,9 @@ class Stack(AbstractOperator):
     def rmm(self, Y):
         return sum(op.rmm(b) for op, b in zip(self.operators, self._blocks(Y)))
 
+    def with_squares(self):
+        return eqx.tree_at(lambda s: s.operators, self, tuple(op.with_squares() for op in self.operators))
+
     def sq_mv(self, v):
         return jnp.concatenate([op.sq_mv(v) for op in self.operators])
 
