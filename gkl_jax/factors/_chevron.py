@@ -80,11 +80,6 @@ class Chevron(AbstractFactor):
         head = jnp.diagonal(self.theta[:, :self.rows]) if self.rows else jnp.zeros((0,), self.d.dtype)
         return 2 * (signed_log_abs_diag(head) + signed_log_abs_diag(self.d))
 
-    def project(self, op, mean):
-        if operator_kind(op) == "identity":
-            return mean, self.marginal_variances()
-        return low_rank_projection(op, self.upper_rows().T, self._tail(jnp.square(self.d)), mean)
-
     def project_variances(self, op):
         if operator_kind(op) == "identity":
             return self.marginal_variances()
