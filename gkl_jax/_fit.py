@@ -67,7 +67,7 @@ def stop_gradients(tree):
 
 def _frozen(model):
     """The gradient-free copy of `model` the solvers iterate on (`stop_gradients`), with H o H stored
-    (`AbstractOperator.with_squares`)."""
+    (`AbstractOperator.with_squares`): for a dense H, one more N x D array while the fit runs."""
     is_op = lambda x: isinstance(x, AbstractOperator)
     return jax.tree.map(lambda x: x.with_squares() if is_op(x) else x, stop_gradients(model), is_leaf=is_op)
 
