@@ -143,7 +143,7 @@ def lbfgs(f, x0, *, tol, max_steps, memory_size=10):
     Memory 20 -> 10 on papers/000 Tables 2-4 (FactorAnalysis): the same bounds, 0-4 more steps, 1.07-1.44x faster
     where N <= D, within 1% at N = 5 D; Student-t GP fits on Boston (n = 100, whitened or not): 3-11% more steps,
     14-21% faster."""
-    return optax_solver(f, x0, optax.lbfgs(memory_size=memory_size), tol=tol, max_steps=max_steps, linesearch=True)
+    return optax_solver(f, x0, optax.lbfgs(memory_size=memory_size), tol=tol, max_steps=max_steps)
 
 
 # Consecutive steps without progress before a line-search solver gives up. L-BFGS recovers from a few failed
@@ -153,17 +153,22 @@ def lbfgs(f, x0, *, tol, max_steps, memory_size=10):
 LINESEARCH_MAX_STALLS = 10
 
 
-def optax_solver(f, x0, optimizer, *, tol, max_steps, linesearch=False):
-    """Any `optax.GradientTransformation` minimising -f; with `linesearch` it is given the value function.
+def optax_solver(f, x0, optimizer, *, tol, max_steps):
+    """Any `optax.GradientTransformation` minimising -f. Every update is given the value, the gradient and the
+    value function (`value`, `grad`, `value_fn`: what optax's line searches, and so `optax.lbfgs()`, need;
+    transformations without extra arguments are wrapped by `optax.with_extra_args_support`).
 
-    Returns the last iterate if it meets the tolerance, else the best one seen (any optimiser). With
-    `linesearch` (a monotone method such as L-BFGS) it also stops after `LINESEARCH_MAX_STALLS` steps in a row
-    that neither raise f nor lower max|grad f| (the line search finds no ascent) instead of repeating the failed
-    step until `max_steps`. A line search stores the value and gradient at the point it accepts in the optimiser
-    state (optax's zoom search for L-BFGS does); they are taken from there instead of being evaluated again."""
+    Returns the last iterate if it meets the tolerance, else the best one seen (any optimiser). An optimiser whose
+    state holds a line search's `value` (a monotone method such as L-BFGS) also stops after
+    `LINESEARCH_MAX_STALLS` steps in a row that neither raise f nor lower max|grad f| (the line search finds no
+    ascent) instead of repeating the failed step until `max_steps`; the value and gradient at the point it accepts
+    are taken from its state where it stores both (optax's zoom search does) instead of being evaluated again."""
+    optimizer = optax.with_extra_args_support(optimizer)
     neg = lambda x: -f(x)
     value_and_grad = jax.value_and_grad(neg)
     v0, g0 = value_and_grad(x0)
+    state0 = optimizer.init(x0)
+    linesearch = _state_leaf(state0, "value") is not None
 
     def cond(carry):
         (x, state, v, g), best, k, hist, stalls = carry
@@ -171,31 +176,32 @@ def optax_solver(f, x0, optimizer, *, tol, max_steps, linesearch=False):
 
     def body(carry):
         (x, state, v, g), best, k, hist, stalls = carry
-        if linesearch:
-            updates, state = optimizer.update(g, state, x, value=v, grad=g, value_fn=neg)
-        else:
-            updates, state = optimizer.update(g, state, x)
+        updates, state = optimizer.update(g, state, x, value=v, grad=g, value_fn=neg)
         x_new = optax.apply_updates(x, updates)
-        v_new, g_new = _stored_value_and_grad(neg, x_new, state) if linesearch else value_and_grad(x_new)
+        v_new, g_new = _stored_value_and_grad(neg, x_new, state)
         if linesearch:
             stalls = jnp.where((v_new < v) | (_max_abs(g_new) < _max_abs(g)), 0, stalls + 1)
         best = _select(v_new < best[1], (x_new, v_new, g_new), best)
         return (x_new, state, v_new, g_new), best, k + 1, hist.at[k + 1].set(-v_new), stalls
 
-    init = ((x0, optimizer.init(x0), v0, g0), (x0, v0, g0), 0, _history(max_steps, -v0), 0)
+    init = ((x0, state0, v0, g0), (x0, v0, g0), 0, _history(max_steps, -v0), 0)
     (x, _, v, g), best, k, hist, _ = lax.while_loop(cond, body, init)
     converged = (_max_abs(g) <= tol) & jnp.isfinite(v)
     return _select(converged, x, best[0]), k, converged, hist
 
 
+def _state_leaf(state, key):
+    """The one leaf named `key` in an optax state, or None (absent, or more than one)."""
+    try:
+        return optax.tree.get(state, key)
+    except KeyError:    # more than one of them in the state
+        return None
+
+
 def _stored_value_and_grad(neg, x, state):
     """The value and gradient of `neg` at x: those a line search stored in the optimiser state where it holds both
     (optax's zoom and backtracking searches), else evaluated."""
-    try:
-        stored = [optax.tree.get(state, key) for key in ("value", "grad")]
-    except KeyError:    # more than one of them in the state
-        stored = [None]
-    if any(leaf is None for leaf in stored):
+    if any(_state_leaf(state, key) is None for key in ("value", "grad")):
         return jax.value_and_grad(neg)(x)
     return optax.value_and_grad_from_state(neg)(x, state=state)
 

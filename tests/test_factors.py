@@ -400,6 +400,13 @@ def test_subspace_krylov_basis_with_an_invariant_krylov_space():
             U = np.linalg.eigh(A)[1][:, -K:]
             E = np.asarray(_refined_basis(model, q))
             np.testing.assert_allclose(E @ E.T, U @ U.T, atol=1e-6)
+    # a basis orthonormal only to 1e-6 (the constructor accepts 1e-5): the first block is orthonormalised by one
+    # Cholesky QR pass, which must still leave Q orthonormal to round-off and spanning the given basis
+    E0 = q.factor.basis + 1e-6 * jax.random.normal(jax.random.PRNGKey(3), q.factor.basis.shape)
+    Q, _ = q.factor._krylov(lambda X: X, E0, jax.random.PRNGKey(1))
+    Q, E0 = np.asarray(Q), np.asarray(E0)
+    np.testing.assert_allclose(Q.T @ Q, np.eye(Q.shape[1]), atol=1e-13)
+    np.testing.assert_allclose(Q @ (Q.T @ E0), E0, atol=1e-13)
 
 
 def test_subspace_gradient_update_increases_the_bound():

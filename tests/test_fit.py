@@ -118,6 +118,8 @@ def test_solvers_agree_on_a_logistic_model():
     model = _logistic_model(X, y)
     results = {name: gk.fit(model, solver=name) for name in ("fixed-point", "newton", "lbfgs")}
     results["optax"] = gk.fit(model, solver=optax.adam(0.05), tol=1e-5)
+    # an optax optimiser with a line search: its updates need value, grad and value_fn (a TypeError before)
+    results["optax-lbfgs"] = gk.fit(model, solver=optax.lbfgs())
     ref = results["fixed-point"]
     assert bool(ref.converged)
     for name, res in results.items():
@@ -296,6 +298,6 @@ def test_lbfgs_returns_its_best_iterate_and_stops_when_no_step_makes_progress():
     visited = np.asarray(hist[: int(k) + 1])
     best = float(np.max(visited))
     assert -1e-10 < best < 0 and abs(float(jax.jit(f)(x)) - best) < 1e-12
-    frozen = optax.with_extra_args_support(optax.scale(0.0))
-    x, k, ok, _ = _solvers.optax_solver(f, jnp.ones(3, jnp.float64), frozen, tol=1e-8, max_steps=500, linesearch=True)
+    frozen = optax.chain(optax.scale(0.0), optax.scale_by_backtracking_linesearch(5))   # a line search's state
+    x, k, ok, _ = _solvers.optax_solver(f, jnp.ones(3, jnp.float64), frozen, tol=1e-8, max_steps=500)
     assert not bool(ok) and int(k) == _solvers.LINESEARCH_MAX_STALLS

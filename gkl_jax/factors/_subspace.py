@@ -214,13 +214,17 @@ class Subspace(AbstractRefinableFactor):
     def _krylov(self, A, E0, key):
         """(Q, A Q): an orthonormal basis Q of the block Krylov space [X, A X, ..., A^b X] from X = [E0, 10 random
         columns] (b = `basis_iterations`, fewer blocks where D is too small for them; each block orthogonalised
-        against the earlier ones twice, BCGS2), and its image. Both ends of the spectrum of A converge in it
-        (Rayleigh-Ritz on Q) from b + 1 products with A."""
+        against the earlier ones twice, BCGS2, the second time by one Cholesky QR pass), and its image. Both ends
+        of the spectrum of A converge in it (Rayleigh-Ritz on Q) from b + 1 products with A."""
         D, K = E0.shape
         width = K + min(_OVERSAMPLING, D - K)
         blocks = max(1, min(self.basis_iterations + 1, D // width))
         keys = jax.random.split(key, blocks)
-        Q = orthonormal(jnp.concatenate([E0, jax.random.normal(keys[0], (D, width - K), E0.dtype)], axis=1))
+        R = jax.random.normal(keys[0], (D, width - K), E0.dtype)
+        if width > K:
+            R = orthonormal(R - E0 @ (E0.T @ R))
+        # E0 is orthonormal up to round-off (or the 1e-5 the constructor allows): one pass restores it, and R
+        Q = orthonormal(jnp.concatenate([E0, R], axis=1), nearly_orthonormal=True)
         AQ = A(Q)
         for b in range(1, blocks):   # unrolled: a static count of blocks, at most basis_iterations + 1
             AX = AQ[:, -width:]
@@ -228,8 +232,8 @@ class Subspace(AbstractRefinableFactor):
             # invariant; there it only lets random directions join Q
             scale = jnp.sqrt(jnp.finfo(AX.dtype).eps) * jnp.linalg.norm(AX) / jnp.sqrt(AX.size)
             Y = AX + scale * jax.random.normal(keys[b], AX.shape, AX.dtype)
-            for _ in range(2):
-                Y = orthonormal(Y - Q @ (Q.T @ Y))
+            Y = orthonormal(Y - Q @ (Q.T @ Y))
+            Y = orthonormal(Y - Q @ (Q.T @ Y), nearly_orthonormal=True)
             Q = jnp.concatenate([Q, Y], axis=1)
             AQ = jnp.concatenate([AQ, A(Y)], axis=1)
         return Q, AQ
