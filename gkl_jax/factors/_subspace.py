@@ -223,7 +223,8 @@ class Subspace(AbstractRefinableFactor):
         R = jax.random.normal(keys[0], (D, width - K), E0.dtype)
         if width > K:
             R = orthonormal(R - E0 @ (E0.T @ R))
-        # E0 is orthonormal up to round-off (or the 1e-5 the constructor allows): one pass restores it, and R
+        # E0 is orthonormal up to round-off (or the 1e-5 the constructor allows), R orthonormal and orthogonal to
+        # it: one Cholesky QR pass makes [E0, R] orthonormal to round-off
         Q = orthonormal(jnp.concatenate([E0, R], axis=1), nearly_orthonormal=True)
         AQ = A(Q)
         for b in range(1, blocks):   # unrolled: a static count of blocks, at most basis_iterations + 1
