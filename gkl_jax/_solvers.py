@@ -165,8 +165,7 @@ def optax_solver(f, x0, optimizer, *, tol, max_steps):
     are taken from its state where it stores both (optax's zoom search does) instead of being evaluated again."""
     optimizer = optax.with_extra_args_support(optimizer)
     neg = lambda x: -f(x)
-    value_and_grad = jax.value_and_grad(neg)
-    v0, g0 = value_and_grad(x0)
+    v0, g0 = jax.value_and_grad(neg)(x0)
     state0 = optimizer.init(x0)
     linesearch = _state_leaf(state0, "value") is not None
 
