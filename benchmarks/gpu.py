@@ -19,8 +19,10 @@ a GPU when JAX sees one, else the CPU.
     python benchmarks/gpu.py                    # the full set (for a GPU)
     python benchmarks/gpu.py --small            # tiny sizes: a CPU smoke run (about a minute when idle)
     python benchmarks/gpu.py --dtypes float32   # one precision
+    python benchmarks/gpu.py --parts vmap,big --dims 1000   # some parts, in this order; some table dimensions
 
-Writes benchmarks/out/gpu[_small].json and prints a markdown table.
+Writes benchmarks/out/gpu[_small].json (after every row, so an interrupted run keeps what it measured) and prints
+markdown tables.
 """
 
 import argparse
@@ -56,15 +58,19 @@ def problems(small: bool):
 
 
 def _timed(fn, *args, repeats=1):
+    """(seconds of the first call, compilation included; best steady-state seconds of `repeats` more calls;
+    the output)."""
     import jax
 
+    t0 = time.perf_counter()
     jax.block_until_ready(fn(*args))
+    first = time.perf_counter() - t0
     best, out = float("inf"), None
     for _ in range(repeats):
         t0 = time.perf_counter()
         out = jax.block_until_ready(fn(*args))
         best = min(best, time.perf_counter() - t0)
-    return best, out
+    return first, best, out
 
 
 def _model(dim, num, seed, dtype):
@@ -85,20 +91,20 @@ def run_problem(dim, num, factor, dtype, *, minibatch=None):
     model = _model(dim, num, 0, dtype)
     q = gk.Gaussian(jnp.zeros(dim, dtype), factor.initialise(dim, initial_variance(model)))
     value_grad = jax.jit(jax.value_and_grad(gk.bound, argnums=1))
-    t_eval, _ = _timed(value_grad, model, q, repeats=5)
+    _, t_eval, _ = _timed(value_grad, model, q, repeats=5)
     tol = 1e-3
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        t_fit, res = _timed(lambda m: gk.fit(m, factor, tol=tol), model)
+        first_fit, t_fit, res = _timed(lambda m: gk.fit(m, factor, tol=tol), model)
     label = type(factor).__name__ + (f"(rows={factor.rows})" if hasattr(factor, "rows") else "()")
     row = {"D": dim, "N": num, "factor": label, "dtype": dtype.__name__, "evals_per_s": 1.0 / t_eval,
-           "fit_s": t_fit, "steps": int(res.num_steps), "converged": bool(res.converged),
+           "fit_s": t_fit, "first_fit_s": first_fit, "steps": int(res.num_steps), "converged": bool(res.converged),
            "bound_per_site": float(res.log_z) / num, "load": round(os.getloadavg()[0], 2)}
     if minibatch is not None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             steps = max(300, 2 * num // minibatch)  # at least 2 epochs and 300 steps
-            t_mb, mb = _timed(lambda m: gk.stochastic.fit_minibatch(m, factor, batch_size=minibatch,
+            _, t_mb, mb = _timed(lambda m: gk.stochastic.fit_minibatch(m, factor, batch_size=minibatch,
                                                                     num_steps=steps), model)
         gap = (float(res.log_z) - float(mb.log_z)) / abs(float(res.log_z))
         row.update(minibatch_steps=steps, minibatch_s=t_mb, minibatch_rel_gap=gap)
@@ -120,23 +126,48 @@ def run_vmap(num_models, dim, num, factor, dtype):
         loop = jax.block_until_ready([gk.fit(m, factor).log_z for m in models])
         t_loop = time.perf_counter() - t0
         stacked = gk.distributed.stack_models(models)
-        t_vmap, res = _timed(lambda m: gk.distributed.fit_batched(m, factor), stacked)
+        first_vmap, t_vmap, res = _timed(lambda m: gk.distributed.fit_batched(m, factor), stacked)
     label = type(factor).__name__
     return {"models": num_models, "D": dim, "N": num, "factor": label, "dtype": dtype.__name__, "loop_s": t_loop,
-            "vmap_s": t_vmap, "speedup": t_loop / t_vmap,
+            "vmap_s": t_vmap, "first_vmap_s": first_vmap, "speedup": t_loop / t_vmap,
             "max_abs_log_z_diff": float(np.max(np.abs(np.asarray(res.log_z) - np.asarray(loop)))),
             "load": round(os.getloadavg()[0], 2)}
+
+
+PARTS = ("vmap", "big", "table")
+
+
+def _save(results, args):
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "gpu_small.json" if args.small else "gpu.json"), "w") as f:
+        json.dump(results, f, indent=1)
+
+
+def _print_problem(row, dtype_name):
+    paper = row["paper_s"]
+    extra = (f" minibatch {row['minibatch_steps']} steps: {row['minibatch_s']:.3f} s, rel gap "
+             f"{row['minibatch_rel_gap']:.1e}" if "minibatch_s" in row else "")
+    print(f"| {row['D']} | {row['N']} | {row['factor']} | {dtype_name} | {row['evals_per_s']:.1f} | {row['fit_s']:.3f} | "
+          f"{row['first_fit_s']:.1f} | {row['steps']}{'' if row['converged'] else ' (not converged)'} | "
+          f"{row['bound_per_site']:.3f} | {paper if paper is not None else '-'} | {row['load']} |{extra}", flush=True)
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--small", action="store_true", help="tiny sizes for a CPU smoke run")
     parser.add_argument("--dtypes", default="float32,float64")
-    parser.add_argument("--out", default=OUT, help="folder for the JSON results")
+    parser.add_argument("--parts", default=",".join(PARTS),
+                        help="comma-separated, run in this order: vmap (256 models), big (10^6 sites), table "
+                             "(Tables 2-4 Chevron cells)")
+    parser.add_argument("--dims", type=int, nargs="+", default=None, help="Tables 2-4 dimensions to run (default all)")
+    parser.add_argument("--out", default=OUT, help="folder for the JSON results (written after every row)")
     args = parser.parse_args(argv)
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
-    if any(d not in ("float32", "float64") for d in dtypes):
+    if not dtypes or any(d not in ("float32", "float64") for d in dtypes):
         raise ValueError(f"--dtypes must list float32 and/or float64, got {args.dtypes!r}")
+    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    if not parts or any(p not in PARTS for p in parts):
+        raise ValueError(f"--parts must list some of {', '.join(PARTS)}, got {args.parts!r}")
     import jax
 
     if "float64" in dtypes:  # float32 runs in either mode (the models are built in float32)
@@ -147,43 +178,44 @@ def main(argv=None):
 
     device = jax.devices()[0]
     results = {"device": f"{device.platform}: {device.device_kind}", "devices": len(jax.devices()),
-               "machine": platform.platform(), "date": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": []}
-    print(f"device {results['device']} x{results['devices']}, {results['date']}")
-    print("| D | N | factor | dtype | bound+grad evals/s | fit s (tol 1e-3) | steps | B/N | paper s | load |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+               "machine": platform.platform(), "jax": jax.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+               "rows": [], "vmap": []}
+    print(f"device {results['device']} x{results['devices']}, jax {jax.__version__}, {results['date']}")
     table, big = problems(args.small)
+    if args.dims is not None:
+        table = [cell for cell in table if cell[0] in args.dims]
     start = time.perf_counter()
-    for name in dtypes:
-        dtype = getattr(np, name)
-        cases = [(d, n, gk.factors.Chevron(rows=k), None) for d, n, k in table]
-        for n, d, k in big:
-            cases += [(d, n, gk.factors.Diagonal(), 8192 if not args.small else 128),
-                      (d, n, gk.factors.Chevron(rows=k), 8192 if not args.small else 128)]
-        for dim, num, factor, mb in cases:
-            row = run_problem(dim, num, factor, dtype, minibatch=mb)
-            paper = paper_chevron_time(dim, num, factor.rows) if isinstance(factor, gk.factors.Chevron) else None
-            row["paper_s"] = paper
-            results["rows"].append(row)
-            extra = (f" minibatch {row['minibatch_steps']} steps of {mb}: {row['minibatch_s']:.3f} s, rel gap "
-                     f"{row['minibatch_rel_gap']:.1e}"
-                     if mb else "")
-            print(f"| {dim} | {num} | {row['factor']} | {name} | {row['evals_per_s']:.1f} | {row['fit_s']:.3f} | "
-                  f"{row['steps']}{'' if row['converged'] else ' (not converged)'} | {row['bound_per_site']:.3f} | "
-                  f"{paper if paper is not None else '-'} | {row['load']} |{extra}", flush=True)
-    print("| models | D | N | factor | dtype | loop s | vmap s | ratio | max abs log Z diff | load |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    results["vmap"] = []
-    for name in dtypes:
-        for factor in (gk.factors.Full(), gk.factors.Diagonal()):
-            row = run_vmap(*((16, 10, 100) if args.small else (256, 50, 500)), factor, getattr(np, name))
-            results["vmap"].append(row)
-            print(f"| {row['models']} | {row['D']} | {row['N']} | {row['factor']} | {name} | {row['loop_s']:.3f} | "
-                  f"{row['vmap_s']:.3f} | x{row['speedup']:.1f} | {row['max_abs_log_z_diff']:.1e} | {row['load']} |",
-                  flush=True)
+    for part in parts:
+        if part == "vmap":
+            print("| models | D | N | factor | dtype | loop s | vmap s | vmap first call s | ratio | max abs log Z diff | load |")
+            print("|---|---|---|---|---|---|---|---|---|---|---|")
+            for name in dtypes:
+                for factor in (gk.factors.Full(), gk.factors.Diagonal()):
+                    row = run_vmap(*((16, 10, 100) if args.small else (256, 50, 500)), factor, getattr(np, name))
+                    results["vmap"].append(row)
+                    _save(results, args)
+                    print(f"| {row['models']} | {row['D']} | {row['N']} | {row['factor']} | {name} | {row['loop_s']:.3f} | "
+                          f"{row['vmap_s']:.3f} | {row['first_vmap_s']:.1f} | x{row['speedup']:.1f} | "
+                          f"{row['max_abs_log_z_diff']:.1e} | {row['load']} |", flush=True)
+            continue
+        print("| D | N | factor | dtype | bound+grad evals/s | fit s (tol 1e-3) | first fit s | steps | B/N | paper s | load |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
+        for name in dtypes:
+            dtype = getattr(np, name)
+            if part == "big":
+                mb = 128 if args.small else 8192
+                cases = [(d, n, f, mb) for n, d, k in big for f in (gk.factors.Diagonal(), gk.factors.Chevron(rows=k))]
+            else:
+                cases = [(d, n, gk.factors.Chevron(rows=k), None) for d, n, k in table]
+            for dim, num, factor, mb in cases:
+                row = run_problem(dim, num, factor, dtype, minibatch=mb)
+                row["paper_s"] = (paper_chevron_time(dim, num, factor.rows)
+                                  if isinstance(factor, gk.factors.Chevron) else None)
+                results["rows"].append(row)
+                _save(results, args)
+                _print_problem(row, name)
     results["wall_s"] = time.perf_counter() - start
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "gpu_small.json" if args.small else "gpu.json"), "w") as f:
-        json.dump(results, f, indent=1)
+    _save(results, args)
     print(f"total {results['wall_s']:.1f} s")
     return results
 

@@ -41,6 +41,7 @@ from ._site_precision import point as _site_precision_point
 from ._site_precision import site_precision as _site_precision
 from ._bound import bound
 from ._gaussian import Gaussian
+from ._linalg import REDUCED_PRECISION_HINT, reduced_matmul_precision
 from ._model import Model, Sites
 from ._result import Result
 from ._validate import is_concrete
@@ -106,6 +107,9 @@ def fit(model: Model, factor: AbstractFactor | None = None, *, solver=None, q0: 
     q_init = _initial_q(work_model, factor, q0)
     name = _solver_name(solver, work_model, q_init.factor)
     dtype = q_init.mean.dtype
+    if reduced_matmul_precision(dtype):
+        warnings.warn(f"gkl_jax.fit: {REDUCED_PRECISION_HINT}; the float32 tolerance 1e-3 may be out of reach",
+                      stacklevel=2)
     if tol is None:
         tol = default_tol(dtype)
     elif not isinstance(tol, jax.core.Tracer):

@@ -21,3 +21,12 @@ def rng():
     import numpy as np
 
     return np.random.default_rng(0)
+
+
+@pytest.fixture
+def ieee_float32():
+    """float32 matrix products in full precision, also on GPU and TPU, where JAX's default uses TF32/bfloat16
+    passes (about 1e-3 relative). Tests whose float32 oracles assume IEEE float32 use it: on an H200 (jax 0.11.2)
+    three of them failed without it; the CPU computes float32 products in full precision either way."""
+    with jax.default_matmul_precision("highest"):
+        yield

@@ -241,6 +241,30 @@ def test_float32_fit_converges_with_the_default_float32_tolerance():
     assert _fit.default_tol(jnp.float32) == 1e-3
 
 
+def test_float32_on_an_accelerator_warns_about_reduced_matmul_precision(monkeypatch):
+    """On GPU/TPU JAX's default float32 products are TF32/bfloat16 (1e-3 relative): fit warns, and a failed GP
+    Cholesky says so, unless the precision is raised. float64 and the CPU never warn. (The backend is faked: the
+    check reads jax.default_backend().)"""
+    X, y = _logistic()
+    model32 = gk.Model(gk.priors.Isotropic(2, jnp.float32(2.0)),
+                       gk.Sites(jnp.asarray(X, jnp.float32), gk.potentials.Logistic(jnp.asarray(y, jnp.float32))))
+
+    def precision_warnings(model):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            gk.fit(model, gk.factors.Diagonal())
+        return [w for w in caught if "TF32" in str(w.message)]
+
+    assert not precision_warnings(model32)                  # the CPU
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert len(precision_warnings(model32)) == 1
+    assert not precision_warnings(_logistic_model(X, y))    # float64
+    with jax.default_matmul_precision("highest"):
+        assert not precision_warnings(model32)
+    with pytest.raises(ValueError, match="positive definite.*TF32"):
+        gk.priors.Dense(np.diag([1.0, -1.0]).astype(np.float32))
+
+
 def test_too_few_steps_reports_not_converged_with_a_warning_and_no_nan():
     X, y = _logistic()
     model = _logistic_model(X, y)

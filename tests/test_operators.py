@@ -164,6 +164,7 @@ def test_operator_sites_give_the_dense_bound(rng):
         np.testing.assert_allclose(via_operator, via_dense, rtol=tol(jnp.float64))
 
 
+@pytest.mark.usefixtures("ieee_float32")
 def test_float32_keeps_dtype(rng):
     x = jnp.asarray(rng.normal(size=64), dtype=jnp.float32)
     products = jax.jit(lambda o, x: (o.mv(x), o.sq_mv(x), o.rmv(o.mv(x))))
