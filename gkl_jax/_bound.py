@@ -8,9 +8,11 @@ with m_n = h_n^T m and s_n^2 = ||C h_n||^2.
 import jax.numpy as jnp
 
 from ._gaussian import Gaussian
+from ._linalg import full_precision
 from ._model import Model
 
 
+@full_precision
 def bound(model: Model, q: Gaussian):
     """The G-KL bound B(m, C) on log Z. Jit-able and differentiable in both the model and q."""
     if q.dim != model.dim:

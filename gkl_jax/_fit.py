@@ -41,7 +41,7 @@ from ._site_precision import point as _site_precision_point
 from ._site_precision import site_precision as _site_precision
 from ._bound import bound
 from ._gaussian import Gaussian
-from ._linalg import REDUCED_PRECISION_HINT, reduced_matmul_precision
+from ._linalg import full_precision, reduced_matmul_precision, reduced_precision_hint
 from ._model import Model, Sites
 from ._result import Result
 from ._validate import is_concrete
@@ -77,6 +77,7 @@ def default_tol(dtype) -> float:
     return 1e-6 if jnp.finfo(dtype).bits >= 64 else 1e-3
 
 
+@full_precision
 def fit(model: Model, factor: AbstractFactor | None = None, *, solver=None, q0: Gaussian | None = None,
         tol: float | None = None, max_steps: int | None = None, whiten: bool = False,
         max_cg: int = 100) -> Result:
@@ -108,8 +109,8 @@ def fit(model: Model, factor: AbstractFactor | None = None, *, solver=None, q0: 
     name = _solver_name(solver, work_model, q_init.factor)
     dtype = q_init.mean.dtype
     if reduced_matmul_precision(dtype):
-        warnings.warn(f"gkl_jax.fit: {REDUCED_PRECISION_HINT}; the float32 tolerance 1e-3 may be out of reach",
-                      stacklevel=2)
+        warnings.warn(f"gkl_jax.fit: {reduced_precision_hint()}; the float32 tolerance 1e-3 may be out of reach",
+                      stacklevel=3)
     if tol is None:
         tol = default_tol(dtype)
     elif not isinstance(tol, jax.core.Tracer):
@@ -134,7 +135,7 @@ def fit(model: Model, factor: AbstractFactor | None = None, *, solver=None, q0: 
             name == "lbfgs" and not whiten and model.prior is not None) else ""
         warnings.warn(f"gkl_jax.fit: the {name} solver stopped after {int(num_steps)} steps without reaching "
                       f"max|grad| <= {float(tol):g}; the result is a valid bound but not the optimum{hint}",
-                      stacklevel=2)
+                      stacklevel=3)
     return Result(q=q, log_z=log_z, converged=converged, num_steps=num_steps, history=history, method="gkl")
 
 
@@ -177,6 +178,7 @@ def warm_fit_applies(model) -> bool:
     return _solver_name(None, model, Full()) == "site-precision"
 
 
+@full_precision
 def fit_warm(model: Model, *, q0: Gaussian | WarmPoint | None = None, tol=None) -> WarmStart:
     """`fit(model, q0=q0, tol=tol)` by the site-precision solver without forming the Full factor C: the inner fit
     of ML-II (`gp.fit_hyperparameters`), where each outer step needs log Z, its gradient and a warm start, and C

@@ -20,21 +20,37 @@ from jax import lax
 _COPY_MIN_COLUMNS = 128
 
 
-def reduced_matmul_precision(dtype) -> bool:
-    """True when matrix products in `dtype` run below its precision: on GPU and TPU, JAX's default precision for
-    float32 products uses TF32 or bfloat16 passes (about 1e-3 relative error) unless `jax_default_matmul_precision`
-    is "highest" or "float32". float64 products, and every product on the CPU, are computed in full precision.
+def full_precision(fn):
+    """`fn` run with matrix products in full precision (`jax.default_matmul_precision("highest")`) unless the
+    user has set `jax_default_matmul_precision`. On the CPU this changes nothing; on GPU and TPU, JAX's default
+    computes float32 products in TF32 or bfloat16 passes (about 1e-3 relative error).
 
-    Measured on an H200 (jax 0.11.2, 2026-11-26): float32 Chevron fits of papers/000 Tables 2-4 stopped at the step
-    limit short of the float32 tolerance 1e-3 in 13 of 18 cells, float32 GP covariances of 30 points failed their
-    Cholesky factorisation, and operator products differed from float64 by 1.3e-3."""
+    Measured on an H200 (jax 0.11.2, 2026-11-26) before this was applied: float32 Chevron fits of papers/000
+    Tables 2-4 stopped at the step limit short of the float32 tolerance 1e-3 in 13 of 18 cells (on the CPU the
+    same float32 fits converge in the float64 step counts), a float32 GP covariance of 30 points failed its
+    Cholesky factorisation, and operator products differed from float64 by 1.3e-3. The context is read when a
+    program is traced, so it reaches every product of `fn`, inside jit and in the transposes autodiff adds."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        if jax.config.jax_default_matmul_precision is not None:
+            return fn(*args, **kwargs)
+        with jax.default_matmul_precision("highest"):
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def reduced_matmul_precision(dtype) -> bool:
+    """True when float32 products run below float32 precision: on GPU/TPU under a `jax_default_matmul_precision`
+    other than "highest" or "float32". float64 products, and all products on the CPU, are full precision."""
     return (jnp.finfo(dtype).bits < 64 and jax.default_backend() != "cpu"
             and jax.config.jax_default_matmul_precision not in ("highest", "float32"))
 
 
-REDUCED_PRECISION_HINT = ("float32 matrix products on this accelerator run in TF32/bfloat16 by default (about 1e-3 "
-                          "relative error); use float64, or jax.config.update('jax_default_matmul_precision', "
-                          "'highest')")
+def reduced_precision_hint() -> str:
+    return (f"jax_default_matmul_precision={jax.config.jax_default_matmul_precision!r} makes float32 matrix "
+            "products on this accelerator TF32/bfloat16 (about 1e-3 relative error); use 'highest' or float64")
 
 
 def tdot(A, B):

@@ -26,7 +26,8 @@ def rng():
 @pytest.fixture
 def ieee_float32():
     """float32 matrix products in full precision, also on GPU and TPU, where JAX's default uses TF32/bfloat16
-    passes (about 1e-3 relative). Tests whose float32 oracles assume IEEE float32 use it: on an H200 (jax 0.11.2)
-    three of them failed without it; the CPU computes float32 products in full precision either way."""
+    passes (about 1e-3 relative), for tests that call operators directly against IEEE float32 oracles (`fit`,
+    `bound` and the GP prior set it themselves). On an H200 (jax 0.11.2) such a test failed without it; the CPU
+    computes float32 products in full precision either way."""
     with jax.default_matmul_precision("highest"):
         yield

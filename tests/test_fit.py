@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from jax import lax
 from helpers import central_difference, gaussian_log_evidence
 
 import gkl_jax as gk
@@ -241,13 +242,35 @@ def test_float32_fit_converges_with_the_default_float32_tolerance():
     assert _fit.default_tol(jnp.float32) == 1e-3
 
 
-def test_float32_on_an_accelerator_warns_about_reduced_matmul_precision(monkeypatch):
-    """On GPU/TPU JAX's default float32 products are TF32/bfloat16 (1e-3 relative): fit warns, and a failed GP
-    Cholesky says so, unless the precision is raised. float64 and the CPU never warn. (The backend is faked: the
-    check reads jax.default_backend().)"""
+def _dot_precisions(jaxpr):
+    """The precision of every dot_general in a jaxpr, its sub-jaxprs (loops, conds, jit, custom rules) included."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            found.append(eqn.params["precision"])
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (tuple, list)) else (value,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    found += _dot_precisions(inner)
+    return found
+
+
+def test_float32_products_run_in_full_precision_on_accelerators(monkeypatch):
+    """On GPU/TPU JAX's default float32 products are TF32/bfloat16 (1e-3 relative; on an H200 float32 fits then
+    stalled short of tol). fit, bound and the GP prior run theirs at HIGHEST unless the user set a precision; a
+    user's reduced setting makes fit warn and a failed Cholesky say why. (The backend is faked for the warnings:
+    the check reads jax.default_backend().)"""
     X, y = _logistic()
     model32 = gk.Model(gk.priors.Isotropic(2, jnp.float32(2.0)),
                        gk.Sites(jnp.asarray(X, jnp.float32), gk.potentials.Logistic(jnp.asarray(y, jnp.float32))))
+    precisions = _dot_precisions(jax.make_jaxpr(lambda m: gk.fit(m, gk.factors.Full()).log_z)(model32).jaxpr)
+    assert len(precisions) > 10 and all(p == (lax.Precision.HIGHEST,) * 2 for p in precisions)
+    q = gk.fit(model32, gk.factors.Full()).q
+    assert all(p == (lax.Precision.HIGHEST,) * 2 for p in _dot_precisions(jax.make_jaxpr(gk.bound)(model32, q).jaxpr))
+    with jax.default_matmul_precision("bfloat16"):   # the user's choice is kept
+        assert {p for p in _dot_precisions(jax.make_jaxpr(gk.bound)(model32, q).jaxpr)} == {
+            (lax.Precision.DEFAULT,) * 2}
 
     def precision_warnings(model):
         with warnings.catch_warnings(record=True) as caught:
@@ -255,14 +278,13 @@ def test_float32_on_an_accelerator_warns_about_reduced_matmul_precision(monkeypa
             gk.fit(model, gk.factors.Diagonal())
         return [w for w in caught if "TF32" in str(w.message)]
 
-    assert not precision_warnings(model32)                  # the CPU
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    assert len(precision_warnings(model32)) == 1
-    assert not precision_warnings(_logistic_model(X, y))    # float64
-    with jax.default_matmul_precision("highest"):
-        assert not precision_warnings(model32)
-    with pytest.raises(ValueError, match="positive definite.*TF32"):
-        gk.priors.Dense(np.diag([1.0, -1.0]).astype(np.float32))
+    assert not precision_warnings(model32)
+    with jax.default_matmul_precision("tensorfloat32"):
+        assert len(precision_warnings(model32)) == 1
+        assert not precision_warnings(_logistic_model(X, y))    # float64
+        with pytest.raises(ValueError, match="positive definite.*TF32"):
+            gk.priors.Dense(np.diag([1.0, -1.0]).astype(np.float32))
 
 
 def test_too_few_steps_reports_not_converged_with_a_warning_and_no_nan():

@@ -351,7 +351,6 @@ def test_ml2_optax_optimizer_restarts_and_step_limit():
     assert best.log_z >= exact.log_z - 1e-6
 
 
-@pytest.mark.usefixtures("ieee_float32")
 def test_ml2_in_float32_with_python_float_hyperparameters():
     """float32 data and hyperparameters given as Python floats (weakly typed): ML-II runs in float32 (it used to
     fail on a float64 leak into the inner solver's loop) and lands where the float64 run does."""

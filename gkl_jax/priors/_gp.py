@@ -14,7 +14,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .._linalg import tdot
+from .._linalg import full_precision, tdot
 from .._validate import as_float_array, check_finite, check_ndim
 from ..kernels import AbstractKernel
 from ._priors import AbstractDensePrior, _mean, dense_cholesky
@@ -43,6 +43,7 @@ class GP(AbstractDensePrior):
     constant_mean: Optional[jax.Array]
     jitter: float = eqx.field(static=True)
 
+    @full_precision
     def __init__(self, kernel: AbstractKernel, X, mean=None, jitter: float = 1e-6):
         if not isinstance(kernel, AbstractKernel):
             raise ValueError(f"kernel must be a gkl_jax.kernels kernel, got {type(kernel).__name__}")

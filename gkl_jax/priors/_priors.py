@@ -15,7 +15,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .._linalg import REDUCED_PRECISION_HINT, invert_lower, lower_gram, reduced_matmul_precision, tdot
+from .._linalg import invert_lower, lower_gram, reduced_matmul_precision, reduced_precision_hint, tdot
 from .._validate import as_float_array, check_finite, check_ndim, check_positive, is_concrete
 from ..operators import Dense as DenseOperator
 
@@ -175,7 +175,7 @@ def dense_cholesky(covariance, name="covariance"):
         if not bool(symmetric):
             raise ValueError(f"{name} must be symmetric")
         if not bool(positive):
-            hint = f" ({REDUCED_PRECISION_HINT})" if reduced_matmul_precision(covariance.dtype) else ""
+            hint = f" ({reduced_precision_hint()})" if reduced_matmul_precision(covariance.dtype) else ""
             raise ValueError(f"{name} must be positive definite (its Cholesky factorisation failed){hint}")
     return L, inv
 
