@@ -89,7 +89,8 @@ def fit(model: Model, factor: AbstractFactor | None = None, *, solver=None, q0: 
     on ill-conditioned GP priors (with non-log-concave sites `fit` runs Newton-CG there unless told otherwise).
     `tol` (default 1e-6, float32: 1e-3) may be a traced scalar inside a transformation (then it is not checked
     for positivity); every value shares one compilation. Returns a `Result`; `converged` is False (and a warning
-    is issued outside of tracing) when the gradient tolerance was not reached.
+    is issued outside of tracing) when the gradient tolerance was not reached. Matrix products run at "highest"
+    precision unless `jax_default_matmul_precision` is set (`_linalg.full_precision`: GPUs default to TF32).
     """
     if not isinstance(model, Model):
         raise ValueError(f"model must be a gkl_jax.Model, got {type(model).__name__}")
