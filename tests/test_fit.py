@@ -287,6 +287,21 @@ def test_float32_products_run_in_full_precision_on_accelerators(monkeypatch):
             gk.priors.Dense(np.diag([1.0, -1.0]).astype(np.float32))
 
 
+@pytest.mark.parametrize("verb", ["laplace", "ep", "local", "bound_chunked"])
+def test_other_verbs_run_float32_products_in_full_precision(verb):
+    """The baselines and the streamed bound take the same `full_precision` as fit (every public verb that runs
+    matrix products does): each dot_general of their traced programs carries HIGHEST."""
+    X, y = _logistic()
+    model = gk.Model(gk.priors.Isotropic(2, jnp.float32(2.0)),
+                     gk.Sites(jnp.asarray(X, jnp.float32), gk.potentials.Logistic(jnp.asarray(y, jnp.float32))))
+    q = gk.fit(model, gk.factors.Full()).q
+    run = {"laplace": lambda m: gk.laplace(m).log_z, "ep": lambda m: gk.ep(m).log_z,
+           "local": lambda m: gk.local(m).log_z,
+           "bound_chunked": lambda m: gk.stochastic.bound_chunked(m, q, chunk_size=5)}[verb]
+    precisions = _dot_precisions(jax.make_jaxpr(run)(model).jaxpr)
+    assert precisions and all(p == (lax.Precision.HIGHEST,) * 2 for p in precisions)
+
+
 def test_too_few_steps_reports_not_converged_with_a_warning_and_no_nan():
     X, y = _logistic()
     model = _logistic_model(X, y)

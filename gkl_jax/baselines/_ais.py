@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.scipy.special import logsumexp
 
+from .._linalg import full_precision
 from .._fit import fit
 from .._gaussian import Gaussian
 from .._result import Result
@@ -44,6 +45,7 @@ class AISResult(eqx.Module):
     ess: jax.Array
 
 
+@full_precision
 def ais(model, key, *, q=None, num_chains: int = 256, num_temperatures: int = 200, num_leapfrog: int = 10,
         step_size: float | None = None, inflation: float = 1.2) -> AISResult:
     """Annealed importance sampling estimate of log Z with a standard error (module docstring).

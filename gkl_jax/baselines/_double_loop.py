@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .._linalg import full_precision
 from .. import _lanczos
 from .._gaussian import Gaussian
 from .._result import Result
@@ -50,6 +51,7 @@ from ._site_bounds import super_gaussian, tangent_coefficients
 TRACE_COUNT = {"double_loop": 0}
 
 
+@full_precision
 def double_loop(model, rank: int, *, key=None, max_outer: int = 20, max_inner: int = 50, max_cg: int = 200,
                 num_probes: int = 4, tol: float = 1e-4) -> Result:
     """The glm-ie double loop with K = `rank` Lanczos vectors (module docstring); matrix-free in H and Sigma^{-1}.

@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .._linalg import full_precision
 from .. import potentials as P
 from .._result import Result
 from . import _common as C
@@ -46,6 +47,7 @@ _FLIPS = 3                   # consecutive reversals of the update direction bef
 _MAX_DAMPING_HALVINGS = 8
 
 
+@full_precision
 def ep(model, power: float = 1.0, damping: float = 0.5, *, tol: float | None = None, max_steps: int = 500) -> Result:
     """Gaussian EP (power EP for power < 1) with damped parallel updates (module docstring).
 

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 from jax import lax
 
+from .._linalg import full_precision
 from .. import potentials as P
 from .. import _solvers
 from .._result import Result
@@ -31,6 +32,7 @@ from . import _common as C
 TRACE_COUNT = {"laplace": 0}
 
 
+@full_precision
 def laplace(model, *, tol: float | None = None, max_steps: int = 100) -> Result:
     """The Laplace approximation N(w*, A^{-1}) and its log Z estimate (module docstring).
 

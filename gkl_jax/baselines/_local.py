@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .._linalg import full_precision
 from .. import potentials as P
 from .._result import Result
 from . import _common as C
@@ -32,6 +33,7 @@ from ._site_bounds import is_supported, probit_coefficients, super_gaussian, tan
 TRACE_COUNT = {"local": 0}
 
 
+@full_precision
 def local(model, *, tol: float | None = None, max_steps: int = 1000) -> Result:
     """Maximise the local variational lower bound on log Z over the site-bound parameters xi.
 

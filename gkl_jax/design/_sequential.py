@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._linalg import full_precision
 from .._fit import fit
 from .._gaussian import Gaussian
 from .._model import Model, Sites
@@ -106,6 +107,7 @@ class _Progress:
         print(line, end=end, file=self.stream, flush=True)
 
 
+@full_precision
 def sequential(base_model: Model, measure: Callable, M0, y0, noise_variance, *, steps: int, per_step: int = 3,
                infer: Optional[Callable] = None, factor: Optional[AbstractFactor] = None, design="free",
                q0: Optional[Gaussian] = None, callback: Optional[Callable] = None, progress: bool = True,

@@ -29,6 +29,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from .._linalg import full_precision
 from .. import _solvers
 from .._model import Model, Sites
 from .._validate import as_float_array, check_finite, check_ndim, is_concrete
@@ -82,6 +83,7 @@ def sparse_linear_model(measurements, y, noise_variance, filters: Union[Abstract
     return Model(None, sites)
 
 
+@full_precision
 def map_estimate(model: Model, *, w0=None, smoothing=(1e-1, 1e-2, 1e-3, 1e-4), tol=None, max_steps=200):
     """The MAP estimate of `model` by Gaussian-smoothed continuation (module doc).
 

@@ -18,7 +18,7 @@ import equinox as eqx
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 
-from .._linalg import tdot
+from .._linalg import full_precision, tdot
 from .._gaussian import Gaussian
 from .._model import Model
 from .._result import Result
@@ -44,6 +44,7 @@ def _stacked(model):
     return cat(rows), cat(ys), cat(offsets), cat(noise), cat(extra)
 
 
+@full_precision
 def exact(model: Model) -> Result:
     """Exact posterior and log evidence of a model with a prior and Gaussian sites (see the module doc).
 

@@ -42,6 +42,7 @@ import numpy as np
 import optax
 from jax import lax
 
+from .._linalg import full_precision
 from .._fit import WarmPoint, WarmStart, _initial_q, default_tol, fit, fit_warm, model_dtype, warm_fit_applies
 from .._fit import warm_result
 from .._site_precision import initial_point as site_precision_start
@@ -116,6 +117,7 @@ def _accepts_q0(fn) -> bool:
         return False
 
 
+@full_precision
 def fit_hyperparameters(build: Callable[[Any], Model], params, *, method: Union[str, Callable, None] = None,
                         optimizer: Union[str, optax.GradientTransformation] = "lbfgs", max_steps: int = 100,
                         gtol: float = 1e-4, ftol: float = 1e-9, restarts: int = 0, key=None,

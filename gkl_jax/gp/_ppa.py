@@ -36,7 +36,7 @@ import optax
 from jax import lax
 from jax.scipy.special import ndtr
 
-from .._linalg import tdot
+from .._linalg import full_precision, tdot
 from .._validate import as_float_array, check_finite, check_positive, strongly_typed
 from ..kernels import AbstractKernel
 from ..potentials import Logistic, Probit
@@ -215,6 +215,7 @@ def _labels(y):
     return y
 
 
+@full_precision
 def ppa(kernel: AbstractKernel, X, y, *, noise=1.0, corrected: bool = True, likelihood: str = "probit",
         max_iters: int = 1000, tol: float = 1e-4, m_steps: int = 10, m_gtol: float = 1e-6,
         e_sweeps: int = 20, learn_noise: bool = True, jitter: float = 1e-6) -> PPAResult:

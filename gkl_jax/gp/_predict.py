@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from jax.scipy.special import log_ndtr, logsumexp, ndtr
 
-from .._linalg import tdot
+from .._linalg import full_precision, tdot
 from .._gaussian import Gaussian
 from .._quadrature import hermite_rule
 from .._result import Result
@@ -96,6 +96,7 @@ def _mean_at(prior, n_new, mean_new, dtype):
     return jnp.full((n_new,), prior.constant_mean, dtype=dtype)
 
 
+@full_precision
 def predict(result, prior: GP, X_new, likelihood: Optional[AbstractPotential] = None, *, mean_new=None,
             num_points: int = PREDICTIVE_NUM_POINTS) -> Prediction:
     """Predictions at the rows of `X_new` from a fitted `Result` (or a `Gaussian`) on `prior`'s inputs.

@@ -46,7 +46,7 @@ import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 from jax import lax
 
-from .._linalg import invert_lower, tdot
+from .._linalg import full_precision, invert_lower, tdot
 from .._validate import is_concrete
 from ._blocks import blockdiag_dense, blockdiag_left, blocks, sandwich_blocks, sym
 from ._linesearch import safeguarded_step, segment_search
@@ -404,6 +404,7 @@ def check_labels_matrix(K, Y):
     return K, Y
 
 
+@full_precision
 def fit_full(K, Y, *, site="theorem6", covariance="full", v_update="newton", tol=1e-10, max_steps=200,
              init=None, s_sweeps=3, init_scale=1.0) -> FullPosterior:
     """Maximise log Z_h (eq. 21) for the prior N(0, K) (datum-major (nC, nC)) and one-hot labels Y (n, C).

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.flatten_util import ravel_pytree
 
+from .._linalg import full_precision
 from .._validate import is_concrete
 from ._blocks import blockdiag_dense, blockdiag_left, sym
 from ._full import COVARIANCES, SITES, FullPosterior, _gbar, check_labels_matrix, fit_core, initial_state
@@ -191,6 +192,7 @@ def _hyper_jit(params, static, X, Y, class_covariance, jitter, flags, inner_tol,
                        max_step, memory)
 
 
+@full_precision
 def fit_hyperparameters(kernel, X, Y, *, fixed=(), class_covariance=None, jitter=1e-6, site="theorem6",
                         covariance="full", max_steps=50, ftol=1e-7, inner_tol=1e-8, inner_steps=100,
                         max_step=1.0, memory=10) -> HyperResult:

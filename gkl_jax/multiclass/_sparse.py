@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 from jax import lax
 
-from .._linalg import invert_lower, tdot
+from .._linalg import full_precision, invert_lower, tdot
 from .._validate import is_concrete
 from ._blocks import blockdiag_left, sym
 from ._full import V_UPDATES, _cg, s_sweeps, site_terms
@@ -230,6 +230,7 @@ def _sparse_jit(Kzz, Kzf, Kff, Y, mask, warm, cold, km, newton, tol, max_steps, 
     return sparse_core(Lt, Kff, Y, st0, km, newton, tol, max_steps, s_sweeps)
 
 
+@full_precision
 def fit_sparse(Kzz, Kzf, Kff_blocks, Y, *, mask=None, site="theorem6", v_update="newton", tol=1e-10,
                max_steps=200, init=None, s_sweeps=3) -> SparsePosterior:
     """Maximise log Z~_h (eq. 32) for inducing prior K_zz (s, s), cross-covariance K_zf (s, nC) (datum-major

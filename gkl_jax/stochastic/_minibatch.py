@@ -26,6 +26,7 @@ import optax
 from jax import lax
 from jax.flatten_util import ravel_pytree
 
+from .._linalg import full_precision
 from .._fit import _initial_q, stop_gradients
 from .._gaussian import Gaussian
 from .._model import Model
@@ -68,6 +69,7 @@ def _chunk_sizes(model: Model, chunk_size):
     return tuple(sizes)
 
 
+@full_precision
 def bound_chunked(model: Model, q: Gaussian, chunk_size=None):
     """The G-KL bound B(m, C) of `bound`, with each group's sites streamed in chunks of `chunk_size` rows.
 
@@ -110,6 +112,7 @@ def bound_chunked(model: Model, q: Gaussian, chunk_size=None):
     return jnp.asarray(value)
 
 
+@full_precision
 def minibatch_bound(model: Model, q: Gaussian, indices):
     """The unbiased estimate B_hat of the bound from the rows `indices[g]` of each sites group g (sampled
     uniformly without replacement): global terms plus (N_g / b_g) times the batch's site terms."""
@@ -146,6 +149,7 @@ def _default_optimizer(num_steps: int, learning_rate: float):
     return optax.adam(schedule)
 
 
+@full_precision
 def fit_minibatch(model: Model, factor: AbstractFactor | None = None, *, batch_size, num_steps: int | None = None,
                   num_epochs: float | None = None, optimizer: optax.GradientTransformation | None = None,
                   learning_rate: float = 3e-2, key=None, q0: Gaussian | None = None, chunk_size: int | None = None,
