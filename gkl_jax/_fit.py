@@ -179,7 +179,6 @@ def warm_fit_applies(model) -> bool:
     return _solver_name(None, model, Full()) == "site-precision"
 
 
-@full_precision
 def fit_warm(model: Model, *, q0: Gaussian | WarmPoint | None = None, tol=None) -> WarmStart:
     """`fit(model, q0=q0, tol=tol)` by the site-precision solver without forming the Full factor C: the inner fit
     of ML-II (`gp.fit_hyperparameters`), where each outer step needs log Z, its gradient and a warm start, and C
