@@ -1,7 +1,7 @@
 """The `gkl-jax` command line (also `python -m gkl_jax`).
 
     gkl-jax [--no-cache] demo [--output-dir DIR] [--seed N]
-    gkl-jax [--no-cache] fit DATA.csv --target COL --likelihood logistic --factor full [--output result.json]
+    gkl-jax [--no-cache] fit DATA.csv --target COL --likelihood logistic --factor full [--rank K] [--output result.json]
     gkl-jax --version
 
 `demo` compares the Full and Diagonal G-KL factors on Bayesian logistic regression of the bundled ionosphere
@@ -27,7 +27,10 @@ import warnings
 import numpy as np
 
 LIKELIHOODS = ("logistic", "probit", "gaussian", "laplace", "student-t", "poisson")
-FACTORS = ("full", "diagonal")
+# --factor: the name of gk.factors.<Name> and the keyword --rank sets (None: the factor takes no size)
+FACTORS = {"full": ("Full", None), "diagonal": ("Diagonal", None), "chevron": ("Chevron", "rows"),
+           "banded": ("Banded", "bandwidth"), "subspace": ("Subspace", "rank"),
+           "factor-analysis": ("FactorAnalysis", "rank")}
 BINARY = ("logistic", "probit")
 _MISSING = {"", "na", "nan", "n/a", "null", "none", "?"}
 
@@ -107,6 +110,16 @@ def _positive(text):
     return value
 
 
+def _count(text):
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text!r}")
+    return value
+
+
 def _build_parser():
     from . import __version__
 
@@ -133,7 +146,12 @@ def _build_parser():
                      help="target column: a name, or a 0-based index (negative counts from the end); default: "
                           "the last column. Without a header the columns are named c0, c1, ...")
     fit.add_argument("--likelihood", choices=LIKELIHOODS, default="logistic", help="default: logistic")
-    fit.add_argument("--factor", choices=FACTORS, default="full", help="G-KL covariance factor (default: full)")
+    fit.add_argument("--factor", choices=tuple(FACTORS), default="full",
+                     help="G-KL covariance factor (default: full); chevron, banded, subspace and factor-analysis "
+                          "need --rank")
+    fit.add_argument("--rank", type=_count, default=None, metavar="K",
+                     help="size of a structured factor: dense rows of chevron, bandwidth of banded, rank of "
+                          "subspace and factor-analysis")
     fit.add_argument("--prior-variance", type=_positive, default=1.0, metavar="V",
                      help="prior variance of every weight and the bias (default: 1)")
     fit.add_argument("--noise-variance", type=_positive, default=None, metavar="V",
@@ -373,6 +391,37 @@ def _check_output(path):
         raise CLIError(f"cannot write --output {path}: directory {directory} is not writable")
 
 
+def _factor(name, rank, dim):
+    """The template gk.factors.<Name>(<keyword>=rank) for --factor `name`, checked against the model's dim D
+    (input columns plus the bias)."""
+    from . import factors
+
+    cls, keyword = FACTORS[name]
+    if keyword is None:
+        if rank is not None:
+            sized = " / ".join(n for n, (_, k) in FACTORS.items() if k is not None)
+            raise CLIError(f"--rank applies only to --factor {sized}, not {name}")
+        return getattr(factors, cls)()
+    if rank is None:
+        raise CLIError(f"--factor {name} needs --rank K (its {keyword}; D = {dim} weights)")
+    try:
+        factor = getattr(factors, cls)(**{keyword: rank})
+    except ValueError as err:
+        raise CLIError(f"--rank {rank}: {err}") from None
+    # the bound on the size needs D, which the factor sees only when the fit initialises it (too late for a
+    # message naming --rank)
+    largest = dim - 1 if name == "banded" else dim
+    if rank > largest:
+        raise CLIError(f"--rank {rank} is too large for --factor {name}: its {keyword} must be <= {largest} for "
+                       f"D = {dim} weights")
+    return factor
+
+
+def _describe(name, rank):
+    keyword = FACTORS[name][1]
+    return name if keyword is None else f"{name} ({keyword}={rank})"
+
+
 # ----------------------------------------------------------------------------------------------- fit: running
 
 
@@ -409,10 +458,10 @@ def _run_fit(args) -> int:
                          gk.Sites(X, _potential(args.likelihood, y, options)))
     except ValueError as err:
         raise CLIError(str(err).splitlines()[0]) from None
-    factor = gk.factors.Full() if args.factor == "full" else gk.factors.Diagonal()
+    factor = _factor(args.factor, args.rank, X.shape[1])
 
     progress = Progress(total=2 if args.output else 1, enabled=not args.quiet)
-    progress.step(f"fitting the {args.factor} G-KL factor (D = {X.shape[1]}, N = {X.shape[0]}; first call "
+    progress.step(f"fitting the {_describe(args.factor, args.rank)} G-KL factor (D = {X.shape[1]}, N = {X.shape[0]}; first call "
                   f"includes JIT compilation)")
     try:
         with warnings.catch_warnings():
@@ -427,7 +476,8 @@ def _run_fit(args) -> int:
     sd = np.sqrt(np.asarray(result.q.marginal_variances()))
     out = {
         "data": os.path.abspath(args.data), "target": names[t], "likelihood": args.likelihood,
-        "likelihood_options": options, "factor": args.factor, "prior_variance": args.prior_variance,
+        "likelihood_options": options, "factor": args.factor, "rank": args.rank,
+        "prior_variance": args.prior_variance,
         "num_rows": int(X.shape[0]), "columns": columns, "mean": mean.tolist(), "sd": sd.tolist(),
         "log_z": log_z, "converged": bool(result.converged), "num_steps": int(result.num_steps),
         "label_mapping": mapping, "standardization": standardization, "fit_seconds": fit_time,
@@ -451,7 +501,7 @@ def _print_fit(out):
     print(f"gkl-jax fit: {out['data']}")
     print(f"  {out['num_rows']} rows, target {out['target']!r}, likelihood {out['likelihood']}"
           + "".join(f", {k.replace('_', ' ')} {v:g}" for k, v in out["likelihood_options"].items())
-          + f", prior N(0, {out['prior_variance']:g} I), {out['factor']} factor")
+          + f", prior N(0, {out['prior_variance']:g} I), {_describe(out['factor'], out['rank'])} factor")
     if out["label_mapping"] is not None:
         print("  label mapping: " + ", ".join(f"{k!r} -> {v:+.0f}" for k, v in out["label_mapping"].items()))
     if out["standardization"] is not None:

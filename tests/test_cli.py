@@ -146,6 +146,27 @@ def test_fit_json_matches_the_library(capsys, files, tmp_path):
     np.testing.assert_allclose(result["log_z"], ref.log_z, rtol=1e-12)
 
 
+@pytest.mark.parametrize("name, factor", [("chevron", gk.factors.Chevron(rows=2)),
+                                          ("factor-analysis", gk.factors.FactorAnalysis(rank=2))])
+def test_fit_with_a_structured_factor_matches_the_library(capsys, files, tmp_path, name, factor):
+    path = tmp_path / "result.json"
+    code, out, err = run(capsys, "fit", files["strings"], "--factor", name, "--rank", "2", "--output", path)
+    assert code == 0, err
+    assert f"{name} ({'rows' if name == 'chevron' else 'rank'}=2) factor" in out
+    result = json.loads(path.read_text())
+    assert result["factor"] == name and result["rank"] == 2 and result["converged"] is True
+    H = np.hstack([files["X"], np.ones((N, 1))])
+    model = gk.Model(gk.priors.Isotropic(dim=D + 1, variance=1.0),
+                     gk.Sites(H, gk.potentials.Logistic(np.where(files["yes"], 1.0, -1.0))))
+    ref = gk.fit(model, factor=factor)
+    np.testing.assert_allclose(result["mean"], ref.q.mean, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(result["sd"], np.sqrt(ref.q.marginal_variances()), rtol=1e-9)
+    np.testing.assert_allclose(result["log_z"], ref.log_z, rtol=1e-12)
+    # a structured factor's bound is below the Full one's (papers/000 §4: a subset of the covariances)
+    full = gk.fit(model, factor=gk.factors.Full())
+    assert result["log_z"] <= float(full.log_z) + 1e-9
+
+
 def test_fit_no_header_integer_target_and_zero_one_labels(capsys, files, tmp_path):
     path = tmp_path / "r.json"
     code, out, err = run(capsys, "fit", files["zero_one_first"], "--no-header", "--target", "0",
@@ -235,7 +256,14 @@ def _one_line_error(code, out, err, fragment):
     (["{regression}", "--likelihood", "gaussian", "--positive-label", "1"], "--positive-label applies only"),
     (["{strings}", "--positive-label", "maybe"], "--positive-label 'maybe' does not occur"),
     (["{strings}", "--likelihood", "cauchy"], "invalid choice: 'cauchy'"),
-    (["{strings}", "--factor", "banded"], "invalid choice: 'banded'"),
+    (["{strings}", "--factor", "cholesky"], "invalid choice: 'cholesky'"),
+    (["{strings}", "--factor", "banded"], "--factor banded needs --rank K (its bandwidth; D = 4 weights)"),
+    (["{strings}", "--factor", "banded", "--rank", "4"], "--rank 4 is too large for --factor banded: its "
+                                                          "bandwidth must be <= 3 for D = 4 weights"),
+    (["{strings}", "--factor", "chevron", "--rank", "5"], "its rows must be <= 4"),
+    (["{strings}", "--factor", "subspace", "--rank", "0"], "--rank 0: Subspace(rank=0) must be >= 1"),
+    (["{strings}", "--factor", "factor-analysis", "--rank", "-2"], "--rank: must be a non-negative integer"),
+    (["{strings}", "--factor", "diagonal", "--rank", "2"], "--rank applies only to --factor chevron / banded"),
     (["{strings}", "--output", "{dir}/no/such/dir/r.json"], "directory"),
     (["{strings}", "--output", "{dir}"], "is a directory"),
     (["{strings}", "--delimiter", ";;"], "--delimiter must be one character"),
