@@ -44,7 +44,7 @@ from ._gaussian import Gaussian
 from ._linalg import full_precision, reduced_matmul_precision, reduced_precision_hint
 from ._model import Model, Sites
 from ._result import Result
-from ._validate import is_concrete
+from ._validate import check_int, check_tol, is_concrete
 from .factors import AbstractFactor, AbstractFixedPointFactor, AbstractRefinableFactor, Full
 from .operators import AbstractOperator, Dense as DenseOperator
 from .priors import Isotropic
@@ -115,12 +115,9 @@ def fit(model: Model, factor: AbstractFactor | None = None, *, solver=None, q0: 
     if tol is None:
         tol = default_tol(dtype)
     elif not isinstance(tol, jax.core.Tracer):
-        tol = float(tol)
-        if not tol > 0:
-            raise ValueError(f"tol must be positive, got {tol}")
-    max_steps = _MAX_STEPS[name] if max_steps is None else int(max_steps)
-    if max_steps < 1:
-        raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+        tol = check_tol(tol)
+    max_steps = _MAX_STEPS[name] if max_steps is None else check_int(max_steps, "max_steps", 1)
+    max_cg = check_int(max_cg, "max_cg", 1)
     optimizer = solver if name == "optax" else None
     # tol enters the compiled solver as an array, so fits at different tolerances share one compilation.
     q, num_steps, converged, history, sp = _fit_jit(work_model, q_init, name, optimizer, jnp.asarray(tol, dtype),

@@ -146,7 +146,8 @@ def fixed_point(model, to_q, flat0, tol, max_steps, max_cg=50):
         return value if model.prior is None else value + model.prior.expected_log_density(q)
 
     def sites_value(m_ns, s2s):
-        return sum(jnp.sum(s.potential.expected_log_phi(m_n, s2)) for s, m_n, s2 in zip(model.sites, m_ns, s2s))
+        return sum((jnp.sum(s.potential.expected_log_phi(m_n, s2)) for s, m_n, s2 in zip(model.sites, m_ns, s2s)),
+                   jnp.zeros((), flat0.dtype))     # a float zero: a prior-only model has no sites
 
     def evaluate(x):
         """B, its flat gradient and Gamma at x; one VJP through the projected variances."""

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ._linalg import tdot
+from ._validate import check_int
 
 __all__ = ["lanczos", "tridiagonal", "ritz_pairs", "inverse_factor", "variance_estimates", "estimate_variances",
            "slq_logdet"]
@@ -51,10 +52,8 @@ def _is_key(x) -> bool:
 
 
 def _check_sizes(dim, num_vectors):
-    dim, k = int(dim), int(num_vectors)
-    if dim < 1:
-        raise ValueError(f"dim must be >= 1, got {dim}")
-    if k < 1 or k > dim:
+    dim, k = check_int(dim, "dim", 1), check_int(num_vectors, "num_vectors", 1)
+    if k > dim:
         raise ValueError(f"num_vectors must be in [1, dim={dim}], got {num_vectors}")
     return dim, k
 
@@ -133,8 +132,8 @@ def ritz_pairs(Q, alpha, beta, num: Optional[int] = None, which: str = "largest"
     """The `num` extreme Ritz pairs (theta_i, Q y_i) of T = Q^T A Q: "largest" (descending) or "smallest"
     (ascending). The extreme ones converge first; they approximate eigenpairs of A."""
     k = alpha.shape[0]
-    num = k if num is None else int(num)
-    if num < 1 or num > k:
+    num = k if num is None else check_int(num, "num", 1)
+    if num > k:
         raise ValueError(f"num must be in [1, {k}], got {num}")
     if which not in ("largest", "smallest"):
         raise ValueError(f"which must be 'largest' or 'smallest', got {which!r}")

@@ -56,8 +56,8 @@ from .operators import Identity
 
 def applies(model) -> bool:
     """Whether the model has the structure the solver needs: a prior with a dense covariance and only
-    identity site projections (h_n = e_n)."""
-    return has_dense_prior(model) and all(isinstance(s.operator(model.dim), Identity) for s in model.sites)
+    identity site projections (h_n = e_n), at least one group of them."""
+    return has_dense_prior(model) and bool(model.sites) and all(isinstance(s.operator(model.dim), Identity) for s in model.sites)
 
 
 def has_dense_prior(model) -> bool:

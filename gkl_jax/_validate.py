@@ -4,6 +4,9 @@ Every check works on concrete values and is skipped for tracers, so constructors
 `jax.jit`, `jax.grad` and `jax.vmap`; shape checks always run (shapes are static under tracing).
 """
 
+import math
+import operator
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -52,6 +55,51 @@ def check_positive(x, name: str) -> None:
     """Raise ValueError if a concrete `x` has an entry <= 0 (or NaN)."""
     if is_concrete(x) and not bool(jnp.all(x > 0)):
         raise ValueError(f"{name} must be positive, got {np.asarray(x).ravel()[:5]}")
+
+
+def as_int(value):
+    """`value` as a Python int when it is a whole number (an integer of any type, 0-d integer arrays included, or
+    a float with an integral value), else None (bools, None, strings, NaN, 2.5, ...)."""
+    if isinstance(value, (bool, np.bool_, str, bytes)):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        pass
+    if isinstance(value, (float, np.floating)) and math.isfinite(value) and float(value).is_integer():
+        return int(value)
+    return None
+
+
+def check_int(value, name: str, minimum: int = 0) -> int:
+    """A count or size option as a Python int, with a ValueError naming `name` unless it is a whole number
+    >= `minimum` (see `as_int`)."""
+    result = as_int(value)
+    if result is None or result < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return result
+
+
+def check_tol(tol, name: str = "tol") -> float:
+    """A tolerance as a Python float, with a ValueError naming `name` unless it is a positive finite number."""
+    try:
+        value = float(tol)
+    except (TypeError, ValueError):
+        value = float("nan")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be positive and finite, got {tol!r}")
+    return value
+
+
+def check_key(key, name: str = "key"):
+    """`key` if it is a JAX random key (typed, from `jax.random.key`, or raw uint32 pairs from
+    `jax.random.PRNGKey`), else a ValueError naming `name`."""
+    dtype = getattr(key, "dtype", None)
+    if dtype is not None and (jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+                              or (dtype == jnp.uint32 and jnp.shape(key)[-1:] == (2,))):
+        return key
+    raise ValueError(f"{name} must be a JAX random key (jax.random.key(0) or jax.random.PRNGKey(0)), got "
+                     f"{type(key).__name__}")
 
 
 def check_ndim(x, ndim: int, name: str) -> None:

@@ -345,6 +345,25 @@ def test_bad_inputs_raise_value_errors():
         gk.local("not a model")
 
 
+@pytest.mark.parametrize("power", [1.0, 0.8])
+def test_ep_site_with_a_zero_projection_is_the_constant_phi_of_its_offset(power):
+    """h_n = 0 (design.sequential pads with such rows): x_n = o_n is fixed, the site is the constant phi_n(o_n).
+    EP must then equal EP without the site plus log phi_n(o_n), not skip it (a NaN log Z before)."""
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((6, 3))
+    y = np.sign(rng.standard_normal(6))
+    off = np.array([0.7, 0.0, 0.3, -0.2, 0.1, 0.0])
+    X[0] = 0.0
+    prior = gk.priors.Isotropic(dim=3, variance=1.0)
+    with_zero = gk.ep(gk.Model(prior, [gk.Sites(X, P.Logistic(y), offset=off),
+                                       gk.Sites(np.zeros((1, 3)), P.Gaussian(0.4, 0.5))]), power=power)
+    without = gk.ep(gk.Model(prior, gk.Sites(X[1:], P.Logistic(y[1:]), offset=off[1:])), power=power)
+    assert bool(with_zero.converged)
+    constants = float(P.Logistic(y[0]).log_phi(0.7)) + float(P.Gaussian(0.4, 0.5).log_phi(0.0))
+    np.testing.assert_allclose(float(with_zero.log_z), float(without.log_z) + constants, rtol=1e-10)
+    np.testing.assert_allclose(with_zero.q.mean, without.q.mean, atol=1e-10)
+
+
 def test_ep_reports_failure_on_a_bimodal_posterior():
     """Cauchy sites at -2, 0.6 and 2 under a broad prior: a multimodal posterior on which EP's cavities go
     negative. The affected sites are skipped, q stays a valid Gaussian, and the failure is reported."""

@@ -18,6 +18,8 @@ an unbiased estimate of Z (so log Z_hat is slightly biased low); its standard er
 std(w) / (sqrt(R) mean(w)). Chains are `jax.vmap`ped, temperatures are a `lax.scan`, all in one jit.
 """
 
+import warnings
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -25,6 +27,7 @@ from jax import lax
 from jax.scipy.special import logsumexp
 
 from .._linalg import full_precision
+from .._validate import check_key, check_tol, is_concrete
 from .._fit import fit
 from .._gaussian import Gaussian
 from .._result import Result
@@ -56,6 +59,7 @@ def ais(model, key, *, q=None, num_chains: int = 256, num_temperatures: int = 20
     sizeable fraction of `num_chains`.
     """
     C.check_model(model, "ais")
+    key = check_key(key)
     for name, value in (("num_chains", num_chains), ("num_temperatures", num_temperatures),
                         ("num_leapfrog", num_leapfrog)):
         C.check_positive_int(value, name, "ais", minimum=2 if name == "num_chains" else 1)
@@ -67,15 +71,21 @@ def ais(model, key, *, q=None, num_chains: int = 256, num_temperatures: int = 20
         raise ValueError(f"ais: q must be a gkl_jax.Gaussian or Result, got {type(q).__name__}")
     if q.dim != model.dim:
         raise ValueError(f"ais: q has dimension {q.dim} but the model has {model.dim}")
-    if not float(inflation) >= 1:
+    inflation = check_tol(inflation, "ais: inflation")
+    if inflation < 1:
         raise ValueError(f"ais: inflation must be >= 1, got {inflation}")
+    if is_concrete(q.mean) and not bool(jnp.isfinite(q.factor.logdet())):
+        raise ValueError("ais: q has a singular covariance (log det S is not finite); it cannot start the chains")
     if inflation != 1:
-        q = Gaussian(q.mean, Full(float(inflation) * q.factor.dense()))
-    if step_size is None:
-        step_size = 0.5 * model.dim ** -0.25
-    if not float(step_size) > 0:
-        raise ValueError(f"ais: step_size must be positive, got {step_size}")
-    return _ais_jit(model, q, key, int(num_chains), int(num_temperatures), int(num_leapfrog), float(step_size))
+        q = Gaussian(q.mean, Full(inflation * q.factor.dense()))
+    step_size = 0.5 * model.dim ** -0.25 if step_size is None else check_tol(step_size, "ais: step_size")
+    result = _ais_jit(model, q, key, int(num_chains), int(num_temperatures), int(num_leapfrog), step_size)
+    if is_concrete(result.log_z):
+        acceptance = float(result.acceptance)
+        if not (bool(jnp.isfinite(result.log_z)) and 0.1 <= acceptance):
+            warnings.warn(f"gkl_jax.ais: the estimate is unreliable (log Z {float(result.log_z):g}, HMC acceptance "
+                          f"rate {acceptance:.2f}); try a smaller step_size or more temperatures", stacklevel=2)
+    return result
 
 
 def schedule(num_temperatures, dtype, steepness=4.0):

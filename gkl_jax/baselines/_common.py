@@ -27,7 +27,8 @@ import jax.scipy.linalg as jsl
 
 from .._gaussian import Gaussian
 from .._model import Model
-from .._validate import is_concrete
+from .._result import Result
+from .._validate import check_int, is_concrete
 from ..factors._full import Full, upper_factor_of_inverse
 
 
@@ -54,9 +55,7 @@ def check_fraction(value, name: str, method: str) -> float:
 
 
 def check_positive_int(value, name: str, method: str, minimum: int = 1) -> int:
-    if int(value) != value or int(value) < minimum:
-        raise ValueError(f"{method}: {name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
+    return check_int(value, f"{method}: {name}", minimum)
 
 
 def default_tol(dtype) -> float:
@@ -126,7 +125,7 @@ class GaussianSites(NamedTuple):
 def gaussian_sites(model, groups, taus, nus, consts=None) -> GaussianSites:
     """q(w) = N(A^{-1} b, A^{-1}) and the Gaussian integral for site parameters (tau, nu, c) per group."""
     dim = model.dim
-    dtype = jnp.result_type(*taus)
+    dtype = jnp.result_type(*taus) if taus else dtype_of(model)   # no taus: a prior-only model
     if model.prior is None:
         A = jnp.zeros((dim, dim), dtype)
         b = jnp.zeros((dim,), dtype)
@@ -159,6 +158,17 @@ def gaussian_sites(model, groups, taus, nus, consts=None) -> GaussianSites:
 def gaussian_of_precision(mean, precision):
     """gkl_jax.Gaussian N(mean, precision^{-1}) with the upper-triangular Full factor."""
     return Gaussian(mean, Full(upper_factor_of_inverse(precision)))
+
+
+def prior_only_result(model, method: str, is_bound: bool) -> Result:
+    """The answer for a model without sites: q is the prior and log Z = 0 (the prior is normalised)."""
+    if model.prior is None:
+        raise ValueError(f"{method}: the model has neither a prior nor sites (nothing to normalise)")
+    dtype = dtype_of(model)
+    q = gaussian_of_precision(model.prior.mean.astype(dtype), model.prior.precision_dense().astype(dtype))
+    zero = jnp.zeros((), dtype)
+    return Result(q=q, log_z=zero, converged=jnp.array(True), num_steps=jnp.zeros((), jnp.int32),
+                  history=zero[None], method=method, is_bound=is_bound)
 
 
 def history_buffer(max_steps, value):

@@ -40,6 +40,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .._linalg import full_precision
+from .._validate import as_int, check_key, check_tol
 from .. import _lanczos
 from .._gaussian import Gaussian
 from .._result import Result
@@ -61,16 +62,17 @@ def double_loop(model, rank: int, *, key=None, max_outer: int = 20, max_inner: i
     rank outside [1, D] and for potentials without a super-Gaussian bound (probit, Poisson, Custom).
     """
     C.check_model(model, "double_loop")
-    if int(rank) != rank or not 1 <= int(rank) <= model.dim:
+    if not model.sites:
+        return C.prior_only_result(model, "double_loop", is_bound=False)
+    if as_int(rank) is None or not 1 <= as_int(rank) <= model.dim:
         raise ValueError(f"double_loop: rank must be an integer in [1, D={model.dim}], got {rank!r}")
     for s in model.sites:
         super_gaussian(s.potential, "double_loop")
     for name, value in (("max_outer", max_outer), ("max_inner", max_inner), ("max_cg", max_cg),
                         ("num_probes", num_probes)):
         C.check_positive_int(value, name, "double_loop")
-    if not float(tol) > 0:
-        raise ValueError(f"double_loop: tol must be positive, got {tol}")
-    key = jax.random.PRNGKey(0) if key is None else key
+    tol = check_tol(tol, "double_loop: tol")
+    key = jax.random.PRNGKey(0) if key is None else check_key(key)
     result = _double_loop_jit(model, key, int(rank), int(max_outer), int(max_inner), int(max_cg), int(num_probes),
                               jnp.asarray(tol, C.dtype_of(model)))
     C.warn_if_not_converged(result.converged, "double_loop", f"the outer loop did not settle (relative change "

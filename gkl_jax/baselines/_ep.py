@@ -37,6 +37,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .._linalg import full_precision
+from .._validate import check_tol
 from .. import potentials as P
 from .._result import Result
 from . import _common as C
@@ -56,13 +57,13 @@ def ep(model, power: float = 1.0, damping: float = 0.5, *, tol: float | None = N
     the estimate at each iteration.
     """
     C.check_model(model, "ep")
+    if not model.sites:
+        return C.prior_only_result(model, "ep", is_bound=False)
     power = C.check_fraction(power, "power", "ep")
     damping = C.check_fraction(damping, "damping", "ep")
     max_steps = C.check_positive_int(max_steps, "max_steps", "ep")
     dtype = C.dtype_of(model)
-    tol = C.default_tol(dtype) if tol is None else float(tol)
-    if tol <= 0:
-        raise ValueError(f"ep: tol must be positive, got {tol}")
+    tol = C.default_tol(dtype) if tol is None else check_tol(tol, "ep: tol")
     # tol and damping enter as arrays: changing them does not recompile
     result = _ep_jit(model, power, jnp.asarray(damping, dtype), jnp.asarray(tol, dtype), max_steps)
     C.warn_if_not_converged(result.converged, "ep", f"EP did not converge within max_steps={max_steps} (site "
@@ -83,6 +84,10 @@ def _evaluate(model, groups, taus, nus, power):
     targets, valids = [], []
     log_z = sol.log_integral
     for (_, _, pot), tau, nu, m, v in zip(groups, taus, nus, sol.site_means, sol.site_vars):
+        # h_n = 0 (a zero row of H, as design.sequential's padding): x_n = o_n is not random, the site is the
+        # constant phi_n(o_n), which log Z gains in full; its Gaussian site is never updated (it does not act on q)
+        fixed = v == 0
+        v = jnp.where(fixed, 1.0, v)
         tau_c = 1 / v - power * tau
         nu_c = m / v - power * nu
         valid = (tau_c > 0) & jnp.isfinite(tau_c) & jnp.isfinite(nu_c)
@@ -94,9 +99,13 @@ def _evaluate(model, groups, taus, nus, power):
         v_hat_safe = jnp.where(valid, v_hat, 1.0)
         tau_t = (1 / v_hat_safe - tau_c_safe) / power
         nu_t = (m_hat / v_hat_safe - nu_c) / power
-        targets.append((jnp.where(valid, tau_t, tau), jnp.where(valid, nu_t, nu)))
-        valids.append(valid)
+        update = valid & ~fixed
+        targets.append((jnp.where(update, tau_t, tau), jnp.where(update, nu_t, nu)))
+        valids.append(update | fixed)
         site_log_z = (log_zh - 0.5 * (m**2 / v - tau_c * mu_c**2) - 0.5 * jnp.log(v * tau_c_safe)) / power
+        # the Gaussian integral holds exp(nu_n o_n - tau_n o_n^2 / 2) for this site: replace it by phi_n(o_n)
+        site_log_z = jnp.where(fixed, pot.log_phi(m) - (nu * m - 0.5 * tau * m**2), site_log_z)
+        valid = valid | fixed
         log_z = log_z + jnp.sum(jnp.where(valid, site_log_z, jnp.nan))
     return _Evaluation(sol, targets, valids, log_z)
 
@@ -131,7 +140,7 @@ def initial_sites(model, groups, dtype):
 
 def _precision_ok(model, groups, taus):
     """Whether A = Sigma^{-1} + sum_n tau_n h_n h_n^T is positive definite (a Cholesky only)."""
-    dtype = jnp.result_type(*taus)
+    dtype = jnp.result_type(*taus) if taus else C.dtype_of(model)
     A = jnp.zeros((model.dim, model.dim), dtype) if model.prior is None else model.prior.precision_dense()
     for (op, _, _), tau in zip(groups, taus):
         A = A + op.weighted_gram(tau)

@@ -24,6 +24,7 @@ import jax.scipy.linalg as jsl
 from jax import lax
 
 from .._linalg import full_precision
+from .._validate import check_tol
 from .. import potentials as P
 from .. import _solvers
 from .._result import Result
@@ -47,9 +48,7 @@ def laplace(model, *, tol: float | None = None, max_steps: int = 100) -> Result:
                              "apply; use gk.fit, gk.ep or gk.local")
     max_steps = C.check_positive_int(max_steps, "max_steps", "laplace")
     dtype = C.dtype_of(model)
-    tol = C.default_tol(dtype) if tol is None else float(tol)
-    if tol <= 0:
-        raise ValueError(f"laplace: tol must be positive, got {tol}")
+    tol = C.default_tol(dtype) if tol is None else check_tol(tol, "laplace: tol")
     result = _laplace_jit(model, jnp.asarray(tol, dtype), max_steps)  # an array: no recompile per tol
     C.warn_if_not_converged(result.converged, "laplace", "Newton's method did not reach max|grad| <= "
                             f"{tol:g} within max_steps={max_steps}, or the Hessian at the point found is not "

@@ -2,6 +2,8 @@
 
 import numpy as np
 
+from .._validate import check_int
+
 
 def synthetic_logistic(dim: int, num_train: int, num_test: int = 0, *, seed: int = 0):
     """The Bayesian logistic regression generator of papers/000 Section 6.2.1.
@@ -12,15 +14,16 @@ def synthetic_logistic(dim: int, num_train: int, num_test: int = 0, *, seed: int
 
     Returns a dict with X_train (num_train, dim), y_train, X_test, y_test and w_true.
     """
-    if int(dim) < 1 or int(num_train) < 1 or int(num_test) < 0:
-        raise ValueError(f"dim and num_train must be >= 1 and num_test >= 0, got {dim}, {num_train}, {num_test}")
+    dim, num_train = check_int(dim, "dim", 1), check_int(num_train, "num_train", 1)
+    num_test, seed = check_int(num_test, "num_test"), check_int(seed, "seed")
     rng = np.random.default_rng(seed)
     w = rng.standard_normal(dim)
     A = np.eye(dim)
     A[np.arange(dim), rng.integers(0, dim, size=dim)] += rng.standard_normal(dim)
     n = num_train + num_test
     X = rng.standard_normal((n, dim)) @ A.T
-    X /= X.std(axis=0, keepdims=True)
+    sd = X.std(axis=0, keepdims=True)
+    X /= np.where(sd > 0, sd, 1.0)      # a single data point (sd = 0) stays as drawn
     p = 1 / (1 + np.exp(-X @ w))
     y = np.where(rng.uniform(size=n) < p, 1.0, -1.0)
     return {"X_train": X[:num_train], "y_train": y[:num_train], "X_test": X[num_train:], "y_test": y[num_train:],

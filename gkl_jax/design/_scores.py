@@ -33,7 +33,7 @@ from jax import lax
 from .. import _lanczos
 from .._gaussian import Gaussian
 from .._result import Result
-from .._validate import as_float_array, check_finite, is_concrete
+from .._validate import as_float_array, check_finite, check_int, check_key, is_concrete
 from ..operators import AbstractOperator, as_operator
 
 
@@ -73,6 +73,8 @@ def _candidate_operator(candidates, dim, name="candidates"):
         op = as_operator(_rows(candidates, dim, name), name)
     if op.shape[1] != dim:
         raise ValueError(f"{name} rows must have length D={dim} (the latent dimension), got {op.shape[1]}")
+    if op.shape[0] == 0:
+        raise ValueError(f"{name} has no rows (an empty candidate pool)")
     return op
 
 
@@ -106,9 +108,7 @@ def greedy_selection(result_or_q, candidates, num: int, noise_variance):
     q = as_gaussian(result_or_q)
     v2 = check_noise_variance(noise_variance)
     op = _candidate_operator(candidates, q.dim)
-    num = int(num)
-    if num < 1:
-        raise ValueError(f"num must be >= 1, got {num}")
+    num = check_int(num, "num", 1)
     return _greedy_pool(q, op, num, v2)
 
 
@@ -137,13 +137,13 @@ def leading_directions(result_or_q, num: int, *, num_vectors=None, key=None):
     reorthogonalisation on v -> S v = C^T (C v) with `num_vectors` (default min(D, max(3 num, num + 20)))
     Krylov vectors. Only products with the factor are used; the Ritz pairs are exact when num_vectors = D."""
     q = as_gaussian(result_or_q)
-    num = int(num)
-    if num < 1 or num > q.dim:
+    num = check_int(num, "num", 1)
+    if num > q.dim:
         raise ValueError(f"num must be in [1, D={q.dim}], got {num}")
-    k = min(q.dim, max(3 * num, num + 20)) if num_vectors is None else int(num_vectors)
+    k = min(q.dim, max(3 * num, num + 20)) if num_vectors is None else check_int(num_vectors, "num_vectors", 1)
     if k < num or k > q.dim:
         raise ValueError(f"num_vectors must be in [num={num}, D={q.dim}], got {num_vectors}")
-    key = jax.random.PRNGKey(0) if key is None else key
+    key = jax.random.PRNGKey(0) if key is None else check_key(key)
     return _leading(q, num, k, key)
 
 
@@ -162,9 +162,7 @@ def optimal_directions(result_or_q, num: int, noise_variance, *, num_vectors=Non
     accuracy of the Lanczos eigenvectors. The first row maximises the single-row gain over the unit sphere."""
     q = as_gaussian(result_or_q)
     v2 = check_noise_variance(noise_variance)
-    num = int(num)
-    if num < 1:
-        raise ValueError(f"num must be >= 1, got {num}")
+    num = check_int(num, "num", 1)
     pool = min(num, q.dim)
     lam, U = leading_directions(q, pool, num_vectors=num_vectors, key=key)
     return _allocate(lam, U, v2, num)

@@ -30,7 +30,7 @@ from .._fit import fit
 from .._gaussian import Gaussian
 from .._model import Model, Sites
 from .._result import Result
-from .._validate import as_float_array, check_finite
+from .._validate import as_float_array, check_finite, check_int, check_key
 from ..factors import AbstractFactor
 from ..operators import AbstractOperator
 from ..potentials import Gaussian as GaussianPotential
@@ -140,11 +140,8 @@ def sequential(base_model: Model, measure: Callable, M0, y0, noise_variance, *, 
     y0 = as_float_array(y0, "y0")
     if y0.shape != (M0.shape[0],):
         raise ValueError(f"y0 must have shape ({M0.shape[0]},), got {y0.shape}")
-    steps, per_step = int(steps), int(per_step)
-    if steps < 0:
-        raise ValueError(f"steps must be >= 0, got {steps}")
-    if per_step < 1:
-        raise ValueError(f"per_step must be >= 1, got {per_step}")
+    check_finite(y0, "y0")
+    steps, per_step = check_int(steps, "steps"), check_int(per_step, "per_step", 1)
     if isinstance(design, str):
         if design not in ("free", "random"):
             raise ValueError(f"design must be 'free', 'random' or a candidate pool, got {design!r}")
@@ -155,7 +152,7 @@ def sequential(base_model: Model, measure: Callable, M0, y0, noise_variance, *, 
         infer = _default_infer(factor)
     elif factor is not None:
         raise ValueError("pass either infer or factor, not both")
-    key = jax.random.PRNGKey(0) if key is None else key
+    key = jax.random.PRNGKey(0) if key is None else check_key(key)
 
     M, y = np.asarray(M0), np.asarray(y0)
     capacity = M.shape[0] + steps * per_step
@@ -187,6 +184,8 @@ def sequential(base_model: Model, measure: Callable, M0, y0, noise_variance, *, 
             y_new = np.asarray(measure(rows), dtype=float).reshape(-1)
             if y_new.shape != (per_step,):
                 raise ValueError(f"measure must return {per_step} observations, got shape {y_new.shape}")
+            if not np.all(np.isfinite(y_new)):
+                raise ValueError(f"measure returned NaN or inf at step {t}: {y_new}")
             M, y = np.concatenate([M, rows]), np.concatenate([y, y_new])
     return SequentialDesign(records, M, y, records[-1].result)
 

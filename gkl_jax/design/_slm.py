@@ -32,7 +32,7 @@ import jax.numpy as jnp
 from .._linalg import full_precision
 from .. import _solvers
 from .._model import Model, Sites
-from .._validate import as_float_array, check_finite, check_ndim, is_concrete
+from .._validate import as_float_array, check_finite, check_int, check_ndim, check_tol, is_concrete
 from ..operators import AbstractOperator, as_operator
 from ..potentials import AbstractPotential
 from ..potentials import Gaussian as GaussianPotential
@@ -91,17 +91,19 @@ def map_estimate(model: Model, *, w0=None, smoothing=(1e-1, 1e-2, 1e-3, 1e-4), t
     1e-6 in float64, 1e-3 in float32). Newton-CG for log-concave models, L-BFGS otherwise (a local optimum)."""
     if not isinstance(model, Model):
         raise ValueError(f"model must be a gkl_jax.Model, got {type(model).__name__}")
-    eps = [float(e) for e in _as_list(smoothing)]
-    if not eps or min(eps) <= 0:
+    eps = [check_tol(e, "smoothing") for e in _as_list(smoothing)]
+    if not eps:
         raise ValueError(f"smoothing must be positive smoothing widths, got {smoothing}")
     dtype = jnp.result_type(float)
     w = jnp.zeros(model.dim, dtype) if w0 is None else as_float_array(w0, "w0")
     if w.shape != (model.dim,):
         raise ValueError(f"w0 must have shape ({model.dim},), got {w.shape}")
-    tol = (1e-6 if jnp.finfo(w.dtype).bits >= 64 else 1e-3) if tol is None else float(tol)
+    check_finite(w, "w0")
+    tol = (1e-6 if jnp.finfo(w.dtype).bits >= 64 else 1e-3) if tol is None else check_tol(tol)
+    max_steps = check_int(max_steps, "max_steps", 1)
     ok = jnp.array(False)
     for e in eps:
-        w, ok = _map_stage(model, w, jnp.asarray(e * e, w.dtype), tol, int(max_steps), model.log_concave)
+        w, ok = _map_stage(model, w, jnp.asarray(e * e, w.dtype), tol, max_steps, model.log_concave)
     if is_concrete(ok) and not bool(ok):
         warnings.warn(f"gkl_jax.design.map_estimate: the last smoothing stage (eps={eps[-1]:g}) stopped without "
                       f"reaching max|grad| <= {tol:g} in max_steps={max_steps}", stacklevel=2)
@@ -110,6 +112,9 @@ def map_estimate(model: Model, *, w0=None, smoothing=(1e-1, 1e-2, 1e-3, 1e-4), t
 
 def smoothed_log_density(model: Model, w, eps2):
     """log prior(w) + sum_n E_{x ~ N(h_n^T w + offset_n, eps2 + variance_offset_n)}[log phi_n(x)]."""
+    eps2 = as_float_array(eps2, "eps2")
+    if is_concrete(eps2) and not bool(jnp.all(eps2 >= 0) & jnp.all(jnp.isfinite(eps2))):
+        raise ValueError(f"eps2 (a variance) must be finite and >= 0, got {eps2}")
     value = 0.0 if model.prior is None else model.prior.log_density(w)
     for s in model.sites:
         op = s.operator(model.dim)

@@ -20,6 +20,7 @@ from jax import lax
 from jax.experimental import sparse as jsparse
 
 from .._linalg import invert_lower
+from .._validate import as_int
 from ..operators import Dense as DenseOperator
 from ..operators import Identity as IdentityOperator
 from ..operators import Sparse as SparseOperator
@@ -56,9 +57,9 @@ def low_rank_projection(op, loadings, diagonal, mean=None):
 
 def check_count(value, name: str, owner: str, *, minimum: int = 0) -> int:
     """A non-negative integer shape option (`bandwidth`, `rows`, `rank`), with a ValueError naming it."""
-    if isinstance(value, bool) or int(value) != value:
+    if as_int(value) is None:
         raise ValueError(f"{owner}({name}={value!r}) must be an integer")
-    value = int(value)
+    value = as_int(value)
     if value < minimum:
         raise ValueError(f"{owner}({name}={value}) must be >= {minimum}")
     return value

@@ -47,7 +47,7 @@ import jax.scipy.linalg as jsl
 from jax import lax
 
 from .._linalg import full_precision, invert_lower, tdot
-from .._validate import is_concrete
+from .._validate import check_tol, is_concrete
 from ._blocks import blockdiag_dense, blockdiag_left, blocks, sandwich_blocks, sym
 from ._linesearch import safeguarded_step, segment_search
 from ._site import (knowles_minka_bound, profile_sensitivity, s_fixed_point_profile, s_step, site_bound_free,
@@ -418,8 +418,7 @@ def fit_full(K, Y, *, site="theorem6", covariance="full", v_update="newton", tol
                                  ("v_update", v_update, V_UPDATES)):
         if value not in allowed:
             raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
-    if not tol > 0:
-        raise ValueError(f"tol must be positive, got {tol}")
+    check_tol(tol)
     if int(max_steps) < 1:
         raise ValueError(f"max_steps must be >= 1, got {max_steps}")
     K, Y = check_labels_matrix(K, Y)

@@ -13,7 +13,14 @@ import jax.numpy as jnp
 from jax.experimental import sparse as jsparse
 
 from .._linalg import tdot
-from .._validate import as_float_array, check_finite, check_ndim
+from .._validate import as_float_array, check_finite, check_int, check_ndim
+
+
+def check_length(x, n: int, name: str):
+    """`x` after checking that its leading axis has length n (a static shape: checked under tracing too)."""
+    if jnp.ndim(x) < 1 or jnp.shape(x)[0] != n:
+        raise ValueError(f"{name} must have length {n} along its first axis, got shape {jnp.shape(x)}")
+    return x
 
 
 class AbstractOperator(eqx.Module):
@@ -117,19 +124,17 @@ class Identity(AbstractOperator):
     dim: int = eqx.field(static=True)
 
     def __init__(self, dim: int):
-        if int(dim) < 1:
-            raise ValueError(f"Identity(dim={dim}) must have dim >= 1")
-        self.dim = int(dim)
+        self.dim = check_int(dim, "Identity: dim", 1)
 
     @property
     def shape(self):
         return (self.dim, self.dim)
 
     def mv(self, x):
-        return x
+        return check_length(x, self.dim, "x")
 
     def rmv(self, y):
-        return y
+        return check_length(y, self.dim, "y")
 
     def mm(self, X):
         return X

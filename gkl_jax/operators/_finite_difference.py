@@ -20,7 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ._base import AbstractOperator
+from .._validate import as_int
+from ._base import AbstractOperator, check_length
 
 DIRECTIONS = ("horizontal", "vertical", "both")
 BOUNDARIES = ("valid", "periodic")
@@ -28,9 +29,9 @@ BOUNDARIES = ("valid", "periodic")
 
 def check_image_shape(height, width, owner: str):
     for name, value in (("height", height), ("width", width)):
-        if int(value) != value or int(value) < 1:
-            raise ValueError(f"{owner}({name}={value}) must be a positive integer")
-    return int(height), int(width)
+        if as_int(value) is None or as_int(value) < 1:
+            raise ValueError(f"{owner}({name}={value!r}) must be a positive integer")
+    return as_int(height), as_int(width)
 
 
 def _diff(X, axis, periodic, sign):
@@ -128,10 +129,10 @@ class FiniteDifference2D(AbstractOperator):
         return out.reshape(self.height * self.width, -1)
 
     def mv(self, x):
-        return self._forward(x[:, None], -1.0)[:, 0]
+        return self._forward(check_length(x, self.shape[1], "x")[:, None], -1.0)[:, 0]
 
     def rmv(self, y):
-        return self._adjoint(y[:, None], -1.0)[:, 0]
+        return self._adjoint(check_length(y, self.shape[0], "y")[:, None], -1.0)[:, 0]
 
     def mm(self, X):
         return self._forward(X, -1.0)

@@ -3,7 +3,7 @@
 import equinox as eqx
 import jax.numpy as jnp
 
-from ._base import AbstractOperator, as_operator
+from ._base import AbstractOperator, as_operator, check_length
 from ._finite_difference import FiniteDifference2D
 from ._wavelets import Wavelet2D
 
@@ -44,7 +44,7 @@ class Stack(AbstractOperator):
         return jnp.concatenate([op.mv(x) for op in self.operators])
 
     def rmv(self, y):
-        return sum(op.rmv(b) for op, b in zip(self.operators, self._blocks(y)))
+        return sum(op.rmv(b) for op, b in zip(self.operators, self._blocks(check_length(y, self.shape[0], "y"))))
 
     def mm(self, X):
         return jnp.concatenate([op.mm(X) for op in self.operators], axis=0)

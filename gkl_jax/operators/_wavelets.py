@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._linalg import tdot
+from .._validate import as_int
 from ._base import AbstractOperator
 from ._finite_difference import check_image_shape
 
@@ -123,9 +124,9 @@ class Wavelet2D(AbstractOperator):
         if wavelet not in FILTERS:
             raise ValueError(f"Wavelet2D(wavelet={wavelet!r}) must be one of {tuple(FILTERS)}")
         levels = default_levels(height, width) if levels is None else levels
-        if int(levels) != levels or int(levels) < 1:
-            raise ValueError(f"Wavelet2D(levels={levels}) must be a positive integer")
-        levels = int(levels)
+        if as_int(levels) is None or as_int(levels) < 1:
+            raise ValueError(f"Wavelet2D(levels={levels!r}) must be a positive integer")
+        levels = as_int(levels)
         for name, side in (("height", height), ("width", width)):
             if side % 2 ** levels:
                 raise ValueError(f"Wavelet2D(levels={levels}) needs {name}={side} divisible by 2**levels = "

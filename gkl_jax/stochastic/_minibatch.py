@@ -31,9 +31,9 @@ from .._fit import _initial_q, stop_gradients
 from .._gaussian import Gaussian
 from .._model import Model
 from .._result import Result
-from .._validate import is_concrete
+from .._validate import as_int, check_int, check_key, check_tol, is_concrete
 from ..factors import AbstractFactor, Full
-from ._subsample import check_subsampling, num_sites, slice_sites, take_sites
+from ._subsample import check_indices, check_subsampling, num_sites, slice_sites, take_sites
 
 TRACE_COUNT = {"fit_minibatch": 0}
 _CHUNK_ELEMENTS = 2 ** 22  # default chunk: about this many entries of H (32 MiB in float64)
@@ -52,6 +52,18 @@ def default_chunk_size(dim: int, num: int) -> int:
     return int(min(num, max(1024, _CHUNK_ELEMENTS // max(dim, 1))))
 
 
+def _check_model_and_q(model, q) -> Gaussian:
+    """The Gaussian of `q` (a Gaussian or a Result) after checking it against `model`."""
+    if not isinstance(model, Model):
+        raise ValueError(f"model must be a gkl_jax.Model, got {type(model).__name__}")
+    q = q.q if isinstance(q, Result) else q
+    if not isinstance(q, Gaussian):
+        raise ValueError(f"q must be a gkl_jax.Gaussian or Result, got {type(q).__name__}")
+    if q.dim != model.dim:
+        raise ValueError(f"q has dimension {q.dim} but the model has {model.dim}")
+    return q
+
+
 def _chunk_sizes(model: Model, chunk_size):
     """One chunk size per sites group from None (default), an integer, or one integer per group."""
     per_group = tuple(chunk_size) if isinstance(chunk_size, (tuple, list)) else (chunk_size,) * len(model.sites)
@@ -63,9 +75,9 @@ def _chunk_sizes(model: Model, chunk_size):
         if size is None:
             sizes.append(default_chunk_size(model.dim, n))
         else:
-            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            if as_int(size) is None or as_int(size) < 1:
                 raise ValueError(f"chunk_size must be a positive integer (or one per sites group), got {size!r}")
-            sizes.append(min(size, n))
+            sizes.append(min(as_int(size), n))
     return tuple(sizes)
 
 
@@ -80,10 +92,7 @@ def bound_chunked(model: Model, q: Gaussian, chunk_size=None):
     order. `chunk_size`: rows per chunk, one integer or one per sites group (default: about 2^22 entries of H,
     at least 1024 rows); static under `jit`. Jit-able and differentiable in both arguments.
     """
-    if not isinstance(model, Model):
-        raise ValueError(f"model must be a gkl_jax.Model, got {type(model).__name__}")
-    if q.dim != model.dim:
-        raise ValueError(f"q has dimension {q.dim} but the model has {model.dim}")
+    q = _check_model_and_q(model, q)
     sizes = _chunk_sizes(model, chunk_size)
     value = _global_terms(model, q)
     for sites, size in zip(model.sites, sizes):
@@ -115,10 +124,19 @@ def bound_chunked(model: Model, q: Gaussian, chunk_size=None):
 @full_precision
 def minibatch_bound(model: Model, q: Gaussian, indices):
     """The unbiased estimate B_hat of the bound from the rows `indices[g]` of each sites group g (sampled
-    uniformly without replacement): global terms plus (N_g / b_g) times the batch's site terms."""
+    uniformly without replacement): global terms plus (N_g / b_g) times the batch's site terms. `indices`: one
+    non-empty 1-D integer array of rows in [0, N_g) per sites group."""
+    q = _check_model_and_q(model, q)
+    if not isinstance(indices, (tuple, list)) or len(indices) != len(model.sites):
+        got = f"length {len(indices)}" if isinstance(indices, (tuple, list)) else type(indices).__name__
+        raise ValueError(f"indices must be a list with one index array per sites group ({len(model.sites)}), "
+                         f"got {got}")
     value = _global_terms(model, q)
-    for sites, idx in zip(model.sites, indices):
+    for g, (sites, idx) in enumerate(zip(model.sites, indices)):
         n = num_sites(sites, model.dim)
+        idx = check_indices(idx, n, f"indices[{g}]")
+        if idx.shape[0] == 0:
+            raise ValueError(f"indices[{g}] is empty: a minibatch needs at least one site")
         value = value + (n / idx.shape[0]) * take_sites(sites, idx, model.dim).expected_log_phi(q)
     return value
 
@@ -189,25 +207,18 @@ def fit_minibatch(model: Model, factor: AbstractFactor | None = None, *, batch_s
         raise ValueError("pass exactly one of num_steps and num_epochs")
     total = sum(num_sites(s, model.dim) for s in model.sites)
     if num_epochs is not None:
-        if not num_epochs > 0:
-            raise ValueError(f"num_epochs must be positive, got {num_epochs}")
+        num_epochs = check_tol(num_epochs, "num_epochs")
         largest = max(range(len(sizes)), key=lambda g: num_sites(model.sites[g], model.dim))
         num_steps = max(1, int(round(num_epochs * num_sites(model.sites[largest], model.dim) / sizes[largest])))
-    if isinstance(num_steps, bool) or int(num_steps) != num_steps or int(num_steps) < 1:
-        raise ValueError(f"num_steps must be a positive integer, got {num_steps!r}")
-    num_steps = int(num_steps)
+    num_steps = check_int(num_steps, "num_steps", 1)
     if optimizer is None:
-        if not learning_rate > 0:
-            raise ValueError(f"learning_rate must be positive, got {learning_rate}")
-        optimizer = _default_optimizer(num_steps, float(learning_rate))
+        optimizer = _default_optimizer(num_steps, check_tol(learning_rate, "learning_rate"))
     elif not isinstance(optimizer, optax.GradientTransformation):
         raise ValueError(f"optimizer must be an optax.GradientTransformation, got {type(optimizer).__name__}")
-    key = jax.random.key(0) if key is None else key
+    key = jax.random.key(0) if key is None else check_key(key)
     chunks = tuple(_chunk_sizes(model, chunk_size))
     q_init = _initial_q(model, factor, q0)
-    tol = 1e-3 if tol is None else float(tol)
-    if not tol > 0:
-        raise ValueError(f"tol must be positive, got {tol}")
+    tol = 1e-3 if tol is None else check_tol(tol)
     q, log_z, grad_max, bad_steps, history = _fit_minibatch_jit(model, q_init, key, optimizer, sizes, chunks,
                                                                 num_steps, q0 is None)
     converged = (grad_max / total <= tol) & jnp.isfinite(log_z) & (bad_steps == 0)

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .._model import Sites
+from .._validate import check_int, is_concrete
 from ..operators import AbstractOperator, Dense, Identity
 
 
@@ -26,13 +27,8 @@ class SelectRows(AbstractOperator):
     dim: int = eqx.field(static=True)
 
     def __init__(self, indices, dim: int):
-        indices = jnp.asarray(indices)
-        if indices.ndim != 1 or not jnp.issubdtype(indices.dtype, jnp.integer):
-            raise ValueError(f"indices must be a 1-D integer array, got shape {indices.shape} {indices.dtype}")
-        if int(dim) < 1:
-            raise ValueError(f"dim must be >= 1, got {dim}")
-        self.indices = indices
-        self.dim = int(dim)
+        self.dim = check_int(dim, "dim", 1)
+        self.indices = check_indices(indices, self.dim)
 
     @property
     def shape(self):
@@ -63,6 +59,18 @@ class SelectRows(AbstractOperator):
         return jnp.diag(self.rmv(g))
 
 
+def check_indices(indices, n: int, name: str = "indices"):
+    """`indices` as a 1-D integer array of rows in [0, n) (checked where concrete: JAX would clamp an index past
+    the end and wrap a negative one, silently taking another row)."""
+    indices = jnp.asarray(indices)
+    if indices.ndim != 1 or not jnp.issubdtype(indices.dtype, jnp.integer):
+        raise ValueError(f"{name} must be a 1-D integer array, got shape {indices.shape} {indices.dtype}")
+    if is_concrete(indices) and indices.size and not bool((jnp.min(indices) >= 0) & (jnp.max(indices) < n)):
+        raise ValueError(f"{name} must lie in [0, {n}), got values from {int(jnp.min(indices))} to "
+                         f"{int(jnp.max(indices))}")
+    return indices
+
+
 def num_sites(sites: Sites, dim: int) -> int:
     """N, the number of rows of the group's projection."""
     return int(sites.operator(dim).shape[0])
@@ -89,7 +97,8 @@ def _unsupported(op):
 
 
 def take_sites(sites: Sites, indices, dim: int) -> Sites:
-    """The group restricted to the rows `indices` (a 1-D integer array; may repeat rows)."""
+    """The group restricted to the rows `indices` (a 1-D integer array in [0, N); may repeat rows)."""
+    indices = check_indices(indices, num_sites(sites, dim))
 
     def rows_of_operator(op):
         if isinstance(op, Dense):
@@ -107,6 +116,9 @@ def slice_sites(sites: Sites, start, size: int, dim: int) -> Sites:
     """The group restricted to rows start, ..., start + size - 1 (`start` may be traced; `size` is static and
     at most N; like `lax.dynamic_slice`, a start past N - size is clamped to N - size)."""
     n = num_sites(sites, dim)
+    size = check_int(size, "size")
+    if size > n:
+        raise ValueError(f"size must be at most N = {n} (the group's rows), got {size}")
     start = jnp.clip(start, 0, n - size)
 
     def rows_of_operator(op):
