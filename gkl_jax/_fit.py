@@ -302,7 +302,9 @@ def _fit_jit(model, q_init, name, optimizer, tol, max_steps, max_cg):
     return _solve(model, q_init, name, optimizer, tol, max_steps, max_cg)
 
 
-def _solve(model, q_init, name, optimizer, tol, max_steps, max_cg):
+def _solve(model, q_init, name, optimizer, tol, max_steps, max_cg, implicit=True):
+    """The solver's optimum over the solver leaves of q_init, with the implicit-function derivative in the model
+    (`implicit=False`: none, for solves inside a loop, whose carried factor leaves `_implicit` cannot close over)."""
     params0, static = eqx.partition(q_init, _solver_filter(q_init))
     static = stop_gradients(static)
     flat0, unravel = ravel_pytree(params0)
@@ -326,10 +328,27 @@ def _solve(model, q_init, name, optimizer, tol, max_steps, max_cg):
     else:
         x, k, ok, hist = _solvers.optax_solver(objective, flat0, optimizer, tol=tol, max_steps=max_steps)
 
-    dynamic, static_model = eqx.partition(model, eqx.is_inexact_array)
-    stationarity = lambda dyn, flat: jax.grad(lambda f: bound(eqx.combine(dyn, static_model), to_q(f)))(flat)
-    flat = _implicit_optimum(stationarity, dynamic, x)
-    return to_q(flat), k, ok, hist, sp
+    return (_implicit(model, to_q(x)) if implicit else to_q(x)), k, ok, hist, sp
+
+
+def _implicit(model, q):
+    """q, an optimum over its solver leaves, with their implicit-function derivative in the model (the leaves a
+    refinable factor holds fixed, the subspace basis, are held fixed in the derivative too).
+
+    Every array other than the model's inexact leaves (the fixed factor leaves, integer data such as sparse
+    indices) enters `_implicit_optimum` as an argument, `held`, not through the closure `stationarity`: a traced
+    array in a custom_jvp's non-differentiable closure leaks out of its trace."""
+    params, static = eqx.partition(q, _solver_filter(q))
+    flat, unravel = ravel_pytree(params)
+    dynamic, rest = eqx.partition(model, eqx.is_inexact_array)
+    held, skeleton = eqx.partition((rest, stop_gradients(static)), eqx.is_array)
+
+    def stationarity(dyn, held, f):
+        rest, static = eqx.combine(held, skeleton)
+        return jax.grad(lambda f: bound(eqx.combine(dyn, rest), eqx.combine(unravel(f), static)))(f)
+
+    flat = _implicit_optimum(stationarity, dynamic, held, lax.stop_gradient(flat))
+    return eqx.combine(unravel(flat), stop_gradients(static))
 
 
 def _solver_filter(q):
@@ -357,8 +376,8 @@ def _refine_and_solve(model, q_init, name, optimizer, tol, max_steps, max_cg):
     def round_(i, carry):
         q, k, hist, best = carry
         factor = lax.stop_gradient(q.factor.refine(frozen, lax.stop_gradient(q), best))
-        q2, k2, _, hist2, _ = _solve(model, eqx.tree_at(lambda g: g.factor, q, factor), name, optimizer,
-                                  jnp.where(i == rounds - 1, tol, loose), max_steps, max_cg)
+        q2, k2, _, hist2, _ = _solve(frozen, eqx.tree_at(lambda g: g.factor, q, factor), name, optimizer,
+                                     jnp.where(i == rounds - 1, tol, loose), max_steps, max_cg, implicit=False)
         value = bound(frozen, lax.stop_gradient(q2))
         better = jnp.isfinite(value) & (value >= best)
         q = jax.tree.map(lambda a, b: jnp.where(better, a, b), q2, q)
@@ -372,12 +391,12 @@ def _refine_and_solve(model, q_init, name, optimizer, tol, max_steps, max_cg):
     params, static = eqx.partition(lax.stop_gradient(q), _solver_filter(q))
     grad = jax.grad(lambda p: bound(frozen, eqx.combine(p, static)))(params)
     ok = jnp.isfinite(best) & (jnp.max(jnp.abs(ravel_pytree(grad)[0])) <= tol)
-    return q, k, ok, hist
+    return _implicit(model, q), k, ok, hist
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
-def _implicit_optimum(stationarity, dynamic, x):
-    """Returns the optimum x (a root of stationarity(dynamic, .)) with the implicit-function derivative
+def _implicit_optimum(stationarity, dynamic, held, x):
+    """Returns the optimum x (a root of stationarity(dynamic, held, .)) with the implicit-function derivative
 
         dx = -(d_x F)^{-1} d_theta F . dtheta,   F = grad_x B,
 
@@ -388,10 +407,10 @@ def _implicit_optimum(stationarity, dynamic, x):
 
 @_implicit_optimum.defjvp
 def _implicit_optimum_jvp(stationarity, primals, tangents):
-    dynamic, x = primals
-    ddynamic, _ = tangents
-    rhs = jax.jvp(lambda d: stationarity(d, x), (dynamic,), (ddynamic,))[1]
-    neg_hessian = lambda v: -jax.jvp(lambda f: stationarity(dynamic, f), (x,), (v,))[1]
+    dynamic, held, x = primals
+    ddynamic, _, _ = tangents
+    rhs = jax.jvp(lambda d: stationarity(d, held, x), (dynamic,), (ddynamic,))[1]
+    neg_hessian = lambda v: -jax.jvp(lambda f: stationarity(dynamic, held, f), (x,), (v,))[1]
     solve = lambda matvec, b: _solvers.conjugate_gradient(matvec, b, max_iters=10 * b.shape[0])
     dx = lax.custom_linear_solve(neg_hessian, rhs, solve, symmetric=True)
     return x, dx
