@@ -10,11 +10,18 @@ import jax.numpy as jnp
 from ._gaussian import Gaussian
 from ._linalg import full_precision
 from ._model import Model
+from ._result import Result
 
 
 @full_precision
 def bound(model: Model, q: Gaussian):
-    """The G-KL bound B(m, C) on log Z. Jit-able and differentiable in both the model and q."""
+    """The G-KL bound B(m, C) on log Z at q (a `Gaussian`, or a `Result` for its q). Jit-able and differentiable
+    in both the model and q."""
+    if not isinstance(model, Model):
+        raise ValueError(f"model must be a gkl_jax.Model, got {type(model).__name__}")
+    q = q.q if isinstance(q, Result) else q
+    if not isinstance(q, Gaussian):
+        raise ValueError(f"q must be a gkl_jax.Gaussian or Result, got {type(q).__name__}")
     if q.dim != model.dim:
         raise ValueError(f"q has dimension {q.dim} but the model has {model.dim}")
     value = q.entropy()

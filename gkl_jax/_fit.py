@@ -28,6 +28,7 @@ import warnings
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax import lax
 from jax.flatten_util import ravel_pytree
@@ -46,6 +47,7 @@ from ._model import Model, Sites
 from ._result import Result
 from ._validate import check_int, check_tol, is_concrete
 from .factors import AbstractFactor, AbstractFixedPointFactor, AbstractRefinableFactor, Full
+from .factors._full import upper_factor
 from .operators import AbstractOperator, Dense as DenseOperator
 from .priors import Isotropic
 
@@ -94,10 +96,15 @@ def fit(model: Model, factor: AbstractFactor | None = None, *, solver=None, q0: 
     """
     if not isinstance(model, Model):
         raise ValueError(f"model must be a gkl_jax.Model, got {type(model).__name__}")
+    q0 = q0.q if isinstance(q0, Result) else q0
+    if q0 is not None and not isinstance(q0, Gaussian):
+        raise ValueError(f"q0 must be a gkl_jax.Gaussian or Result, got {type(q0).__name__}")
     if factor is None:
         factor = q0.factor if q0 is not None else Full()
     if not isinstance(factor, AbstractFactor):
         raise ValueError(f"factor must be a gkl_jax.factors factor, got {type(factor).__name__}")
+    if not isinstance(whiten, (bool, np.bool_)):
+        raise ValueError(f"whiten must be True or False, got {whiten!r}")
     if whiten:
         if model.prior is None:
             raise ValueError("whiten=True needs a prior")
@@ -123,7 +130,9 @@ def fit(model: Model, factor: AbstractFactor | None = None, *, solver=None, q0: 
     q, num_steps, converged, history, sp = _fit_jit(work_model, q_init, name, optimizer, jnp.asarray(tol, dtype),
                                                    max_steps, max_cg)
     if whiten:
-        q = Gaussian(mu + L @ q.mean, Full(q.factor.dense() @ L.T))
+        # S = L S_v L^T = (C_v L^T)^T (C_v L^T); C_v L^T is upper triangular unless C_v is not (FactorAnalysis,
+        # Subspace), and Full keeps only an upper triangle
+        q = Gaussian(mu + L @ q.mean, Full(upper_factor(q.factor.dense() @ L.T)))
     if sp is None:
         log_z = _bound_jit(model, jax.lax.stop_gradient(q))
     else:   # the same bound from the site precisions, with the closed-form covariance derivative
@@ -131,9 +140,10 @@ def fit(model: Model, factor: AbstractFactor | None = None, *, solver=None, q0: 
     if is_concrete(converged) and not bool(converged):
         hint = "; try whiten=True (L-BFGS on an ill-conditioned prior)" if (
             name == "lbfgs" and not whiten and model.prior is not None) else ""
+        valid = ("the result is a valid bound but not the optimum" if bool(jnp.isfinite(log_z)) else
+                 f"the bound there is {float(log_z)} (numerical failure: check the data's scales)")
         warnings.warn(f"gkl_jax.fit: the {name} solver stopped after {int(num_steps)} steps without reaching "
-                      f"max|grad| <= {float(tol):g}; the result is a valid bound but not the optimum{hint}",
-                      stacklevel=3)
+                      f"max|grad| <= {float(tol):g}; {valid}{hint}", stacklevel=3)
     return Result(q=q, log_z=log_z, converged=converged, num_steps=num_steps, history=history, method="gkl")
 
 
@@ -236,7 +246,7 @@ def _initial_q(model, factor, q0):
         if type(q0.factor) is not type(factor):
             raise ValueError(f"q0 has a {type(q0.factor).__name__} factor but factor={type(factor).__name__}")
         dtype = model_dtype(model)    # a warm start in another precision is cast to the model's
-        return jax.tree.map(lambda x: x.astype(dtype) if eqx.is_inexact_array(x) else x, q0)
+        return _check_start(jax.tree.map(lambda x: x.astype(dtype) if eqx.is_inexact_array(x) else x, q0), "q0")
     if factor.is_initialised:
         if factor.dim != model.dim:
             raise ValueError(f"factor has dimension {factor.dim} but the model has {model.dim}")
@@ -244,7 +254,17 @@ def _initial_q(model, factor, q0):
     else:
         start = factor.initialise(model.dim, initial_variance(model))
     mean = model.prior.mean if model.prior is not None else jnp.zeros(model.dim, model_dtype(model))
-    return Gaussian(mean, start)
+    return _check_start(Gaussian(mean, start), "factor")
+
+
+def _check_start(q, name):
+    """q, refused (ValueError naming `name`) where its covariance is singular or not finite: the bound there is
+    -inf or NaN and no solver can move from it."""
+    logdet = q.factor.logdet()
+    if is_concrete(logdet) and not bool(jnp.isfinite(logdet)):
+        raise ValueError(f"{name} gives a singular or non-finite starting covariance (log det S = {float(logdet)}); "
+                         "every diagonal entry of its factor must be non-zero and finite")
+    return q
 
 
 def model_dtype(model):

@@ -4,7 +4,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ._validate import as_float_array, check_finite, check_ndim
+from ._validate import as_float_array, check_finite, check_int, check_key, check_ndim
 from .factors import AbstractFactor
 
 
@@ -48,11 +48,16 @@ class Gaussian(eqx.Module):
 
     def sample(self, key, num_samples: int):
         """`num_samples` draws w = m + C^T z, z ~ N(0, I); shape (num_samples, D)."""
-        z = jax.random.normal(key, (num_samples, self.dim), dtype=self.mean.dtype)
+        z = jax.random.normal(check_key(key), (check_int(num_samples, "num_samples"), self.dim),
+                              dtype=self.mean.dtype)
         return self.mean + jax.vmap(self.factor.rmatvec)(z)
 
     def log_density(self, w):
-        """log q(w) (dense; for tests and small problems)."""
-        C = self.factor.dense()
-        r = jax.scipy.linalg.solve_triangular(C, w - self.mean, trans="T", lower=False)
-        return -0.5 * (self.dim * jnp.log(2 * jnp.pi) + self.factor.logdet() + r @ r)
+        """log q(w) for one point w (D,) or a batch (n, D) (dense, O(D^3); for tests and small problems): with
+        r = C^{-T} (w - m), log q = -(D log 2 pi + log det S + r^T r) / 2. C is square but not triangular for
+        every factor (FactorAnalysis, Subspace), hence a general solve."""
+        w = as_float_array(w, "w")
+        if w.ndim not in (1, 2) or w.shape[-1] != self.dim:
+            raise ValueError(f"w must have shape ({self.dim},) or (n, {self.dim}), got {w.shape}")
+        r = jnp.linalg.solve(self.factor.dense().T, (w - self.mean).T)
+        return -0.5 * (self.dim * jnp.log(2 * jnp.pi) + self.factor.logdet() + jnp.sum(r * r, axis=0))

@@ -9,6 +9,7 @@ fast form, so only hand-written transposed products need this. On accelerators t
 """
 
 import functools
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -29,14 +30,24 @@ def full_precision(fn):
     Tables 2-4 stopped at the step limit short of the float32 tolerance 1e-3 in 13 of 18 cells (on the CPU the
     same float32 fits converge in the float64 step counts), a float32 GP covariance of 30 points failed its
     Cholesky factorisation, and operator products differed from float64 by 1.3e-3. The context is read when a
-    program is traced, so it reaches every product of `fn`, inside jit and in the transposes autodiff adds."""
+    program is traced, so it reaches every product of `fn`, inside jit and in the transposes autodiff adds.
+
+    The warnings `fn` issues (non-convergence, numerical trouble) are re-issued from here one frame up, so that
+    they name the caller's line, not this wrapper's; the caller's warning filters apply to them as usual."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        if jax.config.jax_default_matmul_precision is not None:
-            return fn(*args, **kwargs)
-        with jax.default_matmul_precision("highest"):
-            return fn(*args, **kwargs)
+        caught = []
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                if jax.config.jax_default_matmul_precision is not None:
+                    return fn(*args, **kwargs)
+                with jax.default_matmul_precision("highest"):
+                    return fn(*args, **kwargs)
+        finally:   # outside catch_warnings: the caller's filters are back
+            for w in caught:
+                warnings.warn(w.message, w.category, stacklevel=2)
 
     return wrapper
 

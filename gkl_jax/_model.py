@@ -6,7 +6,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ._validate import site_vector
+from ._validate import is_concrete, site_vector
 from .operators import AbstractOperator, Identity, as_operator
 from .potentials import AbstractPotential
 from .priors import AbstractPrior
@@ -32,6 +32,10 @@ class Sites(eqx.Module):
         self.potential = potential
         self.offset = site_vector(offset, "offset")
         self.variance_offset = site_vector(variance_offset, "variance_offset")
+        if is_concrete(self.variance_offset) and not bool(jnp.all(self.variance_offset >= 0)):
+            raise ValueError("variance_offset (a known variance added to s_n^2) must be >= 0")
+        if self.H is not None and 0 in self.H.shape:
+            raise ValueError(f"H must have at least one row and one column, got shape {self.H.shape}")
         n = potential.num_sites
         if self.H is not None and n is not None and n != self.H.shape[0]:
             raise ValueError(f"H has {self.H.shape[0]} rows but the potential's per-site data has length {n}")
@@ -65,6 +69,8 @@ class Model(eqx.Module):
     def __init__(self, prior: Optional[AbstractPrior], sites: Union[Sites, Sequence[Sites]]):
         if isinstance(sites, Sites):
             sites = (sites,)
+        if not isinstance(sites, (tuple, list)):
+            raise ValueError(f"sites must be Sites or a list of Sites (possibly empty), got {type(sites).__name__}")
         sites = tuple(sites)
         if not sites and prior is None:
             raise ValueError("a Model needs a prior or at least one Sites group")
@@ -86,6 +92,13 @@ class Model(eqx.Module):
             n = s.potential.num_sites
             if s.H is None and n is not None and n != dim:
                 raise ValueError(f"Sites(None, ...) needs per-site data of length dim={dim}, got {n}")
+            for name, arr in (("offset", s.offset), ("variance_offset", s.variance_offset)):
+                if s.H is None and arr.ndim == 1 and arr.shape[0] != dim:
+                    raise ValueError(f"Sites(None, ...) needs {name} of length dim={dim} (one per latent), got "
+                                     f"{arr.shape[0]}")
+        for leaf in jax.tree.leaves((prior, sites)):
+            if eqx.is_inexact_array(leaf) and jnp.finfo(leaf.dtype).bits < 32:
+                raise ValueError(f"gkl-jax computes in float32 or float64; the model holds {leaf.dtype} data")
         self.prior = prior
         self.sites = sites
         self.dim = int(dim)

@@ -36,9 +36,10 @@ from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jax.scipy.special import gammaln, log_ndtr
+from jax.scipy.special import log_ndtr
 
 from .. import potentials as P
+from ..potentials._potentials import student_t_log_norm
 
 
 class SuperGaussian(NamedTuple):
@@ -94,7 +95,7 @@ def super_gaussian(potential, method: str) -> SuperGaussian:
                              jnp.broadcast_to(b**2, jnp.broadcast_shapes(jnp.shape(y), jnp.shape(b))))
     if isinstance(potential, P.StudentT):
         y, nu, s = potential.y, potential.dof, potential.scale
-        C = gammaln(0.5 * (nu + 1)) - gammaln(0.5 * nu) - 0.5 * jnp.log(nu * jnp.pi) - jnp.log(s)
+        C = student_t_log_norm(nu) - jnp.log(s)
         k = nu * s**2
         return SuperGaussian(jnp.zeros_like(y), y, lambda xi: C - 0.5 * (nu + 1) * jnp.log1p(xi / k),
                              lambda xi: -0.5 * (nu + 1) / (k + xi), lambda xi: 0.5 * (nu + 1) / (k + xi) ** 2,

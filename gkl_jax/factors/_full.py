@@ -29,6 +29,13 @@ def upper_factor_of_inverse(precision):
     return invert_lower(lower)[::-1, ::-1]
 
 
+def upper_factor(C):
+    """The upper-triangular R with R^T R = C^T C for any square C (the R of C = Q R, its rows signed so that
+    diag(R) >= 0); R = C where C is already upper triangular with a positive diagonal."""
+    R = jnp.linalg.qr(C, mode="r")
+    return jnp.where(jnp.diagonal(R) < 0, -1.0, 1.0)[:, None] * R
+
+
 class Full(AbstractFixedPointFactor):
     """C upper triangular and dense: O(N D^2) per bound evaluation; the tightest G-KL bound.
 

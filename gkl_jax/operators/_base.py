@@ -202,10 +202,18 @@ class Sparse(AbstractOperator):
         return (weighted.T @ self.matrix).todense()
 
 
+def _is_scipy_sparse(H) -> bool:
+    """A scipy.sparse matrix or array, recognised without importing scipy."""
+    return type(H).__module__.startswith("scipy.sparse") and hasattr(H, "tocoo")
+
+
 def as_operator(H, name: str = "H") -> AbstractOperator:
-    """Wrap an array, a BCOO matrix or an operator as an `AbstractOperator`."""
+    """Wrap an array, a BCOO matrix, a scipy.sparse matrix (converted to BCOO) or an operator as an
+    `AbstractOperator`."""
     if isinstance(H, AbstractOperator):
         return H
+    if _is_scipy_sparse(H):
+        H = jsparse.BCOO.from_scipy_sparse(H)
     if isinstance(H, jsparse.BCOO):
         return Sparse(H, name)
     return Dense(H, name)

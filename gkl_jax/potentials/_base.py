@@ -14,6 +14,7 @@ import equinox as eqx
 import jax.numpy as jnp
 
 from .._quadrature import autodiff_jet, expectation
+from .._validate import check_int
 
 DEFAULT_NUM_POINTS = 64
 
@@ -81,10 +82,7 @@ def _array_fields(module):
 
 
 def check_num_points(num_points) -> int:
-    num_points = int(num_points)
-    if num_points < 2:
-        raise ValueError(f"num_points must be >= 2, got {num_points}")
-    return num_points
+    return check_int(num_points, "num_points", 2)
 
 
 def std_normal_logpdf(x):

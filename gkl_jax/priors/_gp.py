@@ -51,10 +51,15 @@ class GP(AbstractDensePrior):
         if X.ndim == 1:
             X = X[:, None]
         check_ndim(X, 2, "X")
+        if 0 in X.shape:
+            raise ValueError(f"X must have at least one point and one input dimension, got shape {X.shape}")
         check_finite(X, "X")
-        jitter = float(jitter)
-        if not jitter >= 0:
-            raise ValueError(f"jitter must be non-negative, got {jitter}")
+        try:
+            jitter = float(jitter)
+        except (TypeError, ValueError):
+            jitter = float("nan")
+        if not 0 <= jitter < float("inf"):
+            raise ValueError(f"jitter must be finite and non-negative, got {jitter}")
         covariance = _jittered_gram(kernel, X, jitter)
         self.chol, self.inv_chol = dense_cholesky(covariance, "covariance (K(X, X) + jitter I)")
         self.kernel = kernel

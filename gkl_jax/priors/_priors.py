@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from .._linalg import invert_lower, lower_gram, reduced_matmul_precision, reduced_precision_hint, tdot
-from .._validate import as_float_array, check_finite, check_ndim, check_positive, is_concrete
+from .._validate import as_float_array, check_finite, check_int, check_ndim, check_positive, is_concrete
 from ..operators import Dense as DenseOperator
 
 
@@ -73,11 +73,11 @@ def _mean(mean, dim, dtype):
     if mean is None:
         return jnp.zeros(dim, dtype)
     mean = as_float_array(mean, "mean")
+    check_finite(mean, "mean")
     if mean.ndim == 0:
         return jnp.full(dim, mean, dtype=mean.dtype)
     if mean.shape != (dim,):
         raise ValueError(f"mean must have shape ({dim},), got {mean.shape}")
-    check_finite(mean, "mean")
     return mean
 
 
@@ -88,12 +88,12 @@ class Isotropic(AbstractPrior):
     variance: jax.Array
 
     def __init__(self, dim: int, variance=1.0, mean=None):
-        if int(dim) != dim or int(dim) < 1:
-            raise ValueError(f"dim must be a positive integer, got {dim}")
+        dim = check_int(dim, "dim", 1)
         variance = as_float_array(variance, "variance")
         if variance.ndim != 0:
             raise ValueError(f"variance must be a scalar for Isotropic, got shape {variance.shape}")
         check_positive(variance, "variance")
+        check_finite(variance, "variance")
         self.variance = variance
         self.mean = _mean(mean, int(dim), variance.dtype)
 
@@ -128,7 +128,10 @@ class Diagonal(AbstractPrior):
     def __init__(self, variance, mean=None):
         variance = as_float_array(variance, "variance")
         check_ndim(variance, 1, "variance")
+        if variance.shape[0] == 0:
+            raise ValueError("variance must have at least one entry")
         check_positive(variance, "variance")
+        check_finite(variance, "variance")
         self.variance = variance
         self.mean = _mean(mean, variance.shape[0], variance.dtype)
 
@@ -166,8 +169,8 @@ def _checked_cholesky(covariance):
 def dense_cholesky(covariance, name="covariance"):
     """Validated lower Cholesky factor L of a symmetric positive-definite matrix and its inverse L^{-1}."""
     check_ndim(covariance, 2, name)
-    if covariance.shape[0] != covariance.shape[1]:
-        raise ValueError(f"{name} must be square, got shape {covariance.shape}")
+    if covariance.shape[0] != covariance.shape[1] or covariance.shape[0] == 0:
+        raise ValueError(f"{name} must be square and non-empty, got shape {covariance.shape}")
     L, inv, finite, symmetric, positive = _checked_cholesky(covariance)
     if is_concrete(covariance):
         if not bool(finite):
