@@ -102,6 +102,18 @@ def check_key(key, name: str = "key"):
                      f"{type(key).__name__}")
 
 
+def check_indices(indices, n: int, name: str = "indices"):
+    """`indices` as a 1-D integer array of rows in [0, n) (checked where concrete: JAX would clamp an index past
+    the end and wrap a negative one, silently taking another row)."""
+    indices = jnp.asarray(indices)
+    if indices.ndim != 1 or not jnp.issubdtype(indices.dtype, jnp.integer):
+        raise ValueError(f"{name} must be a 1-D integer array, got shape {indices.shape} {indices.dtype}")
+    if is_concrete(indices) and indices.size and not bool((jnp.min(indices) >= 0) & (jnp.max(indices) < n)):
+        raise ValueError(f"{name} must lie in [0, {n}), got values from {int(jnp.min(indices))} to "
+                         f"{int(jnp.max(indices))}")
+    return indices
+
+
 def check_ndim(x, ndim: int, name: str) -> None:
     if jnp.ndim(x) != ndim:
         raise ValueError(f"{name} must be {ndim}-D, got shape {jnp.shape(x)}")

@@ -88,5 +88,6 @@ def _exact_jit(model):
         mean = prior.mean + post
     log_z = log_z - 0.5 * jnp.sum(extra / v)
     q = Gaussian(mean, Full(upper_factor_of_inverse(precision)))
-    return Result(q=q, log_z=log_z, converged=jnp.array(True), num_steps=jnp.array(0),
+    # exact, unless a factorisation failed (a singular covariance under jit, where the prior's checks are skipped)
+    return Result(q=q, log_z=log_z, converged=jnp.isfinite(log_z), num_steps=jnp.array(0),
                   history=jnp.reshape(log_z, (1,)), method="exact", is_bound=True)

@@ -50,6 +50,7 @@ from .._model import Model
 from .._result import Result
 from .._validate import strongly_typed
 from ..factors import Full
+from ..potentials import AbstractPotential
 
 
 class HyperResult(eqx.Module):
@@ -121,12 +122,15 @@ def _accepts_q0(fn) -> bool:
 def fit_hyperparameters(build: Callable[[Any], Model], params, *, method: Union[str, Callable, None] = None,
                         optimizer: Union[str, optax.GradientTransformation] = "lbfgs", max_steps: int = 100,
                         gtol: float = 1e-4, ftol: float = 1e-9, restarts: int = 0, key=None,
-                        restart_scale: float = 0.5, filter_spec=eqx.is_inexact_array,
+                        restart_scale: float = 0.5, filter_spec=None,
                         method_kwargs: Optional[dict] = None, warm_start: bool = True,
                         jit: Optional[bool] = None, gradient: Optional[str] = None,
                         max_step: Optional[float] = 3.0) -> HyperResult:
     """Maximise `method(build(params)).log_z` over the inexact-array leaves of `params` selected by
-    `filter_spec` (see the module doc for the gradient).
+    `filter_spec` (see the module doc for the gradient); by default (None) every inexact array except the data
+    of a likelihood in `params` (its targets `y`). A likelihood's positive parameters (variance, scale, dof) are
+    stored as they are, not as logarithms: an outer step that makes one non-positive counts as a failed
+    evaluation (the line search halves it).
 
     `build` may be any callable; make it an `eqx.Module` holding the data (X, y, fixed likelihood settings) to
     reuse the compiled objective across calls on data of the same shapes (cross-validation partitions, grids).
@@ -178,7 +182,7 @@ def fit_hyperparameters(build: Callable[[Any], Model], params, *, method: Union[
     else:
         raise ValueError(f"optimizer must be 'lbfgs' or an optax.GradientTransformation, got {optimizer!r}")
 
-    dyn0, static = eqx.partition(params, filter_spec)
+    dyn0, static = eqx.partition(params, default_filter_spec(params) if filter_spec is None else filter_spec)
     model0 = build(params)
     if not isinstance(model0, Model):
         raise ValueError(f"build(params) must return a gkl_jax.Model, got {type(model0).__name__}")
@@ -261,9 +265,34 @@ _RUNNING, _CONVERGED, _STOPPED, _NOT_FINITE = 0, 1, 2, 3
 optimiser step); the objective not finite at the starting parameters."""
 
 
+def default_filter_spec(params):
+    """`eqx.is_inexact_array` on every leaf, except the targets `y` of the likelihoods in `params` (data)."""
+    def spec(node):
+        if isinstance(node, AbstractPotential) and getattr(node, "y", None) is not None:
+            return eqx.tree_at(lambda p: p.y, jax.tree.map(eqx.is_inexact_array, node), False)
+        return jax.tree.map(eqx.is_inexact_array, node)
+
+    return jax.tree.map(spec, params, is_leaf=lambda x: isinstance(x, AbstractPotential))
+
+
+_POSITIVE = ("variance", "scale", "dof")
+
+
+def _likelihoods_valid(model):
+    """Whether every likelihood parameter that must be positive is (the constructors' checks skip traced values)."""
+    ok = jnp.array(True)
+    for s in model.sites:
+        for name in _POSITIVE:
+            value = getattr(s.potential, name, None)
+            if eqx.is_inexact_array(value):
+                ok = ok & jnp.all(value > 0)
+    return ok
+
+
 def _run_method(build, fn, kwargs, use_q0, static, dyn, q0):
     model = build(eqx.combine(dyn, static))
-    return fn(model, q0=q0, **kwargs) if use_q0 else fn(model, **kwargs)
+    res = fn(model, q0=q0, **kwargs) if use_q0 else fn(model, **kwargs)
+    return eqx.tree_at(lambda r: r.log_z, res, jnp.where(_likelihoods_valid(model), res.log_z, jnp.nan))
 
 
 TRACE_COUNT = {"objective": 0}

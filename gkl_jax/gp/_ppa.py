@@ -26,6 +26,7 @@ for the corrected one) changes by less than `tol`. Each E-step and M-step is one
 """
 
 import time
+import warnings
 
 import equinox as eqx
 import jax
@@ -37,7 +38,7 @@ from jax import lax
 from jax.scipy.special import ndtr
 
 from .._linalg import full_precision, tdot
-from .._validate import as_float_array, check_finite, check_positive, strongly_typed
+from .._validate import as_float_array, check_finite, check_int, check_positive, strongly_typed
 from ..kernels import AbstractKernel
 from ..potentials import Logistic, Probit
 from ._predict import log_predictive_density
@@ -242,8 +243,9 @@ def ppa(kernel: AbstractKernel, X, y, *, noise=1.0, corrected: bool = True, like
     check_positive(noise, "noise")
     if likelihood not in ("probit", "logistic"):
         raise ValueError(f"likelihood must be 'probit' or 'logistic', got {likelihood!r}")
-    if int(max_iters) < 1 or int(m_steps) < 1 or int(e_sweeps) < 1:
-        raise ValueError(f"max_iters, m_steps and e_sweeps must be >= 1, got {max_iters}, {m_steps}, {e_sweeps}")
+    max_iters, m_steps = check_int(max_iters, "max_iters", 1), check_int(m_steps, "m_steps", 1)
+    e_sweeps = check_int(e_sweeps, "e_sweeps", 1)
+    jitter = _check_jitter(jitter)
     lik = Probit(y) if likelihood == "probit" else Logistic(y)
     params = strongly_typed(PPAParams(kernel, jnp.log(noise).astype(X.dtype)), X.dtype)   # one compilation
     f_mean = jnp.zeros(X.shape[0], X.dtype)
@@ -258,20 +260,39 @@ def ppa(kernel: AbstractKernel, X, y, *, noise=1.0, corrected: bool = True, like
         value = cor if corrected else std
         hist_std.append(std)
         hist_cor.append(cor)
+        if not np.isfinite(value):     # a failed factorisation (duplicate inputs without jitter, ...)
+            hist.append(value)
+            break
         if hist and abs(value - hist[-1]) < tol:
             hist.append(value)
             converged = True
             break
         hist.append(value)
-        params = m_step(params, stats, X, jitter, bool(corrected), int(m_steps), float(m_gtol), bool(learn_noise))
+        params = m_step(params, stats, X, jitter, bool(corrected), m_steps, float(m_gtol), bool(learn_noise))
+    if not converged:
+        warnings.warn(f"gkl_jax.gp.ppa: stopped after {it} iterations without the bound settling to tol={tol:g} "
+                      f"(last bound {hist[-1]:g}); the parameters are the last ones", stacklevel=2)
     return PPAResult(params=params, stats=stats, X=X, history=np.array(hist), history_standard=np.array(hist_std),
                      history_corrected=np.array(hist_cor), num_iters=it, converged=converged,
                      wall_time=time.perf_counter() - start, corrected_m_step=bool(corrected))
 
 
+def _check_jitter(jitter) -> float:
+    try:
+        jitter = float(jitter)
+    except (TypeError, ValueError):
+        jitter = float("nan")
+    if not 0 <= jitter < float("inf"):
+        raise ValueError(f"jitter must be finite and non-negative, got {jitter}")
+    return jitter
+
+
 def ppa_predict(result: PPAResult, X_new, jitter: float = 1e-6):
     """PPA predictive at X_new: latent N(k_*^T (K + v I)^{-1} <f>, k_** - k_*^T (K + v I)^{-1} k_*) for fbar_* and
     p(y_* = +1) = Phi(mean / sqrt(1 + v + var)) (probit). Returns (mean, variance, probability)."""
+    if not isinstance(result, PPAResult):
+        raise ValueError(f"result must be a PPAResult (from gkl_jax.gp.ppa), got {type(result).__name__}")
+    jitter = _check_jitter(jitter)
     X_new = as_float_array(X_new, "X_new")
     if X_new.ndim == 1:
         X_new = X_new[:, None]

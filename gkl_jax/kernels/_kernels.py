@@ -63,7 +63,8 @@ def _stationary_gram(kernel, X1, X2, same: bool):
         a, b, scale = a / scale, b / scale, jnp.ones((), a.dtype)
     norms = jnp.sum(jnp.square(a), axis=1)[:, None] + jnp.sum(jnp.square(b), axis=1)[None, :]
     r2 = norms - 2 * a @ b.T
-    r2 = jnp.where(r2 > 8 * jnp.finfo(r2.dtype).eps * norms, r2, 0.0)   # round-off of duplicate points -> 0
+    # round-off of duplicate points -> 0 (written so that a NaN, from a NaN input, stays NaN)
+    r2 = jnp.where(r2 <= 8 * jnp.finfo(r2.dtype).eps * norms, 0.0, r2)
     if same:
         r2 = r2 * (1 - jnp.eye(r2.shape[0], dtype=r2.dtype))
     return kernel.variance * kernel.profile(r2 / jnp.square(scale))

@@ -382,6 +382,12 @@ def _fit_jit(K, Y, warm, cold, km, mf, newton, tol, max_steps, s_sweeps, init_sc
     return fit_core(K, Y, st0, km, mf, newton, tol, max_steps, s_sweeps)
 
 
+def check_one_hot(Y, name: str = "Y"):
+    """Raise ValueError unless a concrete Y has every row a standard basis vector e^c."""
+    if is_concrete(Y) and not bool(jnp.all((jnp.sum(Y, axis=1) == 1) & jnp.all((Y == 0) | (Y == 1), axis=1))):
+        raise ValueError(f"{name} must be one-hot: every row a standard basis vector e^c")
+
+
 def check_labels_matrix(K, Y):
     """Validate a prior covariance K (nC, nC) and one-hot labels Y (n, C); returns them as arrays."""
     K = jnp.asarray(K)
@@ -397,8 +403,7 @@ def check_labels_matrix(K, Y):
         raise ValueError(f"Y must have C >= 2 classes, got C = {C}")
     if K.shape[0] != n * C:
         raise ValueError(f"K has size {K.shape[0]} but Y implies nC = {n} * {C} = {n * C}")
-    if is_concrete(Y) and not bool(jnp.all((jnp.sum(Y, axis=1) == 1) & jnp.all((Y == 0) | (Y == 1), axis=1))):
-        raise ValueError("Y must be one-hot: every row a standard basis vector e^c")
+    check_one_hot(Y)
     if is_concrete(K) and not bool(jnp.all(jnp.isfinite(K))):
         raise ValueError("K contains NaN or inf")
     return K, Y
@@ -434,9 +439,11 @@ def fit_full(K, Y, *, site="theorem6", covariance="full", v_update="newton", tol
              jnp.asarray(v_update == "newton"))
     st, k, converged, hist, stat = _fit_jit(K, Y, warm, jnp.asarray(init is None), *flags, jnp.asarray(tol, K.dtype),
                                             int(max_steps), jnp.asarray(int(s_sweeps)),
-                                            jnp.asarray(init_scale, K.dtype))
+                                            jnp.asarray(check_tol(init_scale, "init_scale"), K.dtype))
     if is_concrete(converged) and not bool(converged):
+        valid = ("the result is a valid bound but not the optimum" if bool(jnp.isfinite(st.value)) else
+                 f"the bound is {float(st.value)}: is K positive definite?")
         warnings.warn(f"gkl_jax.multiclass.fit_full stopped after {int(k)} sweeps without the bound settling to "
-                      f"tol={tol:g}; the result is a valid bound but not the optimum", stacklevel=2)
+                      f"tol={tol:g}; {valid}", stacklevel=2)
     return FullPosterior(Y=Y, b=st.b, S=st.S, W=st.W, V_blocks=st.Vb, log_z=st.value, converged=converged,
                          num_steps=k, history=hist, stationarity=stat, site=site, covariance_family=covariance)

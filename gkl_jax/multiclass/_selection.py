@@ -36,8 +36,9 @@ import numpy as np
 from jax import lax
 
 from .._linalg import tdot
-from .._validate import strongly_typed
+from .._validate import check_indices, check_int, strongly_typed
 from ._blocks import blockdiag_left
+from ._full import check_one_hot
 from ._hyper import trainable_filter
 from ._sparse import _mf, fit_sparse, masked_prior, site_statistics, whitened_cross
 
@@ -45,9 +46,9 @@ from ._sparse import _mf, fit_sparse, masked_prior, site_statistics, whitened_cr
 def inducing_prior(kernel, X, num_classes, sites, *, noise=1e-6, jitter=1e-6, class_covariance=None):
     """(K_zz, K_zf, K_ff blocks) for inducing variables z_a = f^{c_a}(x_{i_a}) + eps_a at the training latents
     `sites` (indices p = i C + c), with eps_a ~ N(0, noise) (Remark 13); the latent prior carries `jitter`."""
-    C = num_classes
+    C = check_int(num_classes, "num_classes", 2)
     X = jnp.asarray(X)
-    sites = jnp.asarray(sites)
+    sites = check_indices(sites, X.shape[0] * C, "sites")
     Kc = jnp.eye(C, dtype=X.dtype) if class_covariance is None else jnp.asarray(class_covariance, X.dtype)
     ii, cc = sites // C, sites % C
     Kzx = kernel.gram(X[ii], X)  # (s, n)
@@ -234,8 +235,14 @@ def select_inducing(kernel, X, Y, num_inducing, *, method="active", batch=None, 
     N = n * C
     if not 1 <= int(num_inducing) <= N:
         raise ValueError(f"num_inducing must be in 1..{N}, got {num_inducing}")
-    batch = C if batch is None else int(batch)
-    top = 4 * batch if top is None else int(top)
+    batch = C if batch is None else check_int(batch, "batch", 1)
+    top = 4 * batch if top is None else check_int(top, "top", 1)
+    check_int(subset, "subset", 1)
+    check_one_hot(Y)
+    if initial is not None:
+        initial = np.asarray(check_indices(initial, N, "initial"))
+        if not 1 <= len(initial) <= int(num_inducing):
+            raise ValueError(f"initial must hold 1..num_inducing={num_inducing} sites, got {len(initial)}")
     rng = np.random.default_rng(seed)
     s = int(num_inducing)
     sites = np.zeros(s, np.int64)

@@ -30,9 +30,9 @@ import jax.scipy.linalg as jsl
 from jax import lax
 
 from .._linalg import full_precision, invert_lower, tdot
-from .._validate import is_concrete
+from .._validate import check_int, check_tol, is_concrete
 from ._blocks import blockdiag_left, sym
-from ._full import V_UPDATES, _cg, s_sweeps, site_terms
+from ._full import V_UPDATES, _cg, check_one_hot, s_sweeps, site_terms
 from ._linesearch import safeguarded_step, segment_search
 from ._site import profile_sensitivity, s_fixed_point_profile, site_bound_free, site_statistics
 
@@ -246,6 +246,9 @@ def fit_sparse(Kzz, Kzf, Kff_blocks, Y, *, mask=None, site="theorem6", v_update=
     s = Kzz.shape[0] if Kzz.ndim == 2 else 0
     if Y.ndim != 2 or C < 2:
         raise ValueError(f"Y must be (n, C) one-hot with C >= 2, got shape {Y.shape}")
+    check_one_hot(Y)
+    check_tol(tol)
+    check_int(max_steps, "max_steps", 1)
     if Kzz.shape != (s, s) or s < 1:
         raise ValueError(f"Kzz must be a square (s, s) matrix, got shape {Kzz.shape}")
     if Kzf.shape != (s, n * C):
@@ -268,7 +271,8 @@ def fit_sparse(Kzz, Kzf, Kff_blocks, Y, *, mask=None, site="theorem6", v_update=
                                                jnp.asarray(v_update == "newton"), jnp.asarray(tol, Kzz.dtype),
                                                int(max_steps), jnp.asarray(int(s_sweeps)))
     if is_concrete(converged) and not bool(converged):
-        warnings.warn(f"gkl_jax.multiclass.fit_sparse stopped after {int(k)} sweeps without the bound settling",
+        why = "" if bool(jnp.isfinite(st.value)) else f" (the bound is {float(st.value)}: are Kzz and Kff positive definite?)"
+        warnings.warn(f"gkl_jax.multiclass.fit_sparse stopped after {int(k)} sweeps without the bound settling{why}",
                       stacklevel=2)
     return SparsePosterior(Y=Y, b=st.b, S=st.S, W=st.W, Vf_blocks=st.Vb, log_z=st.value, converged=converged,
                            num_steps=k, history=hist, stationarity=stat)

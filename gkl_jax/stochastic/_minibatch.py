@@ -31,9 +31,9 @@ from .._fit import _initial_q, stop_gradients
 from .._gaussian import Gaussian
 from .._model import Model
 from .._result import Result
-from .._validate import as_int, check_int, check_key, check_tol, is_concrete
+from .._validate import as_int, check_indices, check_int, check_key, check_tol, is_concrete
 from ..factors import AbstractFactor, Full
-from ._subsample import check_indices, check_subsampling, num_sites, slice_sites, take_sites
+from ._subsample import check_subsampling, num_sites, slice_sites, take_sites
 
 TRACE_COUNT = {"fit_minibatch": 0}
 _CHUNK_ELEMENTS = 2 ** 22  # default chunk: about this many entries of H (32 MiB in float64)

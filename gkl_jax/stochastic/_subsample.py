@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .._model import Sites
-from .._validate import check_int, is_concrete
+from .._validate import check_indices, check_int
 from ..operators import AbstractOperator, Dense, Identity
 
 
@@ -57,18 +57,6 @@ class SelectRows(AbstractOperator):
 
     def weighted_gram(self, g):
         return jnp.diag(self.rmv(g))
-
-
-def check_indices(indices, n: int, name: str = "indices"):
-    """`indices` as a 1-D integer array of rows in [0, n) (checked where concrete: JAX would clamp an index past
-    the end and wrap a negative one, silently taking another row)."""
-    indices = jnp.asarray(indices)
-    if indices.ndim != 1 or not jnp.issubdtype(indices.dtype, jnp.integer):
-        raise ValueError(f"{name} must be a 1-D integer array, got shape {indices.shape} {indices.dtype}")
-    if is_concrete(indices) and indices.size and not bool((jnp.min(indices) >= 0) & (jnp.max(indices) < n)):
-        raise ValueError(f"{name} must lie in [0, {n}), got values from {int(jnp.min(indices))} to "
-                         f"{int(jnp.max(indices))}")
-    return indices
 
 
 def num_sites(sites: Sites, dim: int) -> int:

@@ -1,0 +1,208 @@
+"""Inputs that used to give silent wrong results, NaN, hangs or unclear crashes (a robustness audit of the public
+API, 2026-11-26): each now gives the right answer or a ValueError naming the argument."""
+
+import warnings
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.sparse
+from jax.scipy.special import gammaln
+
+import gkl_jax as gk
+
+P = gk.potentials
+
+
+def _logistic_model(D=3, N=20, seed=0, prior=True):
+    rng = np.random.default_rng(seed)
+    H = rng.normal(size=(N, D))
+    y = np.where(H @ rng.normal(size=D) > 0, 1.0, -1.0)
+    return gk.Model(gk.priors.Isotropic(D, 1.0) if prior else None, gk.Sites(H, P.Logistic(y))), H, y
+
+
+# ------------------------------------------------------------------------------------------ right answers now
+
+
+def test_prior_only_model_every_method():
+    """No sites: q is the prior and log Z = 0 (fit raised a TypeError, EP / local / double loop numpy errors).
+    Diagonal's optimum is q_i = N(mu_i, 1 / Lambda_ii), bound = (sum_i log(1 / Lambda_ii) - log det Sigma) / 2."""
+    Sigma = np.array([[2.0, 0.5], [0.5, 1.0]])
+    model = gk.Model(gk.priors.Dense(Sigma), [])
+    for method in (gk.fit, gk.laplace, gk.ep, gk.local, lambda m: gk.double_loop(m, 1)):
+        res = method(model)
+        assert bool(res.converged)
+        np.testing.assert_allclose(float(res.log_z), 0.0, atol=1e-10)
+        np.testing.assert_allclose(res.q.covariance(), Sigma, atol=1e-8)
+    Lam = np.linalg.inv(Sigma)
+    expected = 0.5 * (np.sum(np.log(1 / np.diag(Lam))) - np.linalg.slogdet(Sigma)[1])
+    np.testing.assert_allclose(float(gk.fit(model, factor=gk.factors.Diagonal()).log_z), expected, rtol=1e-8)
+
+
+def test_log_density_and_whitening_for_non_triangular_factors():
+    """FactorAnalysis and Subspace have a square but not triangular dense C: log_density solved with it as if it
+    were triangular (0.25 nats off), and whiten=True kept only its upper triangle (a different q)."""
+    model, _, _ = _logistic_model()
+    w = jnp.array([[0.3, -0.2, 0.1], [1.0, 0.5, -1.0]])
+    for factor in (gk.factors.FactorAnalysis(rank=1), gk.factors.Subspace(rank=2)):
+        res = gk.fit(model, factor=factor, tol=1e-8)
+        S, m = np.asarray(res.q.covariance()), np.asarray(res.q.mean)
+        d = np.asarray(w) - m
+        ref = -0.5 * (3 * np.log(2 * np.pi) + np.linalg.slogdet(S)[1] + np.einsum("ni,ij,nj->n", d, np.linalg.inv(S), d))
+        np.testing.assert_allclose(res.q.log_density(w), ref, rtol=1e-10)
+        np.testing.assert_allclose(res.q.log_density(w[0]), ref[0], rtol=1e-10)
+        white = gk.fit(model, factor=factor, whiten=True, tol=1e-8)    # identity prior: whitening changes nothing
+        np.testing.assert_allclose(white.q.covariance(), S, atol=1e-6)
+        np.testing.assert_allclose(float(white.log_z), float(res.log_z), atol=1e-9)
+
+
+def test_student_t_normaliser_at_large_dof():
+    """log Gamma((nu+1)/2) - log Gamma(nu/2) lost every digit at dof = 1e16 (log_phi(0) = -18.99 instead of the
+    Gaussian -0.919); above dof 200 an asymptotic series replaces it, continuous with it at the switch."""
+    for nu in (1e8, 1e16, 1e300):
+        np.testing.assert_allclose(float(P.StudentT(0.0, nu).log_phi(0.0)), -0.5 * np.log(2 * np.pi), rtol=1e-8)
+    from gkl_jax.potentials._potentials import student_t_log_norm
+    np.testing.assert_allclose(float(student_t_log_norm(200.0)), float(student_t_log_norm(200.0 - 1e-9)), atol=1e-12)
+    for nu in (0.5, 3.0, 20.0):
+        direct = gammaln(0.5 * (nu + 1)) - gammaln(0.5 * nu) - 0.5 * np.log(nu * np.pi) - 0.5 * (nu + 1) * np.log1p(
+            0.49 / nu)
+        np.testing.assert_allclose(float(P.StudentT(0.7, nu).log_phi(0.0)), float(direct), rtol=1e-12)
+
+
+def test_scipy_sparse_h_is_the_dense_fit():
+    model, H, y = _logistic_model()
+    Hs = H * (np.abs(H) > 0.4)
+    ref = gk.fit(gk.Model(gk.priors.Isotropic(3), gk.Sites(Hs, P.Logistic(y))), factor=gk.factors.Chevron(1))
+    for M in (scipy.sparse.csr_matrix(Hs), scipy.sparse.coo_array(Hs)):
+        res = gk.fit(gk.Model(gk.priors.Isotropic(3), gk.Sites(M, P.Logistic(y))), factor=gk.factors.Chevron(1))
+        np.testing.assert_allclose(float(res.log_z), float(ref.log_z), rtol=1e-10)
+
+
+def test_synthetic_logistic_with_one_point_is_finite():
+    d = gk.datasets.synthetic_logistic(3, 1)
+    assert np.all(np.isfinite(d["X_train"]))
+
+
+def test_nan_input_stays_nan_in_a_compiled_kernel():
+    """The round-off clamp of the stationary Gram matrix turned a NaN distance into 0 (an all-ones kernel)."""
+    se = gk.kernels.SquaredExponential(1.0, 1.0)
+    K = eqx.filter_jit(lambda x: se.gram(x))(jnp.array([0.0, jnp.nan, 5.0]))
+    assert np.all(np.isnan(np.asarray(K)[1]))        # (centring spreads the NaN to every entry; none is 1)
+
+
+def test_gp_exact_reports_a_failed_factorisation_under_jit():
+    """Duplicate inputs without jitter: eagerly the prior refuses K; under jit its checks are skipped and exact
+    returned a NaN log Z with converged=True."""
+    X = np.linspace(-2, 2, 6)
+    X = np.r_[X, X]
+    f = lambda ell: gk.gp.exact(gk.gp.model(gk.kernels.SquaredExponential(1.0, ell), X, P.Gaussian(np.sin(X), 0.1),
+                                            jitter=0.0))
+    res = jax.jit(f)(1.0)
+    assert np.isfinite(float(res.log_z)) == bool(res.converged)
+
+
+def test_ml2_with_a_likelihood_in_params_keeps_the_targets_and_a_positive_noise():
+    """The default filter trained the Gaussian likelihood's targets y (moved by 0.04) and let the raw noise
+    variance step below zero."""
+    X = np.linspace(-2, 2, 12)
+    y = np.sin(X) + 0.1 * np.random.default_rng(0).standard_normal(12)
+    build = lambda p: gk.gp.model(p[0], X, p[1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        hr = gk.gp.fit_hyperparameters(build, (gk.kernels.SquaredExponential(1.0, 1.0), P.Gaussian(y, 0.1)),
+                                       method="exact", max_steps=50)
+    np.testing.assert_array_equal(np.asarray(hr.params[1].y), y)
+    assert float(hr.params[1].variance) > 0 and np.isfinite(float(hr.log_z))
+    assert float(hr.log_z) > float(gk.gp.exact(build((gk.kernels.SquaredExponential(1.0, 1.0),
+                                                      P.Gaussian(y, 0.1)))).log_z)
+
+
+def test_warnings_name_the_callers_line():
+    """Warnings of the full_precision-decorated verbs pointed at gkl_jax/_linalg.py."""
+    model, _, _ = _logistic_model()
+    for call in (lambda: gk.fit(model, max_steps=1), lambda: gk.ep(model, max_steps=1)):
+        with pytest.warns(UserWarning) as record:
+            call()
+        assert record[0].filename == __file__
+
+
+# ------------------------------------------------------------------------------------------ clear errors now
+
+
+def _bad_calls():
+    model, H, y = _logistic_model()
+    q = gk.fit(model).q
+    key = jax.random.PRNGKey(0)
+    return [
+        (lambda: gk.Sites(H, P.Logistic(y), variance_offset=-1.0), "variance_offset"),
+        (lambda: gk.Sites(np.zeros((0, 3)), P.Logistic(np.zeros(0))), "H must have at least one row"),
+        (lambda: gk.Model(gk.priors.Isotropic(3), gk.Sites(None, P.Gaussian(np.zeros(3), 1.0), offset=[1.0, 2.0])),
+         "offset of length dim=3"),
+        (lambda: gk.Model(gk.priors.Isotropic(3), None), "sites must be"),
+        (lambda: gk.Model(gk.priors.Isotropic(3, jnp.float16(1.0)), []), "float32 or float64"),
+        (lambda: gk.priors.Isotropic(3, np.inf), "variance"),
+        (lambda: gk.priors.Isotropic(None), "dim"),
+        (lambda: gk.priors.Isotropic(3, 1.0, mean=np.nan), "mean"),
+        (lambda: P.Logistic(y, num_points=2.7), "num_points"),
+        (lambda: gk.fit(model, q0=np.zeros(3)), "q0"),
+        (lambda: gk.fit(model, whiten="no"), "whiten"),
+        (lambda: gk.fit(model, max_cg=0), "max_cg"),
+        (lambda: gk.fit(model, tol=np.nan), "tol"),
+        (lambda: gk.fit(model, factor=gk.factors.Diagonal(jnp.zeros(3))), "singular"),
+        (lambda: gk.bound(model, "q"), "q must be"),
+        (lambda: q.sample(0, 3), "key"),
+        (lambda: q.sample(key, -1), "num_samples"),
+        (lambda: gk.ep(model, tol=np.nan), "tol"),
+        (lambda: gk.laplace(model, max_steps=None), "max_steps"),
+        (lambda: gk.double_loop(model, np.nan), "rank"),
+        (lambda: gk.double_loop(model, 1, key=3), "key"),
+        (lambda: gk.ais(model, key, q=gk.Gaussian(jnp.zeros(3), gk.factors.Diagonal(jnp.zeros(3)))), "singular"),
+        (lambda: gk.ais(model, key, inflation=np.inf), "inflation"),
+        (lambda: gk.design.greedy_selection(q, np.zeros((0, 3)), 1, 0.1), "no rows"),
+        (lambda: gk.design.greedy_selection(q, np.eye(3), 2.7, 0.1), "num"),
+        (lambda: gk.design.map_estimate(model, w0=[np.nan, 0, 0]), "w0"),
+        (lambda: gk.design.map_estimate(model, smoothing=np.nan), "smoothing"),
+        (lambda: gk.design.smoothed_log_density(model, jnp.zeros(3), -1.0), "eps2"),
+        (lambda: gk.stochastic.minibatch_bound(model, q, [jnp.array([0, 50])]), "indices[0] must lie in [0, 20)"),
+        (lambda: gk.stochastic.minibatch_bound(model, q, [jnp.array([], int)]), "empty"),
+        (lambda: gk.stochastic.minibatch_bound(model, q, jnp.array([0, 1])), "one index array per sites group"),
+        (lambda: gk.stochastic.slice_sites(model.sites[0], 0, 25, 3), "size must be at most N = 20"),
+        (lambda: gk.stochastic.SelectRows(jnp.array([0, 9]), 3), "indices must lie in [0, 3)"),
+        (lambda: gk.stochastic.fit_minibatch(model, batch_size=5, num_epochs=np.inf), "num_epochs"),
+        (lambda: gk.stochastic.fit_minibatch(model, batch_size=5, num_steps=2, key=0), "key"),
+        (lambda: gk.operators.Identity(3).mv(jnp.ones(5)), "length 3"),
+        (lambda: gk.operators.FiniteDifference2D(2, 2).rmv(jnp.ones(7)), "length 4"),
+        (lambda: gk.datasets.synthetic_logistic(2.5, 4), "dim"),
+        (lambda: gk.datasets.synthetic_logistic(3, 4, seed=-1), "seed"),
+    ]
+
+
+@pytest.mark.parametrize("index", range(39))
+def test_bad_input_raises_a_value_error_naming_it(index):
+    calls = _bad_calls()
+    assert len(calls) == 39
+    call, fragment = calls[index]
+    with pytest.raises(ValueError, match=None) as err:
+        call()
+    assert fragment in str(err.value), str(err.value)
+
+
+def test_multiclass_bad_input():
+    se = gk.kernels.SquaredExponential(1.0, 1.0)
+    rng = np.random.default_rng(0)
+    X, Y = rng.standard_normal((9, 2)), np.eye(3)[np.array([0, 1, 2] * 3)]
+    with pytest.raises(ValueError, match="batch"):       # used to loop for ever
+        gk.multiclass.select_inducing(se, X, Y, 4, batch=0)
+    with pytest.raises(ValueError, match="one-hot"):
+        gk.multiclass.select_inducing(se, X, 2 * Y, 4)
+    with pytest.raises(ValueError, match="initial"):
+        gk.multiclass.select_inducing(se, X, Y, 4, initial=[0, -1])
+    with pytest.raises(ValueError, match="sites must lie in"):
+        gk.multiclass.inducing_prior(se, X, 3, np.array([0, 4, 100]))
+    Kzz, Kzf, Kff = gk.multiclass.inducing_prior(se, X, 3, np.array([0, 4, 8]))
+    with pytest.raises(ValueError, match="one-hot"):
+        gk.multiclass.fit_sparse(Kzz, Kzf, Kff, 2 * Y)
+    with pytest.raises(ValueError, match="max_step"):
+        gk.multiclass.fit_hyperparameters(se, X, Y, max_step=0.0)
