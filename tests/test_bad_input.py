@@ -176,13 +176,17 @@ def _bad_calls():
         (lambda: gk.operators.FiniteDifference2D(2, 2).rmv(jnp.ones(7)), "length 4"),
         (lambda: gk.datasets.synthetic_logistic(2.5, 4), "dim"),
         (lambda: gk.datasets.synthetic_logistic(3, 4, seed=-1), "seed"),
+        (lambda: gk.kernels.SquaredExponential(1.0, []), "lengthscale"),
+        (lambda: gk.gp.fit_hyperparameters(lambda k: gk.gp.model(k, H[:, 0], P.Logistic(y)),
+                                           gk.kernels.SquaredExponential(1.0, 1.0), gtol=np.nan), "gtol"),
+        (lambda: gk.gp.latent("q", gk.priors.GP(gk.kernels.SquaredExponential(1.0, 1.0), H[:, 0]), H[:2, 0]), "q must"),
     ]
 
 
-@pytest.mark.parametrize("index", range(39))
+@pytest.mark.parametrize("index", range(42))
 def test_bad_input_raises_a_value_error_naming_it(index):
     calls = _bad_calls()
-    assert len(calls) == 39
+    assert len(calls) == 42
     call, fragment = calls[index]
     with pytest.raises(ValueError, match=None) as err:
         call()

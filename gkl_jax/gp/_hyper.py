@@ -48,7 +48,7 @@ from .._fit import warm_result
 from .._site_precision import initial_point as site_precision_start
 from .._model import Model
 from .._result import Result
-from .._validate import strongly_typed
+from .._validate import check_int, strongly_typed
 from ..factors import Full
 from ..potentials import AbstractPotential
 
@@ -167,10 +167,11 @@ def fit_hyperparameters(build: Callable[[Any], Model], params, *, method: Union[
     fn = _resolve_method(method)
     kwargs = dict(method_kwargs or {})
     use_q0 = warm_start and _accepts_q0(fn)
-    if int(max_steps) < 1:
-        raise ValueError(f"max_steps must be >= 1, got {max_steps}")
-    if int(restarts) < 0:
-        raise ValueError(f"restarts must be >= 0, got {restarts}")
+    check_int(max_steps, "max_steps", 1)
+    check_int(restarts, "restarts")
+    for name, value in (("gtol", gtol), ("ftol", ftol), ("restart_scale", restart_scale)):
+        if not isinstance(value, (int, float, np.floating, np.integer)) or not 0 <= value < np.inf:
+            raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
     if max_step is not None and not float(max_step) > 0:
         raise ValueError(f"max_step must be positive or None, got {max_step}")
     if optimizer == "lbfgs":

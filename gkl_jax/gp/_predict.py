@@ -58,7 +58,10 @@ class Prediction(eqx.Module):
 
 
 def latent(q: Gaussian, prior: GP, X_new, mean_new=None):
-    """(mu_*, s2_*) of the latent predictive at the rows of X_new (App. F.1)."""
+    """(mu_*, s2_*) of the latent predictive at the rows of X_new (App. F.1); `q` a Gaussian or a `Result`."""
+    q = q.q if isinstance(q, Result) else q
+    if not isinstance(q, Gaussian):
+        raise ValueError(f"q must be a gkl_jax.Gaussian or Result, got {type(q).__name__}")
     X_new = _check_inputs(q, prior, X_new)
     return _latent(q, prior, X_new, _mean_at(prior, X_new.shape[0], mean_new, X_new.dtype))
 

@@ -163,8 +163,9 @@ def _stationary_params(variance, lengthscale):
     if log_variance.ndim != 0:
         raise ValueError(f"variance must be a scalar, got shape {log_variance.shape}")
     log_lengthscale = _log_positive(lengthscale, "lengthscale")
-    if log_lengthscale.ndim > 1:
-        raise ValueError(f"lengthscale must be a scalar or a 1-D (ARD) array, got shape {log_lengthscale.shape}")
+    if log_lengthscale.ndim > 1 or log_lengthscale.size == 0:
+        raise ValueError(f"lengthscale must be a scalar or a non-empty 1-D (ARD) array, got shape "
+                         f"{log_lengthscale.shape}")
     return log_variance, log_lengthscale
 
 
