@@ -13,10 +13,8 @@ from ._model import Model
 from ._result import Result
 
 
-@full_precision
-def bound(model: Model, q: Gaussian):
-    """The G-KL bound B(m, C) on log Z at q (a `Gaussian`, or a `Result` for its q). Jit-able and differentiable
-    in both the model and q."""
+def check_model_and_q(model, q) -> Gaussian:
+    """The Gaussian of `q` (a Gaussian or a Result) after checking it and `model` (ValueError)."""
     if not isinstance(model, Model):
         raise ValueError(f"model must be a gkl_jax.Model, got {type(model).__name__}")
     q = q.q if isinstance(q, Result) else q
@@ -24,6 +22,14 @@ def bound(model: Model, q: Gaussian):
         raise ValueError(f"q must be a gkl_jax.Gaussian or Result, got {type(q).__name__}")
     if q.dim != model.dim:
         raise ValueError(f"q has dimension {q.dim} but the model has {model.dim}")
+    return q
+
+
+@full_precision
+def bound(model: Model, q: Gaussian):
+    """The G-KL bound B(m, C) on log Z at q (a `Gaussian`, or a `Result` for its q). Jit-able and differentiable
+    in both the model and q."""
+    q = check_model_and_q(model, q)
     value = q.entropy()
     if model.prior is not None:
         value = value + model.prior.expected_log_density(q)

@@ -91,6 +91,18 @@ def check_tol(tol, name: str = "tol") -> float:
     return value
 
 
+def check_nonnegative(value, name: str) -> float:
+    """A Python float, with a ValueError naming `name` unless it is a finite number >= 0 (a jitter, a tolerance
+    that may be 0)."""
+    try:
+        result = float(value)
+    except (TypeError, ValueError):
+        result = float("nan")
+    if isinstance(value, (bool, np.bool_)) or not 0 <= result < float("inf"):
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return result
+
+
 def check_key(key, name: str = "key"):
     """`key` if it is a JAX random key (typed, from `jax.random.key`, or raw uint32 pairs from
     `jax.random.PRNGKey`), else a ValueError naming `name`."""

@@ -48,7 +48,7 @@ from .._fit import warm_result
 from .._site_precision import initial_point as site_precision_start
 from .._model import Model
 from .._result import Result
-from .._validate import check_int, strongly_typed
+from .._validate import check_int, check_nonnegative, strongly_typed
 from ..factors import Full
 from ..potentials import AbstractPotential
 
@@ -170,8 +170,7 @@ def fit_hyperparameters(build: Callable[[Any], Model], params, *, method: Union[
     check_int(max_steps, "max_steps", 1)
     check_int(restarts, "restarts")
     for name, value in (("gtol", gtol), ("ftol", ftol), ("restart_scale", restart_scale)):
-        if not isinstance(value, (int, float, np.floating, np.integer)) or not 0 <= value < np.inf:
-            raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        check_nonnegative(value, name)
     if max_step is not None and not float(max_step) > 0:
         raise ValueError(f"max_step must be positive or None, got {max_step}")
     if optimizer == "lbfgs":

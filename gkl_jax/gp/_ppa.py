@@ -38,7 +38,7 @@ from jax import lax
 from jax.scipy.special import ndtr
 
 from .._linalg import full_precision, tdot
-from .._validate import as_float_array, check_finite, check_int, check_positive, strongly_typed
+from .._validate import as_float_array, check_finite, check_int, check_nonnegative, check_positive, strongly_typed
 from ..kernels import AbstractKernel
 from ..potentials import Logistic, Probit
 from ._predict import log_predictive_density
@@ -245,7 +245,7 @@ def ppa(kernel: AbstractKernel, X, y, *, noise=1.0, corrected: bool = True, like
         raise ValueError(f"likelihood must be 'probit' or 'logistic', got {likelihood!r}")
     max_iters, m_steps = check_int(max_iters, "max_iters", 1), check_int(m_steps, "m_steps", 1)
     e_sweeps = check_int(e_sweeps, "e_sweeps", 1)
-    jitter = _check_jitter(jitter)
+    jitter = check_nonnegative(jitter, "jitter")
     lik = Probit(y) if likelihood == "probit" else Logistic(y)
     params = strongly_typed(PPAParams(kernel, jnp.log(noise).astype(X.dtype)), X.dtype)   # one compilation
     f_mean = jnp.zeros(X.shape[0], X.dtype)
@@ -277,22 +277,12 @@ def ppa(kernel: AbstractKernel, X, y, *, noise=1.0, corrected: bool = True, like
                      wall_time=time.perf_counter() - start, corrected_m_step=bool(corrected))
 
 
-def _check_jitter(jitter) -> float:
-    try:
-        jitter = float(jitter)
-    except (TypeError, ValueError):
-        jitter = float("nan")
-    if not 0 <= jitter < float("inf"):
-        raise ValueError(f"jitter must be finite and non-negative, got {jitter}")
-    return jitter
-
-
 def ppa_predict(result: PPAResult, X_new, jitter: float = 1e-6):
     """PPA predictive at X_new: latent N(k_*^T (K + v I)^{-1} <f>, k_** - k_*^T (K + v I)^{-1} k_*) for fbar_* and
     p(y_* = +1) = Phi(mean / sqrt(1 + v + var)) (probit). Returns (mean, variance, probability)."""
     if not isinstance(result, PPAResult):
         raise ValueError(f"result must be a PPAResult (from gkl_jax.gp.ppa), got {type(result).__name__}")
-    jitter = _check_jitter(jitter)
+    jitter = check_nonnegative(jitter, "jitter")
     X_new = as_float_array(X_new, "X_new")
     if X_new.ndim == 1:
         X_new = X_new[:, None]

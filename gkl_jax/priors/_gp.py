@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from .._linalg import full_precision, tdot
-from .._validate import as_float_array, check_finite, check_ndim
+from .._validate import as_float_array, check_finite, check_ndim, check_nonnegative
 from ..kernels import AbstractKernel
 from ._priors import AbstractDensePrior, _mean, dense_cholesky
 
@@ -54,12 +54,7 @@ class GP(AbstractDensePrior):
         if 0 in X.shape:
             raise ValueError(f"X must have at least one point and one input dimension, got shape {X.shape}")
         check_finite(X, "X")
-        try:
-            jitter = float(jitter)
-        except (TypeError, ValueError):
-            jitter = float("nan")
-        if not 0 <= jitter < float("inf"):
-            raise ValueError(f"jitter must be finite and non-negative, got {jitter}")
+        jitter = check_nonnegative(jitter, "jitter")
         covariance = _jittered_gram(kernel, X, jitter)
         self.chol, self.inv_chol = dense_cholesky(covariance, "covariance (K(X, X) + jitter I)")
         self.kernel = kernel

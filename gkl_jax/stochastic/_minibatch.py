@@ -28,6 +28,7 @@ from jax.flatten_util import ravel_pytree
 
 from .._linalg import full_precision
 from .._fit import _initial_q, stop_gradients
+from .._bound import check_model_and_q
 from .._gaussian import Gaussian
 from .._model import Model
 from .._result import Result
@@ -50,18 +51,6 @@ def _global_terms(model: Model, q: Gaussian):
 def default_chunk_size(dim: int, num: int) -> int:
     """About 2^22 entries of H per chunk (at least 1024 rows), never more than the N rows there are."""
     return int(min(num, max(1024, _CHUNK_ELEMENTS // max(dim, 1))))
-
-
-def _check_model_and_q(model, q) -> Gaussian:
-    """The Gaussian of `q` (a Gaussian or a Result) after checking it against `model`."""
-    if not isinstance(model, Model):
-        raise ValueError(f"model must be a gkl_jax.Model, got {type(model).__name__}")
-    q = q.q if isinstance(q, Result) else q
-    if not isinstance(q, Gaussian):
-        raise ValueError(f"q must be a gkl_jax.Gaussian or Result, got {type(q).__name__}")
-    if q.dim != model.dim:
-        raise ValueError(f"q has dimension {q.dim} but the model has {model.dim}")
-    return q
 
 
 def _chunk_sizes(model: Model, chunk_size):
@@ -92,7 +81,7 @@ def bound_chunked(model: Model, q: Gaussian, chunk_size=None):
     order. `chunk_size`: rows per chunk, one integer or one per sites group (default: about 2^22 entries of H,
     at least 1024 rows); static under `jit`. Jit-able and differentiable in both arguments.
     """
-    q = _check_model_and_q(model, q)
+    q = check_model_and_q(model, q)
     sizes = _chunk_sizes(model, chunk_size)
     value = _global_terms(model, q)
     for sites, size in zip(model.sites, sizes):
@@ -126,7 +115,7 @@ def minibatch_bound(model: Model, q: Gaussian, indices):
     """The unbiased estimate B_hat of the bound from the rows `indices[g]` of each sites group g (sampled
     uniformly without replacement): global terms plus (N_g / b_g) times the batch's site terms. `indices`: one
     non-empty 1-D integer array of rows in [0, N_g) per sites group."""
-    q = _check_model_and_q(model, q)
+    q = check_model_and_q(model, q)
     if not isinstance(indices, (tuple, list)) or len(indices) != len(model.sites):
         got = f"length {len(indices)}" if isinstance(indices, (tuple, list)) else type(indices).__name__
         raise ValueError(f"indices must be a list with one index array per sites group ({len(model.sites)}), "
