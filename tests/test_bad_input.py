@@ -13,6 +13,7 @@ import scipy.sparse
 from jax.scipy.special import gammaln
 
 import gkl_jax as gk
+from gkl_jax.factors._full import upper_factor
 
 P = gk.potentials
 
@@ -56,11 +57,11 @@ def test_log_density_and_whitening_for_non_triangular_factors():
         ref = -0.5 * (3 * np.log(2 * np.pi) + np.linalg.slogdet(S)[1] + np.einsum("ni,ij,nj->n", d, np.linalg.inv(S), d))
         np.testing.assert_allclose(q.log_density(w), ref, rtol=1e-10)
         np.testing.assert_allclose(q.log_density(w[0]), ref[0], rtol=1e-10)
-    model, _, _ = _logistic_model()
-    res = gk.fit(model, factor=gk.factors.FactorAnalysis(rank=1), tol=1e-8)
-    white = gk.fit(model, factor=gk.factors.FactorAnalysis(rank=1), whiten=True, tol=1e-8)   # identity prior
-    np.testing.assert_allclose(white.q.covariance(), res.q.covariance(), atol=1e-6)
-    np.testing.assert_allclose(float(white.log_z), float(res.log_z), atol=1e-9)
+        # whiten=True maps C_v to C_v L^T and hands it to Full, which keeps an upper triangle: upper_factor
+        R = np.asarray(upper_factor(factor.dense() @ jnp.array([[1.0, 0, 0], [0.3, 2.0, 0], [-0.5, 0.1, 0.7]]).T))
+        np.testing.assert_array_equal(R, np.triu(R))
+        C = np.asarray(factor.dense()) @ np.array([[1.0, 0, 0], [0.3, 2.0, 0], [-0.5, 0.1, 0.7]]).T
+        np.testing.assert_allclose(R.T @ R, C.T @ C, atol=1e-12)
 
 
 def test_student_t_normaliser_at_large_dof():

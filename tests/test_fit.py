@@ -174,7 +174,7 @@ def test_log_z_gradient_with_held_factor_leaves_or_sparse_h(case):
 
     X, y = _logistic(D=4, N=12)
     if case == "subspace":
-        H, factor = jnp.asarray(X), gk.factors.Subspace(2)
+        H, factor = jnp.asarray(X), gk.factors.Subspace(2, num_refinements=1)
     else:
         H, factor = sparse.BCOO.fromdense(X * (np.abs(X) > 0.5)), gk.factors.Chevron(1)
     log_z = lambda v: gk.fit(_logistic_model(H, y, variance=v), factor=factor, tol=1e-10).log_z
