@@ -246,7 +246,7 @@ def _initial_q(model, factor, q0):
         if type(q0.factor) is not type(factor):
             raise ValueError(f"q0 has a {type(q0.factor).__name__} factor but factor={type(factor).__name__}")
         dtype = model_dtype(model)    # a warm start in another precision is cast to the model's
-        return _check_start(jax.tree.map(lambda x: x.astype(dtype) if eqx.is_inexact_array(x) else x, q0), "q0")
+        return check_start(jax.tree.map(lambda x: x.astype(dtype) if eqx.is_inexact_array(x) else x, q0), "q0")
     if factor.is_initialised:
         if factor.dim != model.dim:
             raise ValueError(f"factor has dimension {factor.dim} but the model has {model.dim}")
@@ -254,10 +254,10 @@ def _initial_q(model, factor, q0):
     else:
         start = factor.initialise(model.dim, initial_variance(model))
     mean = model.prior.mean if model.prior is not None else jnp.zeros(model.dim, model_dtype(model))
-    return _check_start(Gaussian(mean, start), "factor")
+    return check_start(Gaussian(mean, start), "factor")
 
 
-def _check_start(q, name):
+def check_start(q, name):
     """q, refused (ValueError naming `name`) where its covariance is singular or not finite: the bound there is
     -inf or NaN and no solver can move from it."""
     logdet = q.factor.logdet()

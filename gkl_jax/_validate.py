@@ -80,12 +80,19 @@ def check_int(value, name: str, minimum: int = 0) -> int:
     return result
 
 
+def _as_float(value) -> float:
+    """`value` as a Python float, NaN for what is not a number (None, strings, bools)."""
+    if isinstance(value, (bool, np.bool_)):
+        return float("nan")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
 def check_tol(tol, name: str = "tol") -> float:
     """A tolerance as a Python float, with a ValueError naming `name` unless it is a positive finite number."""
-    try:
-        value = float(tol)
-    except (TypeError, ValueError):
-        value = float("nan")
+    value = _as_float(tol)
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"{name} must be positive and finite, got {tol!r}")
     return value
@@ -94,11 +101,8 @@ def check_tol(tol, name: str = "tol") -> float:
 def check_nonnegative(value, name: str) -> float:
     """A Python float, with a ValueError naming `name` unless it is a finite number >= 0 (a jitter, a tolerance
     that may be 0)."""
-    try:
-        result = float(value)
-    except (TypeError, ValueError):
-        result = float("nan")
-    if isinstance(value, (bool, np.bool_)) or not 0 <= result < float("inf"):
+    result = _as_float(value)
+    if not (math.isfinite(result) and result >= 0):
         raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
     return result
 

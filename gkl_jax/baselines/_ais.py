@@ -27,8 +27,8 @@ from jax import lax
 from jax.scipy.special import logsumexp
 
 from .._linalg import full_precision
-from .._validate import check_key, check_tol, is_concrete
-from .._fit import fit
+from .._validate import check_int, check_key, check_tol, is_concrete
+from .._fit import check_start, fit
 from .._gaussian import Gaussian
 from .._result import Result
 from ..factors import Full
@@ -62,7 +62,7 @@ def ais(model, key, *, q=None, num_chains: int = 256, num_temperatures: int = 20
     key = check_key(key)
     for name, value in (("num_chains", num_chains), ("num_temperatures", num_temperatures),
                         ("num_leapfrog", num_leapfrog)):
-        C.check_positive_int(value, name, "ais", minimum=2 if name == "num_chains" else 1)
+        check_int(value, f"ais: {name}", 2 if name == "num_chains" else 1)
     if isinstance(q, Result):
         q = q.q
     if q is None:
@@ -74,8 +74,7 @@ def ais(model, key, *, q=None, num_chains: int = 256, num_temperatures: int = 20
     inflation = check_tol(inflation, "ais: inflation")
     if inflation < 1:
         raise ValueError(f"ais: inflation must be >= 1, got {inflation}")
-    if is_concrete(q.mean) and not bool(jnp.isfinite(q.factor.logdet())):
-        raise ValueError("ais: q has a singular covariance (log det S is not finite); it cannot start the chains")
+    check_start(q, "ais: q")
     if inflation != 1:
         q = Gaussian(q.mean, Full(inflation * q.factor.dense()))
     step_size = 0.5 * model.dim ** -0.25 if step_size is None else check_tol(step_size, "ais: step_size")

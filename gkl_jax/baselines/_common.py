@@ -28,7 +28,7 @@ import jax.scipy.linalg as jsl
 from .._gaussian import Gaussian
 from .._model import Model
 from .._result import Result
-from .._validate import check_int, is_concrete
+from .._validate import is_concrete
 from ..factors._full import Full, upper_factor_of_inverse
 
 
@@ -52,10 +52,6 @@ def check_fraction(value, name: str, method: str) -> float:
     if not 0.0 < value <= 1.0:
         raise ValueError(f"{method}: {name} must be in (0, 1], got {value}")
     return value
-
-
-def check_positive_int(value, name: str, method: str, minimum: int = 1) -> int:
-    return check_int(value, f"{method}: {name}", minimum)
 
 
 def default_tol(dtype) -> float:

@@ -40,7 +40,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .._linalg import full_precision
-from .._validate import as_int, check_key, check_tol
+from .._validate import as_int, check_int, check_key, check_tol
 from .. import _lanczos
 from .._gaussian import Gaussian
 from .._result import Result
@@ -70,7 +70,7 @@ def double_loop(model, rank: int, *, key=None, max_outer: int = 20, max_inner: i
         super_gaussian(s.potential, "double_loop")
     for name, value in (("max_outer", max_outer), ("max_inner", max_inner), ("max_cg", max_cg),
                         ("num_probes", num_probes)):
-        C.check_positive_int(value, name, "double_loop")
+        check_int(value, f"double_loop: {name}", 1)
     tol = check_tol(tol, "double_loop: tol")
     key = jax.random.PRNGKey(0) if key is None else check_key(key)
     result = _double_loop_jit(model, key, int(rank), int(max_outer), int(max_inner), int(max_cg), int(num_probes),

@@ -24,7 +24,7 @@ import jax.scipy.linalg as jsl
 from jax import lax
 
 from .._linalg import full_precision
-from .._validate import check_tol
+from .._validate import check_int, check_tol
 from .. import potentials as P
 from .. import _solvers
 from .._result import Result
@@ -46,7 +46,7 @@ def laplace(model, *, tol: float | None = None, max_steps: int = 100) -> Result:
             raise ValueError("laplace: the Laplace potential exp(-|y - x| / scale) is not twice differentiable at "
                              "x = y, so the Laplace approximation (which needs the Hessian at the mode) does not "
                              "apply; use gk.fit, gk.ep or gk.local")
-    max_steps = C.check_positive_int(max_steps, "max_steps", "laplace")
+    max_steps = check_int(max_steps, "laplace: max_steps", 1)
     dtype = C.dtype_of(model)
     tol = C.default_tol(dtype) if tol is None else check_tol(tol, "laplace: tol")
     result = _laplace_jit(model, jnp.asarray(tol, dtype), max_steps)  # an array: no recompile per tol

@@ -57,9 +57,10 @@ def low_rank_projection(op, loadings, diagonal, mean=None):
 
 def check_count(value, name: str, owner: str, *, minimum: int = 0) -> int:
     """A non-negative integer shape option (`bandwidth`, `rows`, `rank`), with a ValueError naming it."""
-    if as_int(value) is None:
+    count = as_int(value)
+    if count is None:
         raise ValueError(f"{owner}({name}={value!r}) must be an integer")
-    value = as_int(value)
+    value = count
     if value < minimum:
         raise ValueError(f"{owner}({name}={value}) must be >= {minimum}")
     return value
