@@ -198,3 +198,21 @@ def test_bad_arguments_name_themselves():
         Stack([FiniteDifference2D(4, 4), Wavelet2D(8, 8)])
     with pytest.raises(ValueError, match="operators"):
         Stack([])
+
+
+def test_products_with_a_wrong_length_raise_naming_the_argument(rng):
+    """Every product checks its argument's leading length: a too-long vector is refused, not truncated (a Stack or
+    sparse gather would otherwise drop or clamp the extra entries)."""
+    from jax.experimental import sparse as jsparse
+
+    H = rng.normal(size=(6, 4))
+    dense = gk.operators.Dense(H)
+    ops = [dense, gk.operators.Sparse(jsparse.BCOO.fromdense(H)), gk.operators.Identity(4), FiniteDifference2D(2, 2),
+           Wavelet2D(2, 2, levels=1), Stack([dense, gk.operators.Identity(4)])]
+    for op in ops:
+        n, d = op.shape
+        for name, arg, length in [("mv", "x", d), ("rmv", "y", n), ("sq_mv", "v", d), ("sq_rmv", "y", n),
+                                  ("weighted_gram", "g", n), ("mm", "X", d), ("rmm", "Y", n)]:
+            shape = (length + 1, 2) if name in ("mm", "rmm") else (length + 1,)
+            with pytest.raises(ValueError, match=f"{arg}.* length {length}"):
+                getattr(op, name)(jnp.ones(shape))

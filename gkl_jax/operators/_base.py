@@ -70,7 +70,7 @@ class AbstractOperator(eqx.Module):
     def weighted_gram(self, g):
         """H^T diag(g) H as a dense (D, D) matrix."""
         Hd = self.as_matrix()
-        return tdot(Hd, g[:, None] * Hd)
+        return tdot(Hd, check_length(g, self.shape[0], "g")[:, None] * Hd)
 
 
 class Dense(AbstractOperator):
@@ -97,22 +97,22 @@ class Dense(AbstractOperator):
         return tuple(self.matrix.shape)
 
     def mv(self, x):
-        return self.matrix @ x
+        return self.matrix @ check_length(x, self.shape[1], "x")
 
     def rmv(self, y):
-        return tdot(self.matrix, y)
+        return tdot(self.matrix, check_length(y, self.shape[0], "y"))
 
     def mm(self, X):
-        return self.matrix @ X
+        return self.matrix @ check_length(X, self.shape[1], "X")
 
     def rmm(self, Y):
-        return tdot(self.matrix, Y)
+        return tdot(self.matrix, check_length(Y, self.shape[0], "Y"))
 
     def sq_mv(self, v):
-        return self._squares() @ v
+        return self._squares() @ check_length(v, self.shape[1], "v")
 
     def sq_rmv(self, y):
-        return tdot(self._squares(), y)
+        return tdot(self._squares(), check_length(y, self.shape[0], "y"))
 
     def as_matrix(self):
         return self.matrix
@@ -137,22 +137,22 @@ class Identity(AbstractOperator):
         return check_length(y, self.dim, "y")
 
     def mm(self, X):
-        return X
+        return check_length(X, self.dim, "X")
 
     def rmm(self, Y):
-        return Y
+        return check_length(Y, self.dim, "Y")
 
     def sq_mv(self, v):
-        return v
+        return check_length(v, self.dim, "v")
 
     def sq_rmv(self, y):
-        return y
+        return check_length(y, self.dim, "y")
 
     def as_matrix(self):
         return jnp.eye(self.dim)
 
     def weighted_gram(self, g):
-        return jnp.diag(g)
+        return jnp.diag(check_length(g, self.dim, "g"))
 
 
 class Sparse(AbstractOperator):
@@ -176,27 +176,28 @@ class Sparse(AbstractOperator):
         return jsparse.BCOO((jnp.square(self.matrix.data), self.matrix.indices), shape=self.matrix.shape)
 
     def mv(self, x):
-        return self.matrix @ x
+        return self.matrix @ check_length(x, self.shape[1], "x")
 
     def rmv(self, y):
-        return self.matrix.T @ y
+        return self.matrix.T @ check_length(y, self.shape[0], "y")
 
     def mm(self, X):
-        return self.matrix @ X
+        return self.matrix @ check_length(X, self.shape[1], "X")
 
     def rmm(self, Y):
-        return self.matrix.T @ Y
+        return self.matrix.T @ check_length(Y, self.shape[0], "Y")
 
     def sq_mv(self, v):
-        return self._squared() @ v
+        return self._squared() @ check_length(v, self.shape[1], "v")
 
     def sq_rmv(self, y):
-        return self._squared().T @ y
+        return self._squared().T @ check_length(y, self.shape[0], "y")
 
     def as_matrix(self):
         return self.matrix.todense()
 
     def weighted_gram(self, g):
+        g = check_length(g, self.shape[0], "g")
         weighted = jsparse.BCOO((self.matrix.data * g[self.matrix.indices[:, 0]], self.matrix.indices),
                                 shape=self.matrix.shape)
         return (weighted.T @ self.matrix).todense()

@@ -135,22 +135,23 @@ class FiniteDifference2D(AbstractOperator):
         return self._adjoint(check_length(y, self.shape[0], "y")[:, None], -1.0)[:, 0]
 
     def mm(self, X):
-        return self._forward(X, -1.0)
+        return self._forward(check_length(X, self.shape[1], "X"), -1.0)
 
     def rmm(self, Y):
-        return self._adjoint(Y, -1.0)
+        return self._adjoint(check_length(Y, self.shape[0], "Y"), -1.0)
 
     def sq_mv(self, v):
-        return self._forward(v[:, None], 1.0)[:, 0]
+        return self._forward(check_length(v, self.shape[1], "v")[:, None], 1.0)[:, 0]
 
     def sq_rmv(self, y):
-        return self._adjoint(y[:, None], 1.0)[:, 0]
+        return self._adjoint(check_length(y, self.shape[0], "y")[:, None], 1.0)[:, 0]
 
     def as_matrix(self):
         return self.mm(jnp.eye(self.shape[1], dtype=jnp.result_type(float)))
 
     def weighted_gram(self, g):
         """D^T diag(g) D = sum_n g_n (e_plus - e_minus)(e_plus - e_minus)^T, by scatter-adds (O(D^2) memory)."""
+        check_length(g, self.shape[0], "g")
         plus, minus = _pairs(self.height, self.width, self.direction, self._periodic)
         dim = self.shape[1]
         G = jnp.zeros((dim, dim), dtype=g.dtype)

@@ -36,7 +36,9 @@ class Stack(AbstractOperator):
     def shape(self):
         return (self.row_splits[-1], self.operators[0].shape[1])
 
-    def _blocks(self, y):
+    def _blocks(self, y, name):
+        """y (or Y) split into the row blocks of the stacked operators, after checking its length."""
+        check_length(y, self.shape[0], name)
         starts = (0,) + self.row_splits[:-1]
         return [y[a:b] for a, b in zip(starts, self.row_splits)]
 
@@ -44,13 +46,13 @@ class Stack(AbstractOperator):
         return jnp.concatenate([op.mv(x) for op in self.operators])
 
     def rmv(self, y):
-        return sum(op.rmv(b) for op, b in zip(self.operators, self._blocks(check_length(y, self.shape[0], "y"))))
+        return sum(op.rmv(b) for op, b in zip(self.operators, self._blocks(y, "y")))
 
     def mm(self, X):
         return jnp.concatenate([op.mm(X) for op in self.operators], axis=0)
 
     def rmm(self, Y):
-        return sum(op.rmm(b) for op, b in zip(self.operators, self._blocks(Y)))
+        return sum(op.rmm(b) for op, b in zip(self.operators, self._blocks(Y, "Y")))
 
     def with_squares(self):
         return eqx.tree_at(lambda s: s.operators, self, tuple(op.with_squares() for op in self.operators))
@@ -59,13 +61,13 @@ class Stack(AbstractOperator):
         return jnp.concatenate([op.sq_mv(v) for op in self.operators])
 
     def sq_rmv(self, y):
-        return sum(op.sq_rmv(b) for op, b in zip(self.operators, self._blocks(y)))
+        return sum(op.sq_rmv(b) for op, b in zip(self.operators, self._blocks(y, "y")))
 
     def as_matrix(self):
         return jnp.concatenate([op.as_matrix() for op in self.operators], axis=0)
 
     def weighted_gram(self, g):
-        return sum(op.weighted_gram(b) for op, b in zip(self.operators, self._blocks(g)))
+        return sum(op.weighted_gram(b) for op, b in zip(self.operators, self._blocks(g, "g")))
 
 
 def image_filters(height: int, width: int, *, levels=None, wavelet: str = "db4", boundary: str = "valid"):

@@ -36,7 +36,7 @@ import numpy as np
 
 from .._linalg import tdot
 from .._validate import as_int
-from ._base import AbstractOperator
+from ._base import AbstractOperator, check_length
 from ._finite_difference import check_image_shape
 
 _S3 = math.sqrt(3.0)
@@ -145,27 +145,27 @@ class Wavelet2D(AbstractOperator):
         cols = [conv(G) for G in level_matrices(self.width, self.levels, h)]
         return rows, cols
 
-    def _image(self, X):
-        return X.reshape(self.height, self.width, -1)
+    def _image(self, X, name):
+        return check_length(X, self.height * self.width, name).reshape(self.height, self.width, -1)
 
     def mm(self, X):
-        return _pyramid(self._image(X), *self._mats(X.dtype)).reshape(self.shape[0], -1)
+        return _pyramid(self._image(X, "X"), *self._mats(X.dtype)).reshape(self.shape[0], -1)
 
     def rmm(self, Y):
-        return _pyramid_transpose(self._image(Y), *self._mats(Y.dtype)).reshape(self.shape[1], -1)
+        return _pyramid_transpose(self._image(Y, "Y"), *self._mats(Y.dtype)).reshape(self.shape[1], -1)
 
     def mv(self, x):
-        return self.mm(x[:, None])[:, 0]
+        return self.mm(check_length(x, self.shape[1], "x")[:, None])[:, 0]
 
     def rmv(self, y):
-        return self.rmm(y[:, None])[:, 0]
+        return self.rmm(check_length(y, self.shape[0], "y")[:, None])[:, 0]
 
     def sq_mv(self, v):
         """(W o W) v: the same pyramid with the level matrices squared elementwise (module doc)."""
-        return _pyramid(self._image(v[:, None]), *self._mats(v.dtype, True)).reshape(-1)
+        return _pyramid(self._image(v[:, None], "v"), *self._mats(v.dtype, True)).reshape(-1)
 
     def sq_rmv(self, y):
-        return _pyramid_transpose(self._image(y[:, None]), *self._mats(y.dtype, True)).reshape(-1)
+        return _pyramid_transpose(self._image(y[:, None], "y"), *self._mats(y.dtype, True)).reshape(-1)
 
     def as_matrix(self):
         return self.mm(jnp.eye(self.shape[1], dtype=jnp.result_type(float)))
@@ -173,4 +173,4 @@ class Wavelet2D(AbstractOperator):
     def weighted_gram(self, g):
         """W^T diag(g) W (dense D x D, for the Full factor's fixed point on small images)."""
         W = self.as_matrix().astype(g.dtype)
-        return tdot(W, g[:, None] * W)
+        return tdot(W, check_length(g, self.shape[0], "g")[:, None] * W)
