@@ -43,7 +43,7 @@ from ._site_precision import site_precision as _site_precision
 from ._bound import bound
 from ._gaussian import Gaussian
 from ._linalg import full_precision, reduced_matmul_precision, reduced_precision_hint
-from ._model import Model, Sites
+from ._model import Model, Sites, check_fittable
 from ._result import Result
 from ._validate import check_int, check_tol, is_concrete
 from .factors import AbstractFactor, AbstractFixedPointFactor, AbstractRefinableFactor, Full
@@ -94,8 +94,7 @@ def fit(model: Model, factor: AbstractFactor | None = None, *, solver=None, q0: 
     is issued outside of tracing) when the gradient tolerance was not reached. Matrix products run at "highest"
     precision unless `jax_default_matmul_precision` is set (`_linalg.full_precision`: GPUs default to TF32).
     """
-    if not isinstance(model, Model):
-        raise ValueError(f"model must be a gkl_jax.Model, got {type(model).__name__}")
+    check_fittable(model, "fit")
     q0 = q0.q if isinstance(q0, Result) else q0
     if q0 is not None and not isinstance(q0, Gaussian):
         raise ValueError(f"q0 must be a gkl_jax.Gaussian or Result, got {type(q0).__name__}")

@@ -107,3 +107,20 @@ class Model(eqx.Module):
     def log_concave(self) -> bool:
         """True when every potential is log-concave (the bound is then concave in (m, C); Section 3.2)."""
         return all(s.potential.log_concave for s in self.sites)
+
+
+def check_fittable(model, method: str) -> Model:
+    """`model` after checking that it is a Model (ValueError naming `method`) whose target can be normalised.
+
+    Without a prior, prod_n phi_n(h_n^T w) is constant along every w with H w = 0: fewer site rows in all than
+    dim (a null space for certain) make log Z infinite, and a fit would only chase the bound upwards. A
+    rank-deficient H with enough rows is not detected."""
+    if not isinstance(model, Model):
+        raise ValueError(f"{method}: model must be a gkl_jax.Model, got {type(model).__name__}")
+    if model.prior is None:
+        rows = sum(s.operator(model.dim).shape[0] for s in model.sites)
+        if rows < model.dim:
+            raise ValueError(f"{method}: without a prior the target is improper (log Z = inf): the sites have "
+                             f"{rows} rows in all, fewer than dim = {model.dim}, so some direction of w is not "
+                             "constrained; add a prior (e.g. gkl_jax.priors.Isotropic) or more sites")
+    return model

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 
 from .._gaussian import Gaussian
-from .._model import Model
+from .._model import check_fittable
 from .._result import Result
 from .._validate import is_concrete
 from ..factors._full import Full, upper_factor_of_inverse
@@ -34,8 +34,7 @@ from ..factors._full import Full, upper_factor_of_inverse
 
 def check_model(model, method: str) -> None:
     """The checks every baseline shares: a gkl_jax.Model whose sites carry no `variance_offset`."""
-    if not isinstance(model, Model):
-        raise ValueError(f"{method}: model must be a gkl_jax.Model, got {type(model).__name__}")
+    check_fittable(model, method)
     for i, s in enumerate(model.sites):
         v = s.variance_offset
         if is_concrete(v) and bool(jnp.any(v != 0)):  # (not checkable under tracing)

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 
 from .._linalg import full_precision
 from .. import _solvers
-from .._model import Model, Sites
+from .._model import Model, Sites, check_fittable
 from .._validate import as_float_array, check_finite, check_int, check_ndim, check_tol, is_concrete
 from ..operators import AbstractOperator, as_operator
 from ..potentials import AbstractPotential
@@ -89,8 +89,7 @@ def map_estimate(model: Model, *, w0=None, smoothing=(1e-1, 1e-2, 1e-3, 1e-4), t
 
     Returns (w, converged): `converged` is False when the last stage did not reach max|grad| <= tol (default
     1e-6 in float64, 1e-3 in float32). Newton-CG for log-concave models, L-BFGS otherwise (a local optimum)."""
-    if not isinstance(model, Model):
-        raise ValueError(f"model must be a gkl_jax.Model, got {type(model).__name__}")
+    check_fittable(model, "map_estimate")
     eps = [check_tol(e, "smoothing") for e in _as_list(smoothing)]
     if not eps:
         raise ValueError(f"smoothing must be positive smoothing widths, got {smoothing}")

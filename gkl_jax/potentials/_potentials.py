@@ -266,7 +266,17 @@ class Custom(AbstractQuadraturePotential):
         return self.concave
 
     def log_phi(self, x):
-        return self.fn(x)
+        """log_phi(x), checked (at trace time) to be a JAX function returning an array shaped like x."""
+        try:
+            out = self.fn(x)
+        except (TypeError, jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError) as err:
+            raise ValueError("Custom: log_phi must be a JAX function of an array (jax.numpy, not math or numpy), "
+                             f"applied elementwise; calling it on an array of shape {jnp.shape(x)} failed: "
+                             f"{type(err).__name__}: {str(err).splitlines()[0]}") from err
+        if jnp.shape(out) != jnp.shape(x):
+            raise ValueError(f"Custom: log_phi must be elementwise, returning an array shaped like its input; it "
+                             f"mapped shape {jnp.shape(x)} to {jnp.shape(out)}")
+        return out
 
 
 _MILLS_SWITCH = -6.0

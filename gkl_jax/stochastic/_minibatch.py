@@ -30,7 +30,7 @@ from .._linalg import full_precision
 from .._fit import _initial_q, stop_gradients
 from .._bound import check_model_and_q
 from .._gaussian import Gaussian
-from .._model import Model
+from .._model import Model, check_fittable
 from .._result import Result
 from .._validate import as_int, check_indices, check_int, check_key, check_tol, is_concrete
 from ..factors import AbstractFactor, Full
@@ -185,8 +185,7 @@ def fit_minibatch(model: Model, factor: AbstractFactor | None = None, *, batch_s
     `gkl_jax.fit(model, q0=result.q)` polishes a minibatch fit to a tight tolerance when a few full passes fit
     the budget. Compiled once per (shapes, batch sizes, num_steps, optimiser).
     """
-    if not isinstance(model, Model):
-        raise ValueError(f"model must be a gkl_jax.Model, got {type(model).__name__}")
+    check_fittable(model, "fit_minibatch")
     if factor is None:
         factor = q0.factor if q0 is not None else Full()
     if not isinstance(factor, AbstractFactor):
