@@ -80,6 +80,27 @@ def test_gradients_match_finite_differences(rng):
             np.testing.assert_allclose(np.asarray(gleaves[i])[j], fd, rtol=1e-6, atol=1e-8)
 
 
+@pytest.mark.parametrize("dim", [K._kernels.DIRECT_MAX_DIM, K._kernels.DIRECT_MAX_DIM + 2])
+def test_both_gram_paths_equal_the_pointwise_kernel(dim, rng):
+    """r^2 from differences (dim <= DIRECT_MAX_DIM) and from the product (above) against k(x, x') per pair, with
+    scalar and ARD lengthscales."""
+    X1, X2 = rng.normal(size=(7, dim)), rng.normal(size=(5, dim))
+    for k in (K.SquaredExponential(1.3, 0.7), K.Matern12(0.8, rng.uniform(0.5, 2, dim)), K.Matern52(2.0, 1.1),
+              K.RationalQuadratic(1.2, rng.uniform(0.5, 2, dim), 2.5)):
+        pointwise = np.array([[float(k(a, b)) for b in X2] for a in X1])
+        np.testing.assert_allclose(k.gram(X1, X2), pointwise, rtol=1e-12, atol=1e-14)
+
+
+def test_low_dimensional_gram_is_exact_far_from_the_origin():
+    """Timestamps: points 1 apart at 1e8 (the product form's cancellation, eps * 1e16, would give r^2 = 0), and
+    points 1e155 apart (|x|^2 overflows there)."""
+    X = np.array([0.0, 1e8, 1e8 + 1.0])
+    for k in (K.SquaredExponential(1.0, 1.0), K.Matern32(1.0, 1.0)):
+        np.testing.assert_allclose(k.gram(X)[1, 2], k(X[1:2], X[2:3]), rtol=1e-14)
+    np.testing.assert_allclose(K.SquaredExponential(1.0, 1.0).gram(X)[1, 2], np.exp(-0.5), rtol=1e-14)
+    assert np.all(K.SquaredExponential(1.0, 1.0).gram(np.array([0.0, 1.0]), np.array([1e155])) == 0.0)
+
+
 def test_gradient_at_coincident_points_is_finite():
     X = np.array([[0.0], [0.0]])
     for k in (K.Matern12(), K.Matern32(), K.Matern52()):

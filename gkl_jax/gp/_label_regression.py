@@ -10,6 +10,7 @@ LR is a heuristic, neither a local nor a global approximation of the classificat
 log Z; predictions use q with the model's own likelihood (`gk.gp.predict`).
 """
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -35,16 +36,21 @@ def label_regression(model: Model, noise_sds=NOISE_SDS) -> Result:
         if not isinstance(s.potential, (Logistic, Probit)):
             raise ValueError(f"label_regression needs Logistic or Probit sites; sites[{i}] has "
                              f"{type(s.potential).__name__}")
-    sds = np.asarray(noise_sds, dtype=float).reshape(-1)
+    try:
+        sds = np.asarray(noise_sds, dtype=float).reshape(-1)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"noise_sds must be positive numbers, got {noise_sds!r}") from err
     if sds.size == 0 or not np.all(np.isfinite(sds)) or np.any(sds <= 0):
         raise ValueError(f"noise_sds must be positive and finite, got {noise_sds!r}")
-    best = None
-    for sd in sds:  # a handful of exact regressions, each one compiled program (the grid is tiny)
+    regs = []
+    for sd in sds:  # a handful of exact regressions sharing one compiled program (the grid is tiny)
         sites = tuple(Sites(s.H, GaussianLik(s.potential.y, float(sd) ** 2), offset=s.offset,
                             variance_offset=s.variance_offset) for s in model.sites)
-        reg = exact(Model(model.prior, sites))
-        if best is None or float(reg.log_z) > float(best.log_z):
-            best = reg
+        regs.append(exact(Model(model.prior, sites)))
+    # the best evidence, chosen with array operations so that jit and grad pass through (a NaN never wins)
+    evidence = jnp.stack([r.log_z for r in regs])
+    i = jnp.argmax(jnp.where(jnp.isnan(evidence), -jnp.inf, evidence))
+    best = jax.tree.map(lambda *leaves: jnp.stack(leaves)[i], *regs)
     log_z = bound(model, best.q)
     return Result(q=best.q, log_z=log_z, converged=best.converged, num_steps=best.num_steps,
                   history=jnp.reshape(log_z, (1,)), method="label_regression", is_bound=True)

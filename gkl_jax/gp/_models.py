@@ -55,6 +55,12 @@ def model(kernel: AbstractKernel, X, likelihood: AbstractPotential, *, mean=None
 
 def sparse_projection(kernel: AbstractKernel, prior_u: GP, X):
     """(H, k_nn - q_nn): the rows h_n = K_zz^{-1} k_zn (N x M) and the extra variances, clipped at 0."""
+    if not isinstance(kernel, AbstractKernel):
+        raise ValueError(f"kernel must be a gkl_jax.kernels kernel, got {type(kernel).__name__}")
+    if not isinstance(prior_u, GP):
+        raise ValueError(f"prior_u must be the gkl_jax.priors.GP over the inducing values, got "
+                         f"{type(prior_u).__name__}")
+    X = _inputs(X, "X")
     K_zx = kernel.gram(prior_u.X, X)
     A = prior_u.solve(K_zx)
     extra = kernel.diag(X) - jnp.sum(K_zx * A, axis=0)

@@ -29,7 +29,7 @@ from .._linalg import full_precision, tdot
 from .._gaussian import Gaussian
 from .._quadrature import hermite_rule
 from .._result import Result
-from .._validate import as_float_array, check_finite
+from .._validate import as_float_array, check_finite, check_ndim, is_concrete
 from ..operators import Dense as DenseOperator
 from ..potentials import AbstractPotential
 from ..potentials import Gaussian as GaussianLik
@@ -135,8 +135,25 @@ def _predict_jit(q, prior, X_new, mu_new, likelihood, num_points):
     return Prediction(mean, variance, log_density, probability, y_mean, y_variance)
 
 
+def _check_moments(likelihood, mean, variance):
+    """(mean, variance) as float arrays after checking them against each other and the likelihood's data."""
+    if not isinstance(likelihood, AbstractPotential):
+        raise ValueError(f"likelihood must be a gkl_jax.potentials potential, got {type(likelihood).__name__}")
+    mean, variance = as_float_array(mean, "mean"), as_float_array(variance, "variance")
+    check_ndim(mean, 1, "mean")
+    if variance.shape != mean.shape:
+        raise ValueError(f"variance must have the shape of mean, {mean.shape}, got {variance.shape}")
+    n = likelihood.num_sites
+    if n is not None and n != mean.shape[0]:
+        raise ValueError(f"the likelihood holds data for {n} points but mean has {mean.shape[0]}")
+    if is_concrete(variance) and not bool(jnp.all(variance >= 0)):
+        raise ValueError("variance must be >= 0")
+    return mean, variance
+
+
 def log_predictive_density(likelihood, mean, variance, *, num_points=PREDICTIVE_NUM_POINTS):
     """log E_{N(f | mean, variance)}[phi(f)] elementwise (closed form where one exists, else Gauss-Hermite)."""
+    mean, variance = _check_moments(likelihood, mean, variance)
     if isinstance(likelihood, GaussianLik):
         v = variance + likelihood.variance
         return -0.5 * (jnp.log(2 * jnp.pi * v) + jnp.square(likelihood.y - mean) / v)
@@ -168,6 +185,7 @@ def _laplace_log_predictive(y, tau, m, s2):
 def class_probability(likelihood, mean, variance, *, num_points=PREDICTIVE_NUM_POINTS):
     """p(y = +1 | x_*) for probit (Phi(mean / sqrt(1 + variance))) and logistic (quadrature) likelihoods;
     None for other likelihoods."""
+    mean, variance = _check_moments(likelihood, mean, variance)
     if isinstance(likelihood, Probit):
         return ndtr(mean / jnp.sqrt(1 + variance))
     if isinstance(likelihood, Logistic):

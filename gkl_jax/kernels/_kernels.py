@@ -55,8 +55,20 @@ def _gram(kernel, X1, X2):
     return jax.vmap(lambda a: jax.vmap(lambda b: kernel(a, b))(X2))(X1)
 
 
+# Up to this many input dimensions r^2 is summed from differences (exact to rounding), above it comes from the
+# product. In 1-D the differences cost no more (a Matern32 Gram value and gradient: 0.75-0.95x the product's time
+# at n = 300-3000); at d = 2 and 3 they took 1.05-1.41x longer, so there the product stays
+# (benchmarks/kernel_gram.py, benchmarks/README §4).
+DIRECT_MAX_DIM = 1
+
+
 @eqx.filter_jit
 def _stationary_gram(kernel, X1, X2, same: bool):
+    d = X1.shape[1]
+    if d <= DIRECT_MAX_DIM:         # the raw differences: no centring, whose rounding would enter them
+        inv2 = jnp.broadcast_to(1 / jnp.square(kernel.lengthscale), (d,))
+        r2 = sum(jnp.square(X1[:, k, None] - X2[None, :, k]) * inv2[k] for k in range(d))
+        return kernel.variance * kernel.profile(r2)
     centre = jnp.mean(X1, axis=0)
     a, b, scale = X1 - centre, X2 - centre, kernel.lengthscale
     if jnp.ndim(scale) == 1:        # ARD: each dimension scaled before the product
@@ -134,7 +146,8 @@ class AbstractStationary(AbstractKernel):
         """f(r^2), with f(0) = 1."""
 
     def __call__(self, x1, x2):
-        d = (jnp.asarray(x1) - jnp.asarray(x2)) / self.lengthscale
+        x1, x2 = _point_pair(x1, x2)
+        d = (x1 - x2) / self.lengthscale
         return self.variance * self.profile(jnp.sum(jnp.square(d)))
 
     def gram(self, X1, X2=None):
@@ -144,7 +157,9 @@ class AbstractStationary(AbstractKernel):
         hyperparameters: inside a compiled ML-II loop XLA computes it once (sonar, n = 108, d = 60: Gram value and
         lengthscale gradient 163 -> 41 us); an ARD lengthscale scales each dimension before it. The cancellation
         error of r^2 is eps (|a|^2 + |b|^2); r^2 below 8 times that is set to 0 (duplicate points), and the diagonal
-        of gram(X) is exactly 0."""
+        of gram(X) is exactly 0. For 1-D inputs (`DIRECT_MAX_DIM`: time series, whose timestamps can sit far
+        from the origin relative to their spacing) r^2 comes from the differences instead, exact to rounding and
+        as fast there."""
         return _stationary_gram(self, *self._pair(X1, X2), X2 is None)
 
     def diag(self, X):
@@ -264,7 +279,7 @@ class Linear(AbstractKernel):
         return jnp.exp(self.log_variance)
 
     def __call__(self, x1, x2):
-        return self.variance * jnp.dot(jnp.asarray(x1), jnp.asarray(x2))
+        return self.variance * jnp.dot(*_point_pair(x1, x2))
 
 
 class White(AbstractKernel):
@@ -281,7 +296,8 @@ class White(AbstractKernel):
         return jnp.exp(self.log_variance)
 
     def __call__(self, x1, x2):
-        same = jnp.all(jnp.asarray(x1) == jnp.asarray(x2))
+        x1, x2 = _point_pair(x1, x2)
+        same = jnp.all(x1 == x2)
         return jnp.where(same, self.variance, 0.0)
 
     def gram(self, X1, X2=None):
@@ -305,6 +321,14 @@ class Constant(AbstractKernel):
 
     def __call__(self, x1, x2):
         return self.variance * jnp.ones((), jnp.result_type(jnp.asarray(x1), self.log_variance))
+
+
+def _point_pair(x1, x2):
+    """(x1, x2) as arrays after checking that they are points of one shape (a static check, free under jit)."""
+    x1, x2 = jnp.asarray(x1), jnp.asarray(x2)
+    if x1.shape != x2.shape:
+        raise ValueError(f"x1 and x2 must be points of the same shape, got {x1.shape} and {x2.shape}")
+    return x1, x2
 
 
 def _check_kernel(k, name):
