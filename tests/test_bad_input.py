@@ -2,6 +2,7 @@
 API, 2026-11-26): each now gives the right answer or a ValueError naming the argument."""
 
 import functools
+import math
 import warnings
 
 import equinox as eqx
@@ -142,6 +143,7 @@ def _bad_calls():
     model, H, y = _logistic_model()
     q = gk.fit(model).q
     key = jax.random.PRNGKey(0)
+    se, MC = gk.kernels.SquaredExponential(1.0, 1.0), gk.multiclass
     return [
         (lambda: gk.Sites(H, P.Logistic(y), variance_offset=-1.0), "variance_offset"),
         (lambda: gk.Sites(np.zeros((0, 3)), P.Logistic(np.zeros(0))), "H must have at least one row"),
@@ -179,6 +181,10 @@ def _bad_calls():
         (lambda: gk.stochastic.SelectRows(jnp.array([0, 9]), 3), "indices must lie in [0, 3)"),
         (lambda: gk.stochastic.fit_minibatch(model, batch_size=5, num_epochs=np.inf), "num_epochs"),
         (lambda: gk.stochastic.fit_minibatch(model, batch_size=5, num_steps=2, key=0), "key"),
+        (lambda: gk.fit(gk.Model(None, gk.Sites(H[:2], P.Gaussian(y[:2])))), "improper"),
+        (lambda: gk.ep(gk.Model(None, gk.Sites(H[:2], P.Logistic(y[:2])))), "2 rows in all, fewer than dim = 3"),
+        (lambda: gk.fit(gk.Model(gk.priors.Isotropic(3), gk.Sites(H, P.Custom(jnp.sum)))), "elementwise"),
+        (lambda: gk.fit(gk.Model(gk.priors.Isotropic(3), gk.Sites(H, P.Custom(math.exp)))), "JAX function"),
         (lambda: gk.operators.Identity(3).mv(jnp.ones(5)), "length 3"),
         (lambda: gk.operators.FiniteDifference2D(2, 2).rmv(jnp.ones(7)), "length 4"),
         (lambda: gk.datasets.synthetic_logistic(2.5, 4), "dim"),
@@ -187,13 +193,25 @@ def _bad_calls():
         (lambda: gk.gp.fit_hyperparameters(lambda k: gk.gp.model(k, H[:, 0], P.Logistic(y)),
                                            gk.kernels.SquaredExponential(1.0, 1.0), gtol=np.nan), "gtol"),
         (lambda: gk.gp.latent("q", gk.priors.GP(gk.kernels.SquaredExponential(1.0, 1.0), H[:, 0]), H[:2, 0]), "q must"),
+        (lambda: gk.gp.sparse_projection(se, "Z", H), "prior_u"),
+        (lambda: gk.gp.log_predictive_density(P.Gaussian(np.zeros(3)), jnp.zeros(4), jnp.ones(4)), "data for 3 points"),
+        (lambda: gk.gp.class_probability(P.Probit(np.ones(2)), jnp.zeros(2), -jnp.ones(2)), "variance"),
+        (lambda: gk.gp.label_regression(gk.gp.model(se, H[:, 0], P.Logistic(y)), noise_sds="a"), "noise_sds"),
+        (lambda: se(np.zeros(2), np.zeros(3)), "same shape"),
+        (lambda: MC.fit_full(-np.eye(6), np.eye(3)[[0, 1]]), "K must be positive definite"),
+        (lambda: MC.GPClassifier(kernel="rbf"), "kernel"),
+        (lambda: MC.GPClassifier(classes=3), "classes"),
+        (lambda: MC.GPClassifier(jitter="a"), "jitter"),
+        (lambda: MC.GPClassifier(learn_hyperparameters=False).fit(np.zeros((4, 0)), [0, 0, 1, 1]), "X must be"),
+        (lambda: MC.GPClassifier(learn_hyperparameters=False).fit(H[:4], np.array([0, "a", 0, "a"], object)),
+         "one type"),
     ]
 
 
-@pytest.mark.parametrize("index", range(42))
+@pytest.mark.parametrize("index", range(57))
 def test_bad_input_raises_a_value_error_naming_it(index):
     calls = _bad_calls()
-    assert len(calls) == 42
+    assert len(calls) == 57
     call, fragment = calls[index]
     with pytest.raises(ValueError, match=None) as err:
         call()

@@ -12,7 +12,8 @@ scikit-learn's `fit` protocol requires; everything numerical lives in the functi
 import numpy as np
 import jax.numpy as jnp
 
-from ..kernels import SquaredExponential
+from .._validate import check_int, check_nonnegative, check_tol
+from ..kernels import AbstractKernel, SquaredExponential
 from ._full import COVARIANCES, SITES, fit_full
 from ._hyper import fit_hyperparameters, prior_covariance
 from ._predict import predictive_moments
@@ -25,7 +26,7 @@ def _as_inputs(X, name):
         raise ValueError(f"{name} must be a numeric array of shape (n, d)") from err
     if X.ndim == 1:
         X = X[:, None]
-    if X.ndim != 2 or X.shape[0] == 0:
+    if X.ndim != 2 or 0 in X.shape:
         raise ValueError(f"{name} must be a non-empty array of shape (n, d), got shape {X.shape}")
     if not np.all(np.isfinite(X)):
         raise ValueError(f"{name} contains NaN or inf")
@@ -52,17 +53,21 @@ class GPClassifier:
             raise ValueError(f"site must be one of {SITES}, got {site!r}")
         if covariance not in COVARIANCES:
             raise ValueError(f"covariance must be one of {COVARIANCES}, got {covariance!r}")
-        if not jitter >= 0:
-            raise ValueError(f"jitter must be >= 0, got {jitter}")
+        if kernel is not None and not isinstance(kernel, AbstractKernel):
+            raise ValueError(f"kernel must be a gkl_jax.kernels kernel, got {type(kernel).__name__}")
+        if not isinstance(fixed, (tuple, list)) or not all(isinstance(f, str) for f in fixed):
+            raise ValueError(f"fixed must be a sequence of kernel parameter names, got {fixed!r}")
+        if classes is not None and (isinstance(classes, str) or np.ndim(classes) != 1):
+            raise ValueError(f"classes must be a 1-D sequence of class labels, got {classes!r}")
         self.kernel = SquaredExponential(1.0, 1.0) if kernel is None else kernel
         self.fixed = tuple(fixed)
         self.learn_hyperparameters = bool(learn_hyperparameters)
         self.classes = classes
         self.site = site
         self.covariance = covariance
-        self.jitter = float(jitter)
-        self.max_steps = int(max_steps)
-        self.tol = float(tol)
+        self.jitter = check_nonnegative(jitter, "jitter")
+        self.max_steps = check_int(max_steps, "max_steps", 1)
+        self.tol = check_tol(tol)
 
     def _encode(self, y, n):
         y = np.asarray(y)
@@ -78,7 +83,10 @@ class GPClassifier:
         if y.dtype.kind not in "biufUSO":
             raise ValueError(f"y must hold integer or string class labels, got dtype {y.dtype}")
         if self.classes is None:
-            classes, idx, counts = np.unique(y, return_inverse=True, return_counts=True)
+            try:
+                classes, idx, counts = np.unique(y, return_inverse=True, return_counts=True)
+            except TypeError as err:    # labels that cannot be ordered: mixed types, None
+                raise ValueError(f"y must hold labels of one type (integers or strings): {err}") from err
         else:
             classes = np.asarray(self.classes)
             if len(np.unique(classes)) != len(classes):

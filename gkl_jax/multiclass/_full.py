@@ -48,6 +48,7 @@ from jax import lax
 
 from .._linalg import full_precision, invert_lower, tdot
 from .._validate import check_tol, is_concrete
+from ..priors._priors import dense_cholesky
 from ._blocks import blockdiag_dense, blockdiag_left, blocks, sandwich_blocks, sym
 from ._linesearch import safeguarded_step, segment_search
 from ._site import (knowles_minka_bound, profile_sensitivity, s_fixed_point_profile, s_step, site_bound_free,
@@ -427,6 +428,8 @@ def fit_full(K, Y, *, site="theorem6", covariance="full", v_update="newton", tol
     if int(max_steps) < 1:
         raise ValueError(f"max_steps must be >= 1, got {max_steps}")
     K, Y = check_labels_matrix(K, Y)
+    if is_concrete(K):
+        dense_cholesky(K, "K")      # symmetric positive definite, else a ValueError naming K
     if init is not None and (not isinstance(init, FullPosterior) or init.Y.shape != Y.shape):
         raise ValueError("init must be a FullPosterior for the same (n, C)")
     n, C = Y.shape
