@@ -113,8 +113,10 @@ def check_fittable(model, method: str) -> Model:
     """`model` after checking that it is a Model (ValueError naming `method`) whose target can be normalised.
 
     Without a prior, prod_n phi_n(h_n^T w) is constant along every w with H w = 0: fewer site rows in all than
-    dim (a null space for certain) make log Z infinite, and a fit would only chase the bound upwards. A
-    rank-deficient H with enough rows is not detected."""
+    dim (a null space for certain) make log Z infinite, and a fit would only chase the bound upwards. Not
+    detected: a rank-deficient H with enough rows, and potentials bounded above (Logistic, Probit) on separable
+    labels, where prod_n phi_n tends to a positive constant along a cone; there the fits end at means of norm
+    1e7 and more. A prior rules out both."""
     if not isinstance(model, Model):
         raise ValueError(f"{method}: model must be a gkl_jax.Model, got {type(model).__name__}")
     if model.prior is None:
