@@ -88,7 +88,9 @@ def map_estimate(model: Model, *, w0=None, smoothing=(1e-1, 1e-2, 1e-3, 1e-4), t
     """The MAP estimate of `model` by Gaussian-smoothed continuation (module doc).
 
     Returns (w, converged): `converged` is False when the last stage did not reach max|grad| <= tol (default
-    1e-6 in float64, 1e-3 in float32). Newton-CG for log-concave models, L-BFGS otherwise (a local optimum)."""
+    1e-6 in float64, 1e-3 in float32). Newton-CG for log-concave models, L-BFGS otherwise: a stationary point,
+    usually a local optimum, but a saddle when w0 is one (w0 = 0 for a potential symmetric about 0; pass another
+    w0 there)."""
     check_fittable(model, "map_estimate")
     eps = [check_tol(e, "smoothing") for e in _as_list(smoothing)]
     if not eps:
