@@ -29,6 +29,26 @@ def _logistic_model(D=3, N=20, seed=0, prior=True):
 # ------------------------------------------------------------------------------------------ right answers now
 
 
+def test_local_stops_on_a_plain_em_step_and_height_is_inf_without_a_tangent():
+    """local(): an over-relaxed step's small gain no longer ends the loop (at tol = 1e-5 it stopped 0.011 nats
+    below the optimum, converged=True). height(Gaussian(v), gamma > v) is +inf (it returned the 1e30 bracket)."""
+    model, _, _ = _logistic_model(D=4)
+    tight = float(gk.local(model).log_z)
+    loose = gk.local(model, tol=1e-5)
+    assert bool(loose.converged) and abs(float(loose.log_z) - tight) < 1e-5 * (1 + abs(tight))
+    assert float(gk.baselines.height(P.Gaussian(0.0, 2.0), 10.0)) == np.inf
+    np.testing.assert_allclose(gk.baselines.height(P.Laplace(0.0, 1.0), 2), 2.0 + 2 * np.log(2), rtol=1e-10)
+
+
+def test_fit_minibatch_takes_a_result_as_q0():
+    model, _, _ = _logistic_model()
+    res = gk.fit(model)
+    kw = dict(batch_size=5.0, num_steps=3)      # an integral float is a count, as elsewhere
+    with pytest.warns(UserWarning, match="valid bound but not the optimum"):   # 3 steps move off the optimum
+        a, b = gk.stochastic.fit_minibatch(model, q0=res, **kw), gk.stochastic.fit_minibatch(model, q0=res.q, **kw)
+    np.testing.assert_array_equal(a.q.mean, b.q.mean)
+
+
 def test_prior_only_model_every_method():
     """No sites: q is the prior and log Z = 0 (fit raised a TypeError, EP / local / double loop numpy errors).
     Diagonal's optimum is q_i = N(mu_i, 1 / Lambda_ii), bound = (sum_i log(1 / Lambda_ii) - log det Sigma) / 2."""
@@ -205,13 +225,21 @@ def _bad_calls():
         (lambda: MC.GPClassifier(learn_hyperparameters=False).fit(np.zeros((4, 0)), [0, 0, 1, 1]), "X must be"),
         (lambda: MC.GPClassifier(learn_hyperparameters=False).fit(H[:4], np.array([0, "a", 0, "a"], object)),
          "one type"),
+        (lambda: gk.baselines.height(P.Laplace(0.0, 1.0), 0.0), "gamma must be positive"),
+        (lambda: gk.baselines.height(P.Laplace(0.0, 1.0), 2.0, iterations=0), "iterations"),
+        (lambda: gk.design.padded_measurement_sites(np.ones((2, 3)), np.ones(2), 1.0, 2.5), "capacity"),
+        (lambda: gk.design.padded_measurement_sites(np.ones((2, 3)), np.ones(3), 1.0, 4), "y must have one entry"),
+        (lambda: gk.design.padded_measurement_sites(np.ones((2, 3)), np.ones(2), -1.0, 4), "noise_variance"),
+        (lambda: gk.design.information_gain(q, np.ones(3), np.inf), "noise_variance"),
+        (lambda: gk.design.smoothed_log_density(model, np.ones(5), 0.1), "w must have shape (3,)"),
+        (lambda: gk.stochastic.slice_sites(model.sites[0], 0, 0, 3), "size"),
     ]
 
 
-@pytest.mark.parametrize("index", range(57))
+@pytest.mark.parametrize("index", range(65))
 def test_bad_input_raises_a_value_error_naming_it(index):
     calls = _bad_calls()
-    assert len(calls) == 57
+    assert len(calls) == 65
     call, fragment = calls[index]
     with pytest.raises(ValueError, match=None) as err:
         call()

@@ -39,9 +39,9 @@ def local(model, *, tol: float | None = None, max_steps: int = 1000) -> Result:
     """Maximise the local variational lower bound on log Z over the site-bound parameters xi.
 
     Returns a `Result` with q = N(A^{-1} b, A^{-1}) (a Full factor), `log_z` = B(xi) (a guaranteed lower bound,
-    `is_bound=True`), `history` the best bound after each evaluation. Stops when the bound changes by less than
-    tol * (1 + |B|) (default 1e-10 in float64) or after `max_steps` evaluations. Raises ValueError for potentials without a
-    tight exponentiated-quadratic bound (Poisson, Custom).
+    `is_bound=True`), `history` the best bound after each evaluation. Stops when a plain EM step changes the
+    bound by less than tol * (1 + |B|) (default 1e-10 in float64) or after `max_steps` evaluations. Raises
+    ValueError for potentials without a tight exponentiated-quadratic bound (Poisson, Custom).
     """
     C.check_model(model, "local")
     for s in model.sites:
@@ -109,8 +109,9 @@ def _local_jit(model, tol, max_steps):
     """One `lax.while_loop` of over-relaxed EM (Salakhutdinov & Roweis 2003): from the best point xi_g found so
     far, xi <- xi_g + omega (EM(xi_g) - xi_g). A step that raises the bound is accepted and omega grows by 1.5
     (up to 10); one that does not is rejected and the next step is the plain EM step (omega = 1), which never
-    decreases B. history[k] is the best bound after evaluation k; the loop stops when an accepted step changes
-    B by at most tol (1 + |B|), or after max_steps evaluations."""
+    decreases B. history[k] is the best bound after evaluation k; the loop stops when a plain EM step changes B
+    by at most tol (1 + |B|) (an over-relaxed step that gains so little is followed by a plain one), or after
+    max_steps evaluations."""
     TRACE_COUNT["local"] += 1
     groups = C.operators(model)
     dtype = C.dtype_of(model)
@@ -128,10 +129,12 @@ def _local_jit(model, tol, max_steps):
         ok = sol.ok & jnp.isfinite(value)
         slack = tol * (1 + jnp.abs(value))
         accept = ok & (value >= best_value - slack)  # (equal up to round-off counts as no decrease)
-        done = accept & (value - best_value <= slack)
+        small = accept & (value - best_value <= slack)
+        # only a plain EM step's small gain says the fixed point is reached; an over-relaxed step's may not
+        done = small & (omega == 1)
         pick = lambda new, old: jax.tree.map(lambda a, b: jnp.where(accept, a, b), new, old)
         best_params, best_sol, best_value = pick((params, sol, value), (best_params, best_sol, best_value))
-        omega = jnp.where(accept, jnp.minimum(1.5 * omega, 10.0), 1.0)
+        omega = jnp.where(accept & ~small, jnp.minimum(1.5 * omega, 10.0), 1.0)
         em = _update(groups, best_sol)
         # Tangent points xi = E[r^2] must stay positive; the over-relaxed step is clipped at half the EM value.
         params = [jnp.where(is_probit, b + omega * (e - b), jnp.maximum(b + omega * (e - b), 0.5 * e))

@@ -39,6 +39,7 @@ import jax.numpy as jnp
 from jax.scipy.special import log_ndtr
 
 from .. import potentials as P
+from .._validate import as_float_array, check_finite, check_int, check_positive
 from ..potentials._potentials import student_t_log_norm
 
 
@@ -141,9 +142,14 @@ def height(potential, gamma, *, iterations: int = 200):
         h(gamma) = max_{xi >= 0} -xi / gamma - 2 g(xi),
 
     by bisection on g'(xi) = -1 / (2 gamma) (g' is increasing because g is convex). The potential's
-    normalising constant is part of g, so h differs from the table's (unnormalised) entries by -2 log(norm)."""
+    normalising constant is part of g, so h differs from the table's (unnormalised) entries by -2 log(norm).
+    h = +inf where no tangent of that curvature exists (g' below -1 / (2 gamma) up to xi = 1e30: a Gaussian
+    potential with gamma above its variance)."""
     form = super_gaussian(potential, "height")
-    gamma = jnp.asarray(gamma)
+    gamma = as_float_array(gamma, "gamma")
+    check_finite(gamma, "gamma")
+    check_positive(gamma, "gamma")
+    iterations = check_int(iterations, "iterations", 1)
     target = -0.5 / gamma
     below = form.g1(jnp.zeros_like(gamma)) >= target  # the tangent at xi = 0 is already flatter
 
@@ -157,4 +163,5 @@ def height(potential, gamma, *, iterations: int = 200):
     hi0 = jnp.full_like(gamma, 1e30)
     lo, hi = jax.lax.fori_loop(0, iterations, body, (lo0, hi0))
     xi = jnp.where(below, 0.0, jnp.sqrt(lo * hi))
-    return -xi / gamma - 2 * form.g(xi)
+    unbounded = form.g1(hi0) < target
+    return jnp.where(unbounded, jnp.inf, -xi / gamma - 2 * form.g(xi))

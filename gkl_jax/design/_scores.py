@@ -50,8 +50,8 @@ def check_noise_variance(noise_variance):
     v2 = as_float_array(noise_variance, "noise_variance")
     if v2.ndim != 0:
         raise ValueError(f"noise_variance must be a scalar, got shape {v2.shape}")
-    if is_concrete(v2) and not bool(v2 > 0):
-        raise ValueError(f"noise_variance must be positive, got {float(v2)}")
+    if is_concrete(v2) and not bool((v2 > 0) & jnp.isfinite(v2)):
+        raise ValueError(f"noise_variance must be positive and finite, got {float(v2)}")
     return v2
 
 

@@ -30,7 +30,7 @@ from .._fit import fit
 from .._gaussian import Gaussian
 from .._model import Model, Sites
 from .._result import Result
-from .._validate import as_float_array, check_finite, check_int, check_key
+from .._validate import as_float_array, check_finite, check_int, check_key, check_ndim
 from ..factors import AbstractFactor
 from ..operators import AbstractOperator
 from ..potentials import Gaussian as GaussianPotential
@@ -65,9 +65,16 @@ class SequentialDesign(NamedTuple):
 
 def padded_measurement_sites(M, y, noise_variance, capacity: int) -> Sites:
     """Sites(M_pad, Gaussian(y_pad, v2_pad)) with `capacity` rows; rows past len(y) are inert (module doc)."""
-    M = np.asarray(M, dtype=float)
-    y = np.asarray(y, dtype=float)
+    M = np.asarray(as_float_array(M, "M"), dtype=float)
+    y = np.asarray(as_float_array(y, "y"), dtype=float)
+    check_ndim(M, 2, "M")
     n, dim = M.shape
+    if y.shape != (n,):
+        raise ValueError(f"y must have one entry per row of M, shape ({n},), got {y.shape}")
+    check_finite(M, "M")
+    check_finite(y, "y")
+    noise_variance = float(check_noise_variance(noise_variance))
+    capacity = check_int(capacity, "capacity", 1)
     if capacity < n:
         raise ValueError(f"capacity={capacity} is smaller than the {n} measurements")
     M_pad = np.zeros((capacity, dim))

@@ -116,6 +116,9 @@ def smoothed_log_density(model: Model, w, eps2):
     eps2 = as_float_array(eps2, "eps2")
     if is_concrete(eps2) and not bool(jnp.all(eps2 >= 0) & jnp.all(jnp.isfinite(eps2))):
         raise ValueError(f"eps2 (a variance) must be finite and >= 0, got {eps2}")
+    w = as_float_array(w, "w")
+    if w.shape != (model.dim,):
+        raise ValueError(f"w must have shape ({model.dim},), got {w.shape}")
     value = 0.0 if model.prior is None else model.prior.log_density(w)
     for s in model.sites:
         op = s.operator(model.dim)

@@ -139,10 +139,8 @@ def _batch_sizes(model: Model, batch_size):
     out = []
     for g, (sites, b) in enumerate(zip(model.sites, sizes)):
         n = num_sites(sites, model.dim)
-        if isinstance(b, bool) or not hasattr(b, "__index__"):
-            raise ValueError(f"batch_size must be an integer (or one per sites group), got {b!r}")
-        b = int(b.__index__())
-        if not 1 <= b <= n:
+        b = check_int(b, "batch_size", 1)
+        if not b <= n:
             raise ValueError(f"batch_size={b} for sites group {g} must be between 1 and its N={n}")
         check_subsampling(sites, model.dim, "model")
         out.append(b)
@@ -186,6 +184,7 @@ def fit_minibatch(model: Model, factor: AbstractFactor | None = None, *, batch_s
     the budget. Compiled once per (shapes, batch sizes, num_steps, optimiser).
     """
     check_fittable(model, "fit_minibatch")
+    q0 = q0.q if isinstance(q0, Result) else q0
     if factor is None:
         factor = q0.factor if q0 is not None else Full()
     if not isinstance(factor, AbstractFactor):

@@ -104,7 +104,7 @@ def slice_sites(sites: Sites, start, size: int, dim: int) -> Sites:
     """The group restricted to rows start, ..., start + size - 1 (`start` may be traced; `size` is static and
     at most N; like `lax.dynamic_slice`, a start past N - size is clamped to N - size)."""
     n = num_sites(sites, dim)
-    size = check_int(size, "size")
+    size = check_int(size, "size", 1)
     if size > n:
         raise ValueError(f"size must be at most N = {n} (the group's rows), got {size}")
     start = jnp.clip(start, 0, n - size)
