@@ -6,7 +6,8 @@
 
 `demo` compares the Full and Diagonal G-KL factors on Bayesian logistic regression of the bundled ionosphere
 data (see `gkl_jax._demo`). `fit` runs a Bayesian GLM with an isotropic Gaussian prior on the columns of a CSV file
-plus a bias. Usage and data errors print one line, `gkl-jax: error: ...`, on stderr and exit with status 2.
+plus a bias. Usage and data errors print one line, `gkl-jax: error: ...`, on stderr and exit with status 2; a
+reader that closes stdout early (`gkl-jax fit ... | head -1`) ends the command quietly with status 141.
 
 Each run is a new process, so every compiled program would be compiled again; the command keeps them in JAX's
 persistent compilation cache (`cache_dir`: $GKL_JAX_CACHE_DIR, else $XDG_CACHE_HOME/gkl-jax/xla, else
@@ -110,14 +111,22 @@ def _positive(text):
     return value
 
 
-def _count(text):
+def _integer(text, minimum, kind):
     try:
         value = int(text)
     except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text!r}")
+        value = minimum - 1
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"must be {kind}, got {text!r}")
     return value
+
+
+def _count(text):
+    return _integer(text, 0, "a non-negative integer")
+
+
+def _positive_count(text):
+    return _integer(text, 1, "a positive integer")
 
 
 def _build_parser():
@@ -134,7 +143,7 @@ def _build_parser():
                           description="Bayesian logistic regression on the bundled UCI ionosphere data: "
                                       "Full and Diagonal G-KL factors against the MAP estimate.")
     demo.add_argument("--output-dir", default=".", help="where to write gkl_jax_demo.png (default: .)")
-    demo.add_argument("--seed", type=int, default=0, help="seed of the random 2/3 train split (default: 0)")
+    demo.add_argument("--seed", type=_count, default=0, help="seed of the random 2/3 train split (default: 0)")
     demo.add_argument("--quiet", action="store_true", help="no progress line on stderr")
 
     fit = sub.add_parser("fit", help="fit a Bayesian GLM to a CSV file",
@@ -149,8 +158,8 @@ def _build_parser():
     fit.add_argument("--factor", choices=tuple(FACTORS), default="full",
                      help="G-KL covariance factor (default: full); chevron, banded, subspace and factor-analysis "
                           "need --rank")
-    fit.add_argument("--rank", type=_count, default=None, metavar="K",
-                     help="size of a structured factor: dense rows of chevron, bandwidth of banded, rank of "
+    fit.add_argument("--rank", type=_positive_count, default=None, metavar="K",
+                     help="size (>= 1) of a structured factor: dense rows of chevron, bandwidth of banded, rank of "
                           "subspace and factor-analysis")
     fit.add_argument("--prior-variance", type=_positive, default=1.0, metavar="V",
                      help="prior variance of every weight and the bias (default: 1)")
@@ -191,8 +200,13 @@ def main(argv=None) -> int:
             from ._demo import run_demo
 
             run_demo(output_dir=args.output_dir, seed=args.seed, progress=not args.quiet)
-            return 0
-        return _run_fit(args)
+            status = 0
+        else:
+            status = _run_fit(args)
+        sys.stdout.flush()  # a closed pipe shows here, inside the handler, not at interpreter exit
+        return status
+    except BrokenPipeError:
+        return _broken_pipe()
     except CLIError as err:
         print(f"gkl-jax: error: {err}", file=sys.stderr)
         return 2
@@ -202,6 +216,20 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("gkl-jax: interrupted", file=sys.stderr)
         return 130
+
+
+def _broken_pipe() -> int:
+    """The reader of stdout went away (`gkl-jax fit ... | head -1`): exit quietly. Python ignores SIGPIPE, so a
+    write raises BrokenPipeError instead; stdout is pointed at /dev/null so that the interpreter's final flush
+    does not report the error again. The status is 141 (128 + SIGPIPE), what a shell reports for a command that
+    SIGPIPE ended, so `set -o pipefail` still sees that the output was cut short."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # stdout without a file descriptor (captured, or closed)
+        pass
+    return 141
 
 
 def cache_dir():
@@ -285,11 +313,18 @@ def resolve_target(names, target) -> int:
     raise CLIError(f"unknown target column {target!r}; columns: {shown}")
 
 
+def _float(text):
+    """float(text) without Python's literal extras: a digit separator ('1_000') is a ValueError."""
+    if "_" in text:
+        raise ValueError(f"could not convert string to float: {text!r}")
+    return float(text)
+
+
 def _number(text, column, line):
     if text.lower() in _MISSING:
         raise CLIError(f"missing or NaN value {text!r} in column {column!r} (line {line})")
     try:
-        value = float(text)
+        value = _float(text)
     except ValueError:
         raise CLIError(f"non-numeric value {text!r} in column {column!r} (line {line})") from None
     if not math.isfinite(value):
@@ -306,7 +341,7 @@ def binary_labels(values, lines, column, positive=None):
             raise CLIError(f"missing label {text!r} in target column {column!r} (line {line})")
     texts = sorted(set(values))
     try:
-        keys = {text: float(text) for text in texts}
+        keys = {text: _float(text) for text in texts}
         numeric = all(math.isfinite(v) for v in keys.values())
     except ValueError:
         numeric = False
@@ -321,7 +356,7 @@ def binary_labels(values, lines, column, positive=None):
         key = positive.strip()
         if numeric:
             try:
-                key = float(key)
+                key = _float(key)
             except ValueError:
                 pass
         if key not in classes:
@@ -347,6 +382,18 @@ def _counts(values, lines, column):
         raise CLIError(f"counts for poisson must be non-negative integers; got {values[bad[0]]!r} in column "
                        f"{column!r} (line {lines[bad[0]]})")
     return y
+
+
+def _check_magnitude(X, columns):
+    """Refuse input columns whose sum of squares overflows float64 (|values| above about 1e154): the fit's
+    starting covariance (and --standardize's sd) would be infinite, and its message would blame the factor."""
+    with np.errstate(over="ignore"):
+        squares = np.einsum("ij,ij->j", X, X)
+    bad = np.flatnonzero(~np.isfinite(squares))
+    if bad.size:
+        j = bad[0]
+        raise CLIError(f"values in column {columns[j]!r} are too large (up to {np.max(np.abs(X[:, j])):.3g}; their "
+                       f"squares overflow float64): rescale the column")
 
 
 def _likelihood_options(args):
@@ -444,6 +491,7 @@ def _run_fit(args) -> int:
     else:
         y = np.array([_number(v, names[t], line) for v, line in zip(values, lines)])
     columns = [names[j] for j in inputs]
+    _check_magnitude(X, columns)
     standardization = None
     if args.standardize:
         mean, sd = X.mean(axis=0), X.std(axis=0)
@@ -461,8 +509,8 @@ def _run_fit(args) -> int:
     factor = _factor(args.factor, args.rank, X.shape[1])
 
     progress = Progress(total=2 if args.output else 1, enabled=not args.quiet)
-    progress.step(f"fitting the {_describe(args.factor, args.rank)} G-KL factor (D = {X.shape[1]}, N = {X.shape[0]}; first call "
-                  f"includes JIT compilation)")
+    progress.step(f"fitting the {_describe(args.factor, args.rank)} G-KL factor (D = {X.shape[1]}, "
+                  f"N = {X.shape[0]}; first call includes JIT compilation)")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

@@ -53,6 +53,8 @@ def files(tmp_path_factory):
         "three_labels": rows[:-1] + [rows[-1][:-1] + ["maybe"]],
         "one_label": [r[:-1] + ["yes"] for r in rows],
         "ragged": rows[:4] + [rows[4][:-2]] + rows[5:],
+        "underscore": rows[:1] + [["1_000"] + rows[1][1:]] + rows[2:],
+        "huge": [[f"{2e200 * float(r[0]):.17g}"] + r[1:] for r in rows],
     }
     for key, body in bad.items():
         out[key] = _write(d / f"{key}.csv", names + ["label"], body)
@@ -203,6 +205,7 @@ def test_fit_standardized_with_positive_label(capsys, files, tmp_path):
     (["10", "9"], {"9": -1.0, "10": 1.0}),  # numeric, not string, order
     (["g", "b", "g"], {"b": -1.0, "g": 1.0}),
     (["1", "1"], {"1": 1.0}),  # one class of a 0/1 coding is still unambiguous
+    (["1_000", "999"], {"1_000": -1.0, "999": 1.0}),  # '1_000' is a string, not 1000
 ])
 def test_binary_label_mapping(values, expected):
     y, mapping = cli.binary_labels(values, list(range(2, 2 + len(values))), "t")
@@ -240,6 +243,8 @@ def _one_line_error(code, out, err, fragment):
     (["{three_labels}"], "bad labels in target column 'label'"),
     (["{one_label}"], "only one class 'yes'"),
     (["{ragged}"], "line 6: 2 fields, expected 4"),
+    (["{underscore}"], "non-numeric value '1_000' in column 'a' (line 3)"),  # float() would read 1000
+    (["{huge}"], "values in column 'a' are too large (up to "),
     (["{header_only}"], "no data rows"),
     (["{empty}"], "has no rows"),
     (["{strings}", "--prior-variance", "0"], "--prior-variance: must be a positive finite number, got '0'"),
@@ -261,8 +266,11 @@ def _one_line_error(code, out, err, fragment):
     (["{strings}", "--factor", "banded", "--rank", "4"], "--rank 4 is too large for --factor banded: its "
                                                           "bandwidth must be <= 3 for D = 4 weights"),
     (["{strings}", "--factor", "chevron", "--rank", "5"], "its rows must be <= 4"),
-    (["{strings}", "--factor", "subspace", "--rank", "0"], "--rank 0: Subspace(rank=0) must be >= 1"),
-    (["{strings}", "--factor", "factor-analysis", "--rank", "-2"], "--rank: must be a non-negative integer"),
+    (["{strings}", "--factor", "subspace", "--rank", "0"], "--rank: must be a positive integer, got '0'"),
+    (["{strings}", "--factor", "chevron", "--rank", "0"], "--rank: must be a positive integer, got '0'"),
+    (["{strings}", "--factor", "banded", "--rank", "0"], "--rank: must be a positive integer, got '0'"),
+    (["{strings}", "--factor", "factor-analysis", "--rank", "0"], "--rank: must be a positive integer"),
+    (["{strings}", "--factor", "factor-analysis", "--rank", "-2"], "--rank: must be a positive integer"),
     (["{strings}", "--factor", "diagonal", "--rank", "2"], "--rank applies only to --factor chevron / banded"),
     (["{strings}", "--output", "{dir}/no/such/dir/r.json"], "directory"),
     (["{strings}", "--output", "{dir}"], "is a directory"),
@@ -280,8 +288,47 @@ def test_demo_output_dir_that_is_a_file(capsys, tmp_path):
     _one_line_error(*run(capsys, "demo", "--output-dir", target), "exists and is not a directory")
 
 
-def test_demo_bad_seed(capsys):
-    _one_line_error(*run(capsys, "demo", "--seed", "x"), "--seed: invalid int value")
+@pytest.mark.parametrize("seed", ["x", "-1", "1.5"])
+def test_demo_bad_seed(capsys, tmp_path, seed):
+    """Refused while parsing, before the demo creates its output directory."""
+    out_dir = tmp_path / "out"
+    _one_line_error(*run(capsys, "demo", "--seed", seed, "--output-dir", out_dir),
+                    f"--seed: must be a non-negative integer, got '{seed}'")
+    assert not out_dir.exists()
+
+
+def test_broken_pipe_exits_quietly_in_process(capsys, monkeypatch):
+    def closed_pipe(args):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(cli, "_run_fit", closed_pipe)
+    code, out, err = run(capsys, "--no-cache", "fit", "unused.csv", "--quiet")
+    assert code == 141 and out == "" and err == ""
+
+
+_FLOOD = """
+import sys
+from gkl_jax import cli
+
+def flood(args):
+    for i in range(200000):
+        print("row", i)
+    return 0
+
+cli._run_fit = flood
+sys.exit(cli.main(["--no-cache", "fit", "unused.csv", "--quiet"]))
+"""
+
+
+def test_broken_pipe_exits_quietly_in_a_subprocess():
+    """`gkl-jax fit ... | head -1`: the reader closes the pipe; no traceback, status 141 (128 + SIGPIPE), and no
+    'Exception ignored' from the interpreter's last flush. `_run_fit` is replaced by a printer of 2 MB."""
+    proc = subprocess.Popen([sys.executable, "-c", _FLOOD], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL)
+    assert proc.stdout.readline() == b"row 0\n"
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141 and err == ""
 
 
 # ------------------------------------------------------------------------------------------------ entry point

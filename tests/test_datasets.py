@@ -117,6 +117,21 @@ def test_data_path_rejects_unknown_files():
         gk.datasets.data_path("nope.csv")
 
 
+def test_data_path_accepts_every_bundled_file():
+    for path in DATA.iterdir():
+        if path.is_file():
+            assert gk.datasets.data_path(path.name).read_bytes() == path.read_bytes()
+
+
+@pytest.mark.parametrize("bad", ["/etc/passwd", "../_uci.py", "../__init__.py", "./sonar.csv", "data/sonar.csv",
+                                 str(DATA / "sonar.csv"), "", ".", "..", "SONAR.CSV", None, 3, b"sonar.csv"])
+def test_data_path_refuses_anything_but_a_bundled_file_name(bad):
+    """Only a plain file name inside data/: no path outside it (or into it), and a ValueError, not a TypeError,
+    for a non-string."""
+    with pytest.raises(ValueError, match="filename must be the plain name of a bundled data file"):
+        gk.datasets.data_path(bad)
+
+
 def test_every_data_file_has_its_attribution():
     data_files = sorted(p.name for p in DATA.iterdir() if p.suffix in (".csv", ".data"))
     assert len(data_files) == 10

@@ -124,12 +124,21 @@ def _spec(name):
     return _SPECS[name]
 
 
+def _bundled_files() -> set:
+    """The plain file names in the package's `data/` folder."""
+    return {entry.name for entry in resources.files(__package__).joinpath("data").iterdir() if entry.is_file()}
+
+
 def data_path(filename: str):
-    """A `importlib.resources` Traversable for one bundled file (e.g. 'sonar.names' or 'README.txt')."""
-    path = resources.files(__package__).joinpath("data", filename)
-    if not path.is_file():
-        raise ValueError(f"filename must name a bundled data file; {filename!r} is not one")
-    return path
+    """A `importlib.resources` Traversable for one bundled file (e.g. 'sonar.names' or 'README.txt').
+
+    `filename` must be the plain name of a file in `gkl_jax/datasets/data/`; anything else (a path, another
+    folder's file, a non-string) raises ValueError.
+    """
+    if not isinstance(filename, str) or filename not in _bundled_files():
+        raise ValueError(f"filename must be the plain name of a bundled data file in gkl_jax/datasets/data/ (e.g. "
+                         f"'sonar.names'); {filename!r} is not one")
+    return resources.files(__package__).joinpath("data", filename)
 
 
 def _read_rows(filename, *, header=False):

@@ -21,6 +21,7 @@ from .._gaussian import Gaussian
 from .._model import Model
 from .._result import Result
 from .._validate import is_concrete
+from ..operators import Dense
 
 TRACE_COUNT = {"fit_batched": 0}
 
@@ -28,7 +29,15 @@ TRACE_COUNT = {"fit_batched": 0}
 def stack_models(models) -> Model:
     """One `Model` whose array leaves have a leading axis of length len(models) (every model must have the
     same structure, shapes and dtypes). The result is meant for `fit_batched` or `jax.vmap`, not for `fit`."""
-    models = list(models)
+    if isinstance(models, Model):
+        raise ValueError("models must be a sequence of gkl_jax.Model, got a single Model (pass [model] for a "
+                         "batch of one)")
+    if isinstance(models, (str, bytes)):
+        raise ValueError(f"models must be a sequence of gkl_jax.Model, got {type(models).__name__}")
+    try:
+        models = list(models)
+    except TypeError:
+        raise ValueError(f"models must be a sequence of gkl_jax.Model, got {type(models).__name__}") from None
     if not models:
         raise ValueError("models must be a non-empty sequence of gkl_jax.Model")
     first_def = None
@@ -45,6 +54,29 @@ def stack_models(models) -> Model:
     return jax.tree.map(lambda *xs: jnp.stack(xs), *models)
 
 
+def check_stacked(model: Model) -> Model:
+    """`model` if it carries a batch axis as `stack_models` makes it, else ValueError naming `models`.
+
+    Model has no batch marker, so the test is structural: stacking adds a leading axis to every array leaf, so
+    a stacked model has no 0-d leaf (a single model's scalars: offsets, prior variances, kernel parameters) and
+    every dense H is 3-D (a single model's H is (N, D)). Shapes alone cannot tell the two apart, since a single
+    model whose array leaves share one leading length (N = D) looks like a batch by lengths."""
+    hint = "pass a list of Models, or stack_models([...]), for a batch; gkl_jax.fit fits one model"
+    dense = [op for op in jax.tree.leaves(model, is_leaf=lambda x: isinstance(x, Dense)) if isinstance(op, Dense)]
+    for op in dense:
+        if op.matrix.ndim == 2:
+            raise ValueError(f"models is a single gkl_jax.Model, not one stacked by stack_models: its H has shape "
+                             f"{tuple(op.matrix.shape)}, not (batch, N, D); {hint}")
+        if op.matrix.ndim != 3:
+            raise ValueError(f"models must have one batch axis: its H has shape {tuple(op.matrix.shape)}, not "
+                             f"(batch, N, D)")
+    for leaf in jax.tree.leaves(model):
+        if eqx.is_array(leaf) and leaf.ndim == 0:
+            raise ValueError(f"models is a single gkl_jax.Model, not one stacked by stack_models: it has a scalar "
+                             f"array leaf with no batch axis; {hint}")
+    return model
+
+
 def batch_size_of(tree) -> int:
     """The common leading-axis length of the array leaves of a stacked tree."""
     sizes = {int(x.shape[0]) for x in jax.tree.leaves(tree) if eqx.is_array(x) and x.ndim >= 1}
@@ -57,7 +89,8 @@ def fit_batched(models, factor=None, *, q0: Gaussian | None = None, mesh: Mesh |
                 axis: str | None = None, **fit_kwargs) -> Result:
     """`gkl_jax.fit` on every model of a batch, as one compiled, vectorised program.
 
-    - `models`: a sequence of `Model`s of one shape, or a model already stacked by `stack_models`.
+    - `models`: a sequence of `Model`s of one shape, or a model already stacked by `stack_models` (a single,
+      unstacked Model is refused with a ValueError, see `check_stacked`).
     - `factor`, `fit_kwargs` (solver, tol, max_steps, whiten, max_cg): as in `gkl_jax.fit`, shared by all.
     - `q0`: optional warm starts, a `Gaussian` whose leaves carry the same leading batch axis.
     - `mesh`, `axis`: optionally split the batch over the devices along the mesh axis `axis` (default: the
@@ -68,11 +101,15 @@ def fit_batched(models, factor=None, *, q0: Gaussian | None = None, mesh: Mesh |
     Compiles once per (batch shape, factor, options): `gkl_jax.distributed.TRACE_COUNT`. Warns with the
     indices of members that did not converge.
     """
-    stacked = models if isinstance(models, Model) else stack_models(models)
+    stacked = check_stacked(models) if isinstance(models, Model) else stack_models(models)
     size = batch_size_of(stacked)
     if q0 is not None:
         if not isinstance(q0, Gaussian):
             raise ValueError(f"q0 must be a gkl_jax.Gaussian with a leading batch axis, got {type(q0).__name__}")
+        if jnp.ndim(q0.mean) != 2:
+            raise ValueError(f"q0 must be a gkl_jax.Gaussian with a leading batch axis: q0.mean has shape "
+                             f"{jnp.shape(q0.mean)}, not (batch, dim) (stack single Gaussians with "
+                             "jax.tree.map(lambda *x: jnp.stack(x), *qs))")
         if batch_size_of(q0) != size:
             raise ValueError(f"q0 has batch size {batch_size_of(q0)} but models has {size}")
     if mesh is not None:

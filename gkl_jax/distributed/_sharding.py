@@ -46,12 +46,30 @@ SITE_AXIS = "sites"
 def site_mesh(devices=None, axis: str = SITE_AXIS) -> Mesh:
     """A 1-D mesh over `devices` (default: `jax.devices()`, i.e. every device of every process) whose only
     axis, named `axis`, carries the sites. The axis is `AxisType.Auto`: XLA propagates the shardings."""
-    devices = jax.devices() if devices is None else list(devices)
+    devices = jax.devices() if devices is None else _device_list(devices)
     if not devices:
         raise ValueError("devices must name at least one device")
     if not isinstance(axis, str) or not axis:
         raise ValueError(f"axis must be a non-empty string, got {axis!r}")
     return Mesh(np.array(devices), (axis,), axis_types=(AxisType.Auto,))
+
+
+def _device_list(devices) -> list:
+    """`devices` as a list of distinct `jax.Device`s; ValueError for anything else (a string such as "cpu" would
+    otherwise become a mesh of its letters)."""
+    if isinstance(devices, (str, bytes)):
+        raise ValueError(f"devices must be a sequence of jax Devices (e.g. jax.devices('cpu')), got {devices!r}")
+    try:
+        devices = list(devices)
+    except TypeError:
+        raise ValueError(f"devices must be a sequence of jax Devices, got {type(devices).__name__}") from None
+    for i, device in enumerate(devices):
+        if not isinstance(device, jax.Device):
+            raise ValueError(f"devices must be a sequence of jax Devices, but devices[{i}] is "
+                             f"{type(device).__name__} {device!r}")
+    if len(set(devices)) != len(devices):
+        raise ValueError(f"devices must be distinct, got {devices}")
+    return devices
 
 
 def _mesh_size(mesh, axis):
