@@ -19,7 +19,10 @@ Solvers
 
 Every solver stops at max |dB/d(m, C)| <= tol. The returned `log_z` is differentiable in the model by the
 envelope theorem (App. F.2) and the returned mean and factor by the implicit function theorem (the
-Hessian solve uses conjugate gradients with Hessian-vector products).
+Hessian solve uses conjugate gradients with Hessian-vector products). The envelope theorem gives first
+derivatives only: `log_z` is evaluated at a gradient-stopped q, so its second derivatives (jax.hessian,
+grad of grad) miss the dq*/dtheta term and are wrong. For those, differentiate `bound(model, result.q)`, whose
+q carries the implicit derivative (tests/test_fit.py checks its Hessian against the exact log Z's).
 """
 
 import functools

@@ -10,7 +10,8 @@ class Result(eqx.Module):
     """A fitted Gaussian and its evidence estimate.
 
     - `q`: the Gaussian approximation N(m, C^T C).
-    - `log_z`: the objective at `q` (for G-KL a lower bound on log Z; see `is_bound`).
+    - `log_z`: the objective at `q` (for G-KL a lower bound on log Z; see `is_bound`); for G-KL, exact first
+      derivatives in the model (envelope theorem), but not second ones: use `gk.bound(model, result.q)` there.
     - `converged`: whether the stopping rule (max |gradient| <= tol, or the method's own) was met.
     - `num_steps`: outer iterations taken.
     - `history`: the objective after each step, length max_steps + 1; entries past num_steps are NaN.

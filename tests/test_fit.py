@@ -200,6 +200,23 @@ def test_log_z_gradient_is_exact_on_a_gaussian_model():
     np.testing.assert_allclose(jax.grad(log_z)(jnp.array([v, s])), exact, rtol=1e-8)
 
 
+def test_second_derivative_of_the_evidence_through_the_implicit_q():
+    """d^2 log Z / dv^2 in the prior variance v (Gaussian sites: the bound at the optimum is log Z): from
+    bound(model, result.q), whose q carries the implicit derivative, it is the exact one. result.log_z is
+    first-order only (its q is gradient-stopped; the module doc says so)."""
+    rng = np.random.default_rng(0)
+    H, y = rng.normal(size=(8, 3)), rng.normal(size=8)
+
+    def via_bound(v):
+        model = gk.Model(gk.priors.Isotropic(3, v), gk.Sites(H, gk.potentials.Gaussian(y, 0.5)))
+        return gk.bound(model, gk.fit(model, tol=1e-10).q)
+
+    exact = lambda v: gaussian_log_evidence(H, y, 0.5, v * np.eye(3))[0]
+    h = 1e-4
+    np.testing.assert_allclose(jax.hessian(via_bound)(1.3), (exact(1.3 + h) - 2 * exact(1.3) + exact(1.3 - h)) / h**2,
+                               rtol=1e-5)
+
+
 def test_mean_jacobian_is_the_implicit_derivative():
     """d q.mean / d theta (prior variance, one row of H) through fit (implicit function theorem) equals central
     differences of the re-optimised mean."""
