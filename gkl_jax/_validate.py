@@ -25,6 +25,8 @@ def as_float_array(x, name: str, *, dtype=None):
     if dtype is None and isinstance(x, (int, float)) and not isinstance(x, bool):
         return jnp.asarray(float(x))      # a Python scalar stays weakly typed: it adopts float32 data's dtype
     if isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer):
+        if dtype is None and jnp.issubdtype(x.dtype, jnp.floating):
+            return x                      # as it is: a weakly typed scalar stays weak (e.g. a rebuilt default)
         arr = x
     else:
         try:

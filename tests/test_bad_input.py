@@ -40,6 +40,15 @@ def test_local_stops_on_a_plain_em_step_and_height_is_inf_without_a_tangent():
     np.testing.assert_allclose(gk.baselines.height(P.Laplace(0.0, 1.0), 2), 2.0 + 2 * np.log(2), rtol=1e-10)
 
 
+def test_factor_initialise_takes_integer_variances_and_sites_keep_weak_scalars():
+    """initialise(dim, 2) gave Banded/Chevron variances of 1 (sqrt of an integer array); a weakly typed default
+    (variance_offset 0.0) rebuilt into Sites (whitening does) came back strongly float64 and broke float32 fits."""
+    for factor in (gk.factors.Banded(1), gk.factors.Chevron(2), gk.factors.Sparse(np.eye(5, dtype=bool))):
+        np.testing.assert_allclose(factor.initialise(5, 2).marginal_variances(), np.full(5, 2.0), rtol=1e-14)
+    sites = gk.Sites(np.ones((3, 2), np.float32), P.Logistic(np.ones(3, np.float32)))
+    assert gk.Sites(sites.H.matrix, sites.potential, variance_offset=sites.variance_offset).variance_offset.weak_type
+
+
 def test_fit_minibatch_takes_a_result_as_q0():
     model, _, _ = _logistic_model()
     res = gk.fit(model)
@@ -233,13 +242,15 @@ def _bad_calls():
         (lambda: gk.design.information_gain(q, np.ones(3), np.inf), "noise_variance"),
         (lambda: gk.design.smoothed_log_density(model, np.ones(5), 0.1), "w must have shape (3,)"),
         (lambda: gk.stochastic.slice_sites(model.sites[0], 0, 0, 3), "size"),
+        (lambda: P.Custom(jnp.tanh, center=np.zeros((20, 1)), width=1.0), "center must be a scalar or one value"),
+        (lambda: gk.factors.Sparse(np.eye(3, dtype=bool)).initialise(3, -1.0), "variances must be positive"),
     ]
 
 
-@pytest.mark.parametrize("index", range(65))
+@pytest.mark.parametrize("index", range(67))
 def test_bad_input_raises_a_value_error_naming_it(index):
     calls = _bad_calls()
-    assert len(calls) == 65
+    assert len(calls) == 67
     call, fragment = calls[index]
     with pytest.raises(ValueError, match=None) as err:
         call()

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from .._linalg import invert_lower, tdot
 from .._validate import as_float_array, check_finite, check_ndim
 from ._base import AbstractFixedPointFactor, check_initialised, signed_log_abs_diag
+from ._kernels import broadcast_variances
 
 
 def _precision(prior, sites_ops, gammas, dim, dtype):
@@ -65,7 +66,7 @@ class Full(AbstractFixedPointFactor):
         return int(self.C.shape[0])
 
     def initialise(self, dim, variances):
-        return Full(jnp.diag(jnp.sqrt(jnp.broadcast_to(variances, (dim,)))))
+        return Full(jnp.diag(jnp.sqrt(broadcast_variances(variances, dim))))
 
     def upper(self):
         return jnp.triu(self.C)
@@ -117,7 +118,7 @@ class Diagonal(AbstractFixedPointFactor):
         return int(self.d.shape[0])
 
     def initialise(self, dim, variances):
-        return Diagonal(jnp.sqrt(jnp.broadcast_to(variances, (dim,))))
+        return Diagonal(jnp.sqrt(broadcast_variances(variances, dim)))
 
     def logdet(self):
         return 2 * signed_log_abs_diag(self.d)

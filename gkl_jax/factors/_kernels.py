@@ -20,7 +20,7 @@ from jax import lax
 from jax.experimental import sparse as jsparse
 
 from .._linalg import invert_lower
-from .._validate import as_int
+from .._validate import as_float_array, as_int, check_finite, check_positive
 from ..operators import Dense as DenseOperator
 from ..operators import Identity as IdentityOperator
 from ..operators import Sparse as SparseOperator
@@ -72,7 +72,14 @@ def check_shape(x, shape, name: str, owner: str):
 
 
 def broadcast_variances(variances, dim):
-    return jnp.broadcast_to(jnp.asarray(variances), (dim,))
+    """`variances` (a scalar or (dim,)) as a float array of shape (dim,), after checking it is positive and finite
+    (the starting variances of a factor's `initialise`; an integer 2 would otherwise truncate sqrt(2) to 1)."""
+    v = as_float_array(variances, "variances")
+    check_finite(v, "variances")
+    check_positive(v, "variances")
+    if v.ndim > 1 or (v.ndim == 1 and v.shape[0] != dim):
+        raise ValueError(f"variances must be a scalar or have shape ({dim},), got {v.shape}")
+    return jnp.broadcast_to(v, (dim,))
 
 
 def bcoo_triplets(op):

@@ -255,6 +255,9 @@ class Custom(AbstractQuadraturePotential):
             check_finite(center, "center")
             width = as_float_array(width, "width")
             check_positive(width, "width")
+            for name, arr in (("center", center), ("width", width)):
+                if arr.ndim > 1:
+                    raise ValueError(f"{name} must be a scalar or one value per site (1-D), got shape {arr.shape}")
         self.center = center
         self.width = width
 
