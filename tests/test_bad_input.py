@@ -49,6 +49,17 @@ def test_factor_initialise_takes_integer_variances_and_sites_keep_weak_scalars()
     assert gk.Sites(sites.H.matrix, sites.potential, variance_offset=sites.variance_offset).variance_offset.weak_type
 
 
+def test_template_factor_methods_ask_for_initialise():
+    F = gk.factors
+    for factor in (F.Full(), F.Diagonal(), F.Banded(1), F.Chevron(1), F.Sparse(np.eye(3, dtype=bool)), F.Subspace(1),
+                   F.FactorAnalysis(1)):
+        for method in ("logdet", "marginal_variances", "covariance", "dense"):
+            with pytest.raises(ValueError, match="is a template; call initialise"):
+                getattr(factor, method)()
+    with pytest.raises(ValueError, match="dim must be an integer"):
+        F.Full().initialise(2.5, 1.0)
+
+
 def test_fit_minibatch_takes_a_result_as_q0():
     model, _, _ = _logistic_model()
     res = gk.fit(model)

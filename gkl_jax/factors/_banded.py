@@ -92,6 +92,7 @@ class Banded(AbstractFactor):
         return padded[k, np.arange(D)[None, :] - k + B]
 
     def logdet(self):
+        check_initialised(self)
         return 2 * signed_log_abs_diag(self.bands[0])
 
     def project_variances(self, op):
@@ -128,9 +129,11 @@ class Banded(AbstractFactor):
         return jnp.sum(jnp.square(jnp.einsum("Ijn,Iij->Iin", windows, flat[table])), axis=(0, 1))
 
     def marginal_variances(self):
+        check_initialised(self)
         return jnp.sum(self._diagonal_gather(jnp.square(self.masked_bands())), axis=0)
 
     def dense(self):
+        check_initialised(self)
         D = self.dim
         k, i = np.nonzero(self._valid())
         return jnp.zeros((D, D), self.bands.dtype).at[i, i + k].set(self.bands[k, i])

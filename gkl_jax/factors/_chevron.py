@@ -77,6 +77,7 @@ class Chevron(AbstractFactor):
         return jnp.concatenate([jnp.zeros((self.rows,), values.dtype), values])
 
     def logdet(self):
+        check_initialised(self)
         head = jnp.diagonal(self.theta[:, :self.rows]) if self.rows else jnp.zeros((0,), self.d.dtype)
         return 2 * (signed_log_abs_diag(head) + signed_log_abs_diag(self.d))
 
@@ -86,9 +87,11 @@ class Chevron(AbstractFactor):
         return low_rank_projection(op, self.upper_rows().T, self._tail(jnp.square(self.d)))
 
     def marginal_variances(self):
+        check_initialised(self)
         return jnp.sum(jnp.square(self.upper_rows()), axis=0) + self._tail(jnp.square(self.d))
 
     def dense(self):
+        check_initialised(self)
         return jnp.concatenate([self.upper_rows(), self._lower_block()], axis=0)
 
     def _lower_block(self):

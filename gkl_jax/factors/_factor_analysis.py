@@ -100,6 +100,7 @@ class FactorAnalysis(AbstractFactor):
         return jnp.linalg.cholesky(jnp.eye(self.rank, dtype=U.dtype) + U.T @ U)
 
     def logdet(self):
+        check_initialised(self)
         logdet_psi = jnp.sum(jnp.log(self.uniquenesses()))
         if self.rank == 0:
             return logdet_psi
@@ -116,9 +117,11 @@ class FactorAnalysis(AbstractFactor):
         return low_rank_projection(op, self.theta, self.uniquenesses())
 
     def marginal_variances(self):
+        check_initialised(self)
         return jnp.sum(jnp.square(self.theta), axis=1) + self.uniquenesses()
 
     def covariance(self):
+        check_initialised(self)
         return self.theta @ self.theta.T + jnp.diag(self.uniquenesses())
 
     def covariance_mv(self, v):
@@ -141,6 +144,7 @@ class FactorAnalysis(AbstractFactor):
         return r * (z + Q @ (g * tdot(Q, z)))
 
     def dense(self):
+        check_initialised(self)
         return jax.vmap(self.matvec, in_axes=1, out_axes=1)(jnp.eye(self.dim, dtype=self.d.dtype))
 
 

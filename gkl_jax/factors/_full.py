@@ -72,15 +72,18 @@ class Full(AbstractFixedPointFactor):
         return jnp.triu(self.C)
 
     def logdet(self):
+        check_initialised(self)
         return 2 * signed_log_abs_diag(jnp.diag(self.C))
 
     def project_variances(self, op):
         return jnp.sum(jnp.square(op.mm(self.upper().T)), axis=1)
 
     def marginal_variances(self):
+        check_initialised(self)
         return jnp.sum(jnp.square(self.upper()), axis=0)
 
     def dense(self):
+        check_initialised(self)
         return self.upper()
 
     def matvec(self, v):
@@ -121,15 +124,18 @@ class Diagonal(AbstractFixedPointFactor):
         return Diagonal(jnp.sqrt(broadcast_variances(variances, dim)))
 
     def logdet(self):
+        check_initialised(self)
         return 2 * signed_log_abs_diag(self.d)
 
     def project_variances(self, op):
         return op.sq_mv(jnp.square(self.d))
 
     def marginal_variances(self):
+        check_initialised(self)
         return jnp.square(self.d)
 
     def dense(self):
+        check_initialised(self)
         return jnp.diag(self.d)
 
     def matvec(self, v):

@@ -20,7 +20,7 @@ from jax import lax
 from jax.experimental import sparse as jsparse
 
 from .._linalg import invert_lower
-from .._validate import as_float_array, as_int, check_finite, check_positive
+from .._validate import as_float_array, as_int, check_finite, check_int, check_positive
 from ..operators import Dense as DenseOperator
 from ..operators import Identity as IdentityOperator
 from ..operators import Sparse as SparseOperator
@@ -74,6 +74,7 @@ def check_shape(x, shape, name: str, owner: str):
 def broadcast_variances(variances, dim):
     """`variances` (a scalar or (dim,)) as a float array of shape (dim,), after checking it is positive and finite
     (the starting variances of a factor's `initialise`; an integer 2 would otherwise truncate sqrt(2) to 1)."""
+    dim = check_int(dim, "dim", 1)
     v = as_float_array(variances, "variances")
     check_finite(v, "variances")
     check_positive(v, "variances")

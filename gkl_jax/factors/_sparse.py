@@ -99,6 +99,7 @@ class Sparse(AbstractFactor):
         return padded[self.slot_entry]
 
     def logdet(self):
+        check_initialised(self)
         return 2 * signed_log_abs_diag(self.values[self.diag_entry])
 
     def project_variances(self, op):
@@ -114,9 +115,11 @@ class Sparse(AbstractFactor):
                          f"{type(op).__name__} (use Chevron, Subspace or FactorAnalysis, which need only H X products)")
 
     def marginal_variances(self):
+        check_initialised(self)
         return jax.ops.segment_sum(jnp.square(self.values), self.cols, num_segments=self.dim)
 
     def dense(self):
+        check_initialised(self)
         return jnp.zeros((self.dim, self.dim), self.values.dtype).at[self.rows, self.cols].set(self.values)
 
     def matvec(self, v):

@@ -144,6 +144,7 @@ class Subspace(AbstractRefinableFactor):
         return self.dim - self.rank
 
     def logdet(self):
+        check_initialised(self)
         return 2 * signed_log_abs_diag(jnp.diagonal(self.C1)) + self.complement_dim * jnp.log(jnp.square(self.c))
 
     def project_variances(self, op):
@@ -155,6 +156,7 @@ class Subspace(AbstractRefinableFactor):
         return jnp.sum(jnp.square(P @ self.upper().T), axis=1) + jnp.square(self.c) * outside
 
     def marginal_variances(self):
+        check_initialised(self)
         E = self.E()
         return (jnp.sum(jnp.square(E @ self.upper().T), axis=1)
                 + jnp.square(self.c) * (1 - jnp.sum(jnp.square(E), axis=1)))
@@ -166,6 +168,7 @@ class Subspace(AbstractRefinableFactor):
         return jnp.sum(jnp.square(self.upper())) + self.complement_dim * jnp.square(self.c)
 
     def dense(self):
+        check_initialised(self)
         E = self.E()
         return E @ self.upper() @ E.T + self.c * (jnp.eye(self.dim, dtype=E.dtype) - E @ E.T)
 
