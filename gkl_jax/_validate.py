@@ -109,6 +109,17 @@ def check_nonnegative(value, name: str) -> float:
     return result
 
 
+def as_list(value, name: str, kind: str) -> list:
+    """`value` as a list, with a ValueError naming `name` for a string (which would become a list of letters) or
+    anything that is not iterable; `kind` names what the sequence should hold."""
+    if isinstance(value, (str, bytes)):
+        raise ValueError(f"{name} must be a sequence of {kind}, got {value!r}")
+    try:
+        return list(value)
+    except TypeError:
+        raise ValueError(f"{name} must be a sequence of {kind}, got {type(value).__name__}") from None
+
+
 def check_key(key, name: str = "key"):
     """`key` if it is a JAX random key (typed, from `jax.random.key`, or raw uint32 pairs from
     `jax.random.PRNGKey`), else a ValueError naming `name`."""

@@ -20,7 +20,7 @@ from .._fit import fit
 from .._gaussian import Gaussian
 from .._model import Model
 from .._result import Result
-from .._validate import is_concrete
+from .._validate import as_list, is_concrete
 from ..operators import Dense
 
 TRACE_COUNT = {"fit_batched": 0}
@@ -32,12 +32,7 @@ def stack_models(models) -> Model:
     if isinstance(models, Model):
         raise ValueError("models must be a sequence of gkl_jax.Model, got a single Model (pass [model] for a "
                          "batch of one)")
-    if isinstance(models, (str, bytes)):
-        raise ValueError(f"models must be a sequence of gkl_jax.Model, got {type(models).__name__}")
-    try:
-        models = list(models)
-    except TypeError:
-        raise ValueError(f"models must be a sequence of gkl_jax.Model, got {type(models).__name__}") from None
+    models = as_list(models, "models", "gkl_jax.Model")
     if not models:
         raise ValueError("models must be a non-empty sequence of gkl_jax.Model")
     first_def = None

@@ -37,6 +37,7 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from .._model import Model, Sites
+from .._validate import as_list
 from ..operators import Dense, Identity
 from ..stochastic import SelectRows
 
@@ -57,12 +58,7 @@ def site_mesh(devices=None, axis: str = SITE_AXIS) -> Mesh:
 def _device_list(devices) -> list:
     """`devices` as a list of distinct `jax.Device`s; ValueError for anything else (a string such as "cpu" would
     otherwise become a mesh of its letters)."""
-    if isinstance(devices, (str, bytes)):
-        raise ValueError(f"devices must be a sequence of jax Devices (e.g. jax.devices('cpu')), got {devices!r}")
-    try:
-        devices = list(devices)
-    except TypeError:
-        raise ValueError(f"devices must be a sequence of jax Devices, got {type(devices).__name__}") from None
+    devices = as_list(devices, "devices", "jax Devices (e.g. jax.devices('cpu'))")
     for i, device in enumerate(devices):
         if not isinstance(device, jax.Device):
             raise ValueError(f"devices must be a sequence of jax Devices, but devices[{i}] is "
