@@ -13,8 +13,12 @@ class Result(eqx.Module):
     - `log_z`: the objective at `q` (for G-KL a lower bound on log Z; see `is_bound`); for G-KL, exact first
       derivatives in the model (envelope theorem), but not second ones: use `gk.bound(model, result.q)` there.
     - `converged`: whether the stopping rule (max |gradient| <= tol, or the method's own) was met.
-    - `num_steps`: outer iterations taken.
-    - `history`: the objective after each step, length max_steps + 1; entries past num_steps are NaN.
+    - `num_steps`: outer iterations taken. With a refined factor (`Subspace`, `num_refinements` > 0) `max_steps`
+      bounds each round's solve, and `num_steps` counts the steps of all rounds, so it can exceed `max_steps`.
+    - `history`: the objective after each step, length max_steps + 1; entries past num_steps are NaN (for a refined
+      factor, the first max_steps + 1 values across the rounds).
+    - An L-BFGS or optax G-KL fit that stops short of `tol` returns the best iterate it saw, so `log_z` is then
+      the largest entry of `history`, not necessarily its last.
     - `method`: the method's name; `is_bound`: whether `log_z` is a guaranteed lower bound on log Z.
     """
 
