@@ -65,25 +65,22 @@ class SequentialDesign(NamedTuple):
 
 def padded_measurement_sites(M, y, noise_variance, capacity: int) -> Sites:
     """Sites(M_pad, Gaussian(y_pad, v2_pad)) with `capacity` rows; rows past len(y) are inert (module doc)."""
-    M = np.asarray(as_float_array(M, "M"), dtype=float)
-    y = np.asarray(as_float_array(y, "y"), dtype=float)
+    M, y = as_float_array(M, "M"), as_float_array(y, "y")
     check_ndim(M, 2, "M")
     n, dim = M.shape
     if y.shape != (n,):
         raise ValueError(f"y must have one entry per row of M, shape ({n},), got {y.shape}")
     check_finite(M, "M")
     check_finite(y, "y")
-    noise_variance = float(check_noise_variance(noise_variance))
+    v2 = check_noise_variance(noise_variance)
     capacity = check_int(capacity, "capacity", 1)
     if capacity < n:
         raise ValueError(f"capacity={capacity} is smaller than the {n} measurements")
-    M_pad = np.zeros((capacity, dim))
-    M_pad[:n] = M
-    y_pad = np.zeros(capacity)
-    y_pad[:n] = y
-    var = np.full(capacity, _PAD_VARIANCE)
-    var[:n] = float(noise_variance)
-    return Sites(jnp.asarray(M_pad), GaussianPotential(jnp.asarray(y_pad), jnp.asarray(var)))
+    dtype = jnp.result_type(M, y)
+    M_pad = jnp.zeros((capacity, dim), dtype).at[:n].set(M)
+    y_pad = jnp.zeros(capacity, dtype).at[:n].set(y)
+    var = jnp.full(capacity, _PAD_VARIANCE, dtype).at[:n].set(v2)
+    return Sites(M_pad, GaussianPotential(y_pad, var))
 
 
 def _default_infer(factor):

@@ -60,10 +60,9 @@ def check_count(value, name: str, owner: str, *, minimum: int = 0) -> int:
     count = as_int(value)
     if count is None:
         raise ValueError(f"{owner}({name}={value!r}) must be an integer")
-    value = count
-    if value < minimum:
-        raise ValueError(f"{owner}({name}={value}) must be >= {minimum}")
-    return value
+    if count < minimum:
+        raise ValueError(f"{owner}({name}={count}) must be >= {minimum}")
+    return count
 
 
 def check_shape(x, shape, name: str, owner: str):

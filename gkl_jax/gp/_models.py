@@ -37,19 +37,20 @@ def _inputs(X, name):
     return X
 
 
-def _check_likelihood(likelihood, num):
+def check_likelihood(likelihood, num, what: str = "X"):
+    """A potential whose per-site data (if any) has `num` entries, the length of `what`; else ValueError."""
     if not isinstance(likelihood, AbstractPotential):
         raise ValueError(f"likelihood must be a gkl_jax.potentials potential, got {type(likelihood).__name__}")
     n = likelihood.num_sites
     if n is not None and n != num:
-        raise ValueError(f"X has {num} rows but the likelihood's per-site data (y) has {n} entries")
+        raise ValueError(f"{what} has {num} rows but the likelihood's per-site data (y) has {n} entries")
 
 
 def model(kernel: AbstractKernel, X, likelihood: AbstractPotential, *, mean=None, jitter: float = 1e-6) -> Model:
     """The full GP model `Model(GP(kernel, X, mean, jitter), Sites(None, likelihood))`, with the inputs and the
     likelihood's targets checked against each other."""
     X = _inputs(X, "X")
-    _check_likelihood(likelihood, X.shape[0])
+    check_likelihood(likelihood, X.shape[0])
     return Model(GP(kernel, X, mean=mean, jitter=jitter), Sites(None, likelihood))
 
 
@@ -81,7 +82,7 @@ def sparse_model(kernel: AbstractKernel, X, Z, likelihood: AbstractPotential, *,
     Z = _inputs(Z, "Z")
     if Z.shape[1] != X.shape[1]:
         raise ValueError(f"Z must have {X.shape[1]} columns (the input dimension of X), got shape {Z.shape}")
-    _check_likelihood(likelihood, X.shape[0])
+    check_likelihood(likelihood, X.shape[0])
     constant = mean is None or jnp.ndim(mean) == 0
     prior_u = GP(kernel, Z, mean=mean if constant else None, jitter=jitter)
     H, extra = sparse_projection(kernel, prior_u, X)

@@ -35,6 +35,7 @@ from ..potentials import AbstractPotential
 from ..potentials import Gaussian as GaussianLik
 from ..potentials import Laplace, Logistic, Probit, StudentT
 from ..priors import GP
+from ._models import check_likelihood
 
 PREDICTIVE_NUM_POINTS = 128
 
@@ -115,11 +116,7 @@ def predict(result, prior: GP, X_new, likelihood: Optional[AbstractPotential] = 
     X_new = _check_inputs(q, prior, X_new)
     mu_new = _mean_at(prior, X_new.shape[0], mean_new, X_new.dtype)
     if likelihood is not None:
-        if not isinstance(likelihood, AbstractPotential):
-            raise ValueError(f"likelihood must be a gkl_jax.potentials potential, got {type(likelihood).__name__}")
-        n = likelihood.num_sites
-        if n is not None and n != X_new.shape[0]:
-            raise ValueError(f"likelihood has data for {n} test points but X_new has {X_new.shape[0]} rows")
+        check_likelihood(likelihood, X_new.shape[0], "X_new")
     return _predict_jit(q, prior, X_new, mu_new, likelihood, int(num_points))
 
 
@@ -137,15 +134,11 @@ def _predict_jit(q, prior, X_new, mu_new, likelihood, num_points):
 
 def _check_moments(likelihood, mean, variance):
     """(mean, variance) as float arrays after checking them against each other and the likelihood's data."""
-    if not isinstance(likelihood, AbstractPotential):
-        raise ValueError(f"likelihood must be a gkl_jax.potentials potential, got {type(likelihood).__name__}")
     mean, variance = as_float_array(mean, "mean"), as_float_array(variance, "variance")
     check_ndim(mean, 1, "mean")
     if variance.shape != mean.shape:
         raise ValueError(f"variance must have the shape of mean, {mean.shape}, got {variance.shape}")
-    n = likelihood.num_sites
-    if n is not None and n != mean.shape[0]:
-        raise ValueError(f"the likelihood holds data for {n} points but mean has {mean.shape[0]}")
+    check_likelihood(likelihood, mean.shape[0], "mean")
     if is_concrete(variance) and not bool(jnp.all(variance >= 0)):
         raise ValueError("variance must be >= 0")
     return mean, variance

@@ -140,7 +140,7 @@ def _batch_sizes(model: Model, batch_size):
     for g, (sites, b) in enumerate(zip(model.sites, sizes)):
         n = num_sites(sites, model.dim)
         b = check_int(b, "batch_size", 1)
-        if not b <= n:
+        if b > n:
             raise ValueError(f"batch_size={b} for sites group {g} must be between 1 and its N={n}")
         check_subsampling(sites, model.dim, "model")
         out.append(b)
