@@ -48,7 +48,7 @@ from ._gaussian import Gaussian
 from ._linalg import full_precision, reduced_matmul_precision, reduced_precision_hint
 from ._model import Model, Sites, check_fittable
 from ._result import Result
-from ._validate import check_int, check_tol, is_concrete
+from ._validate import check_int, check_max_steps, check_tol, is_concrete
 from .factors import AbstractFactor, AbstractFixedPointFactor, AbstractRefinableFactor, Full
 from .factors._full import upper_factor
 from .operators import AbstractOperator, Dense as DenseOperator
@@ -105,16 +105,7 @@ def fit(model: Model, factor: AbstractFactor | None = None, *, solver=None, q0: 
         factor = q0.factor if q0 is not None else Full()
     if not isinstance(factor, AbstractFactor):
         raise ValueError(f"factor must be a gkl_jax.factors factor, got {type(factor).__name__}")
-    if not isinstance(whiten, (bool, np.bool_)):
-        raise ValueError(f"whiten must be True or False, got {whiten!r}")
-    if whiten:
-        if model.prior is None:
-            raise ValueError("whiten=True needs a prior")
-        work_model, L, mu = _whitened(model)
-        if q0 is not None:
-            q0 = _whitened_q(q0, L, mu)
-    else:
-        work_model = model
+    work_model, q0, back = whitening(model, q0, whiten, "fit")
     q_init = _initial_q(work_model, factor, q0)
     name = _solver_name(solver, work_model, q_init.factor)
     dtype = q_init.mean.dtype
@@ -125,16 +116,13 @@ def fit(model: Model, factor: AbstractFactor | None = None, *, solver=None, q0: 
         tol = default_tol(dtype)
     elif not isinstance(tol, jax.core.Tracer):
         tol = check_tol(tol)
-    max_steps = _MAX_STEPS[name] if max_steps is None else check_int(max_steps, "max_steps", 1)
+    max_steps = _MAX_STEPS[name] if max_steps is None else check_max_steps(max_steps)
     max_cg = check_int(max_cg, "max_cg", 1)
     optimizer = solver if name == "optax" else None
     # tol enters the compiled solver as an array, so fits at different tolerances share one compilation.
     q, num_steps, converged, history, sp = _fit_jit(work_model, q_init, name, optimizer, jnp.asarray(tol, dtype),
                                                    max_steps, max_cg)
-    if whiten:
-        # S = L S_v L^T = (C_v L^T)^T (C_v L^T); C_v L^T is upper triangular unless C_v is not (FactorAnalysis,
-        # Subspace), and Full keeps only an upper triangle
-        q = Gaussian(mu + L @ q.mean, Full(upper_factor(q.factor.dense() @ L.T)))
+    q = back(q)
     if sp is None:
         log_z = _bound_jit(model, jax.lax.stop_gradient(q))
     else:   # the same bound from the site precisions, with the closed-form covariance derivative
@@ -291,7 +279,20 @@ def initial_variance(model):
     return v0.astype(dtype)
 
 
-def _whitened(model):
+def whitening(model, q0, whiten, method):
+    """(model, q0, back): with `whiten`, the model and the start q0 (or None) in the basis w = mu + L v (App. E)
+    and `back`, which takes a solution there back to w; otherwise all three unchanged (`back` the identity)."""
+    if not isinstance(whiten, (bool, np.bool_)):
+        raise ValueError(f"{method}: whiten must be True or False, got {whiten!r}")
+    if not whiten:
+        return model, q0, lambda q: q
+    if model.prior is None:
+        raise ValueError(f"{method}: whiten=True needs a prior")
+    work, L, mu = whitened(model)
+    return work, (None if q0 is None else whitened_q(q0, L, mu)), lambda q: unwhitened_q(q, L, mu)
+
+
+def whitened(model):
     """The model in the basis w = mu + L v with L L^T = Sigma (App. E): prior N(0, I), sites H L, offset H mu."""
     prior = model.prior
     L = prior.cholesky()
@@ -299,12 +300,19 @@ def _whitened(model):
     sites = []
     for s in model.sites:
         op = s.operator(model.dim)
-        sites.append(Sites(DenseOperator(op.as_matrix() @ L), s.potential, offset=s.offset + op.mv(mu),
+        sites.append(Sites(DenseOperator(op.mm(L)), s.potential, offset=s.offset + op.mv(mu),
                            variance_offset=s.variance_offset))
     return Model(Isotropic(model.dim, jnp.ones((), L.dtype)), sites), L, mu
 
 
-def _whitened_q(q, L, mu):
+def unwhitened_q(q, L, mu):
+    """q_v in the basis w = mu + L v taken back to w: mean mu + L m_v, S = L S_v L^T = (C_v L^T)^T (C_v L^T) as a
+    Full factor (C_v L^T is upper triangular unless C_v is not, FactorAnalysis and Subspace, and Full keeps only
+    an upper triangle)."""
+    return Gaussian(mu + L @ q.mean, Full(upper_factor(q.factor.dense() @ L.T)))
+
+
+def whitened_q(q, L, mu):
     """q in the basis v = L^{-1} (w - mu): mean L^{-1} (m - mu), factor C L^{-T} (upper triangular, as C and
     L^{-T} are), so that S_v = L^{-1} S L^{-T}."""
     if not isinstance(q.factor, Full) or not q.factor.is_initialised:

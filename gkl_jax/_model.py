@@ -60,7 +60,10 @@ class Sites(eqx.Module):
 
 
 class Model(eqx.Module):
-    """p(w) = N(w | mu, Sigma) prod_groups prod_n phi_n(h_n^T w) / Z."""
+    """p(w) = N(w | mu, Sigma) prod_groups prod_n phi_n(h_n^T w) / Z.
+
+    Every floating array of the prior and the sites is cast to one dtype, the promotion of them all (Python
+    floats take the data's dtype; float32 beside float64 data gives float64)."""
 
     prior: Optional[AbstractPrior]
     sites: tuple
@@ -96,9 +99,7 @@ class Model(eqx.Module):
                 if s.H is None and arr.ndim == 1 and arr.shape[0] != dim:
                     raise ValueError(f"Sites(None, ...) needs {name} of length dim={dim} (one per latent), got "
                                      f"{arr.shape[0]}")
-        for leaf in jax.tree.leaves((prior, sites)):
-            if eqx.is_inexact_array(leaf) and jnp.finfo(leaf.dtype).bits < 32:
-                raise ValueError(f"gkl-jax computes in float32 or float64; the model holds {leaf.dtype} data")
+        prior, sites = _common_dtype((prior, sites))
         self.prior = prior
         self.sites = sites
         self.dim = int(dim)
@@ -107,6 +108,21 @@ class Model(eqx.Module):
     def log_concave(self) -> bool:
         """True when every potential is log-concave (the bound is then concave in (m, C); Section 3.2)."""
         return all(s.potential.log_concave for s in self.sites)
+
+
+def _common_dtype(tree):
+    """`tree` with every floating array cast to one dtype, the one JAX's promotion gives them all (Python scalars
+    and other weakly typed values do not promote: a float32 H with a kernel's Python-float length scale stays
+    float32; float32 with float64 data gives float64). The solvers carry q and the model's arrays through lax
+    loops that need one dtype throughout."""
+    floats = [x for x in jax.tree.leaves(tree) if eqx.is_inexact_array(x)]
+    for x in floats:
+        if not jnp.issubdtype(x.dtype, jnp.floating) or jnp.finfo(x.dtype).bits < 32:
+            raise ValueError(f"gkl-jax computes in float32 or float64; the model holds {x.dtype} data")
+    if not floats:
+        return tree
+    dtype = jnp.result_type(*floats)
+    return jax.tree.map(lambda x: x.astype(dtype) if eqx.is_inexact_array(x) and x.dtype != dtype else x, tree)
 
 
 def check_fittable(model, method: str) -> Model:

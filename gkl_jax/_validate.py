@@ -82,6 +82,20 @@ def check_int(value, name: str, minimum: int = 0) -> int:
     return result
 
 
+MAX_STEPS = 10**7
+"""The largest step budget a solver takes: its history of the objective (one entry per step) is allocated up
+front, 80 MB in float64 at this size."""
+
+
+def check_max_steps(value, name: str = "max_steps") -> int:
+    """A solver's step budget as a Python int in [1, MAX_STEPS], else a ValueError naming `name`."""
+    result = check_int(value, name, 1)
+    if result > MAX_STEPS:
+        raise ValueError(f"{name} must be <= {MAX_STEPS:,} (the history of the objective is allocated up front, "
+                         f"one entry per step), got {value!r}")
+    return result
+
+
 def _as_float(value) -> float:
     """`value` as a Python float, NaN for what is not a number (None, strings, bools)."""
     if isinstance(value, (bool, np.bool_)):

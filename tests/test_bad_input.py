@@ -197,6 +197,8 @@ def _bad_calls():
         (lambda: q.sample(key, -1), "num_samples"),
         (lambda: gk.ep(model, tol=np.nan), "tol"),
         (lambda: gk.laplace(model, max_steps=None), "max_steps"),
+        (lambda: gk.fit(model, max_steps=10**9), "max_steps must be <= 10,000,000"),
+        (lambda: gk.ep(model, max_steps=2e7), "ep: max_steps must be <="),
         (lambda: gk.double_loop(model, np.nan), "rank"),
         (lambda: gk.double_loop(model, 1, key=3), "key"),
         (lambda: gk.ais(model, key, q=gk.Gaussian(jnp.zeros(3), gk.factors.Diagonal(jnp.zeros(3)))), "singular"),
@@ -254,10 +256,10 @@ def _bad_calls():
     ]
 
 
-@pytest.mark.parametrize("index", range(68))
+@pytest.mark.parametrize("index", range(70))
 def test_bad_input_raises_a_value_error_naming_it(index):
     calls = _bad_calls()
-    assert len(calls) == 68
+    assert len(calls) == 70
     call, fragment = calls[index]
     with pytest.raises(ValueError, match=None) as err:
         call()

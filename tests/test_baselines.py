@@ -225,6 +225,19 @@ def test_laplace_matches_sklearn_gaussian_process_classifier():
     np.testing.assert_allclose(float(res.log_z), gpc.log_marginal_likelihood_value_, rtol=1e-9)
 
 
+def test_laplace_converges_under_a_huge_prior_precision():
+    """jitter 1e-10 puts the prior precision near 1e10, and max|grad| stays at ~1e-6 (round-off of Sigma^{-1} w)
+    above the 1e-8 tolerance: the Newton decrement test ends the fit where the gradient test cannot (it used to
+    run to max_steps and report converged=False with the right answer)."""
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-2, 2, (15, 1))
+    y = np.where(np.sin(2 * X[:, 0]) + 0.3 * rng.standard_normal(15) > 0, 1.0, -1.0)
+    fits = [gk.laplace(gk.Model(gk.priors.GP(gk.kernels.SquaredExponential(1.5, 0.7), X, jitter=j),
+                                gk.Sites(None, P.Logistic(y)))) for j in (1e-10, 1e-8)]
+    assert all(bool(r.converged) for r in fits) and int(fits[0].num_steps) <= 10
+    assert abs(float(fits[0].log_z) - float(fits[1].log_z)) < 1e-5
+
+
 # ----------------------------------------------------------------------------------------------------------
 # 4. The double loop: matrix-free at D = 4096, Lanczos variances underestimate and converge.
 

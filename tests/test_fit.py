@@ -3,6 +3,7 @@ finite differences of re-optimised fits, jit/vmap behaviour, float32, and input 
 
 import warnings
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -275,6 +276,29 @@ def test_float32_fit_converges_with_the_default_float32_tolerance():
         ref = gk.fit(_logistic_model(X, y), factor)
         assert abs(float(res.log_z) - float(ref.log_z)) < 1e-4 * abs(float(ref.log_z))
     assert _fit.default_tol(jnp.float32) == 1e-3
+
+
+def test_a_model_holds_one_dtype_the_promotion_of_its_data():
+    """Python floats (a prior variance, kernel parameters) take the data's dtype; float32 data with float64 data
+    promote to float64. Mixed models used to crash inside the solvers' loops (whiten=True on a float32 GP with
+    Python-float kernel parameters; float32 H with float64 labels)."""
+    X, y = _logistic()
+    X32, y32 = jnp.asarray(X, jnp.float32), jnp.asarray(y, jnp.float32)
+    dtypes = lambda m: {x.dtype for x in jax.tree.leaves(m) if eqx.is_inexact_array(x)}
+    model32 = gk.Model(gk.priors.Isotropic(2, 2.0), gk.Sites(X32, gk.potentials.Logistic(y32)))
+    mixed = gk.Model(gk.priors.Isotropic(2, 2.0), gk.Sites(X32, gk.potentials.Logistic(jnp.asarray(y))))
+    assert dtypes(model32) == {jnp.dtype(jnp.float32)} and dtypes(mixed) == {jnp.dtype(jnp.float64)}
+    ref = float(gk.fit(_logistic_model(X, y)).log_z)
+    for whiten in (False, True):
+        res = gk.fit(model32, whiten=whiten)
+        assert res.log_z.dtype == jnp.float32 and bool(res.converged)
+        assert abs(float(res.log_z) - ref) < 1e-4 * abs(ref)
+        assert abs(float(gk.fit(mixed, whiten=whiten).log_z) - ref) < 1e-8 * abs(ref)
+    gp32 = gk.gp.model(gk.kernels.SquaredExponential(1.0, 1.0), X32[:12], gk.potentials.Logistic(y32[:12]))
+    gp64 = gk.gp.model(gk.kernels.SquaredExponential(1.0, 1.0), jnp.asarray(X[:12]), gk.potentials.Logistic(y[:12]))
+    res = gk.fit(gp32, whiten=True)
+    assert res.log_z.dtype == jnp.float32 and bool(res.converged)
+    assert abs(float(res.log_z) - float(gk.fit(gp64).log_z)) < 1e-4 * abs(float(res.log_z))
 
 
 def _dot_precisions(jaxpr):

@@ -37,7 +37,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .._linalg import full_precision
-from .._validate import check_int, check_tol
+from .._validate import check_max_steps, check_tol
 from .. import potentials as P
 from .._result import Result
 from . import _common as C
@@ -61,7 +61,7 @@ def ep(model, power: float = 1.0, damping: float = 0.5, *, tol: float | None = N
         return C.prior_only_result(model, "ep", is_bound=False)
     power = C.check_fraction(power, "power", "ep")
     damping = C.check_fraction(damping, "damping", "ep")
-    max_steps = check_int(max_steps, "ep: max_steps", 1)
+    max_steps = check_max_steps(max_steps, "ep: max_steps")
     dtype = C.dtype_of(model)
     tol = C.default_tol(dtype) if tol is None else check_tol(tol, "ep: tol")
     # tol and damping enter as arrays: changing them does not recompile

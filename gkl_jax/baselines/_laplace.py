@@ -24,7 +24,7 @@ import jax.scipy.linalg as jsl
 from jax import lax
 
 from .._linalg import full_precision
-from .._validate import check_int, check_tol
+from .._validate import check_max_steps, check_tol
 from .. import potentials as P
 from .. import _solvers
 from .._result import Result
@@ -37,8 +37,11 @@ TRACE_COUNT = {"laplace": 0}
 def laplace(model, *, tol: float | None = None, max_steps: int = 100) -> Result:
     """The Laplace approximation N(w*, A^{-1}) and its log Z estimate (module docstring).
 
-    Stops when max |grad log p| <= tol (default 1e-8 in float64) or after `max_steps` Newton steps; `history`
-    holds log p(w) at each step. Raises ValueError if a potential is not twice differentiable.
+    Stops when max |grad log p| <= tol (default 1e-8 in float64), or when the Newton decrement
+    g^T A^{-1} g <= tol^2 (the scale-free form of the same test: equal for A = I, and reachable where the prior
+    precision is huge, e.g. a GP with jitter 1e-10, whose gradient stays at the round-off of Sigma^{-1} w, ~1e-6),
+    or after `max_steps` Newton steps; `history` holds log p(w) at each step. Raises ValueError if a potential is
+    not twice differentiable.
     """
     C.check_model(model, "laplace")
     for s in model.sites:
@@ -46,7 +49,7 @@ def laplace(model, *, tol: float | None = None, max_steps: int = 100) -> Result:
             raise ValueError("laplace: the Laplace potential exp(-|y - x| / scale) is not twice differentiable at "
                              "x = y, so the Laplace approximation (which needs the Hessian at the mode) does not "
                              "apply; use gk.fit, gk.ep or gk.local")
-    max_steps = check_int(max_steps, "laplace: max_steps", 1)
+    max_steps = check_max_steps(max_steps, "laplace: max_steps")
     dtype = C.dtype_of(model)
     tol = C.default_tol(dtype) if tol is None else check_tol(tol, "laplace: tol")
     result = _laplace_jit(model, jnp.asarray(tol, dtype), max_steps)  # an array: no recompile per tol
@@ -73,7 +76,7 @@ def _curvature(model, groups, w):
 @eqx.filter_jit
 def _laplace_jit(model, tol, max_steps):
     """One `lax.while_loop`; iteration k evaluates log p, its gradient and curvature at w_k (history[k]) and,
-    unless max|grad| <= tol or k = max_steps, takes the damped Newton step to w_{k+1}."""
+    unless it has converged (`laplace`) or k = max_steps, takes the damped Newton step to w_{k+1}."""
     TRACE_COUNT["laplace"] += 1
     groups = C.operators(model)
     dtype = C.dtype_of(model)
@@ -89,11 +92,11 @@ def _laplace_jit(model, tol, max_steps):
         w, _, _, _, k, hist, _, _ = state
         fw = f(w)
         g, A, A_clip = _curvature(model, groups, w)
-        done = jnp.max(jnp.abs(g)) <= tol
         L = jnp.linalg.cholesky(A_clip)
         good = jnp.all(jnp.isfinite(L))
         # Without a prior the clipped curvature may be singular; fall back to gradient ascent there.
         p = jnp.where(good, jsl.cho_solve((jnp.where(good, L, jnp.eye(dim, dtype=dtype)), True), g), g)
+        done = (jnp.max(jnp.abs(g)) <= tol) | (good & (g @ p <= tol * tol))
         t, _, ok = _solvers.backtracking(f, w, fw, g, p)
         move = ok & ~done & (k < max_steps)
         w_new = jnp.where(move, w + t * p, w)

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .._linalg import full_precision
-from .._validate import check_int, check_tol
+from .._validate import check_max_steps, check_tol
 from .. import potentials as P
 from .._result import Result
 from . import _common as C
@@ -47,7 +47,7 @@ def local(model, *, tol: float | None = None, max_steps: int = 1000) -> Result:
     for s in model.sites:
         if not is_supported(s.potential, "local"):
             super_gaussian(s.potential, "local")  # raises the ValueError naming the potential
-    max_steps = check_int(max_steps, "local: max_steps", 1)
+    max_steps = check_max_steps(max_steps, "local: max_steps")
     dtype = C.dtype_of(model)
     tol = (1e-10 if jnp.finfo(dtype).bits >= 64 else 1e-5) if tol is None else check_tol(tol, "local: tol")
     result = _local_jit(model, jnp.asarray(tol, dtype), max_steps)  # an array: no recompile per tol

@@ -48,7 +48,7 @@ from .._fit import warm_result
 from .._site_precision import initial_point as site_precision_start
 from .._model import Model
 from .._result import Result
-from .._validate import check_int, check_nonnegative, strongly_typed
+from .._validate import check_int, check_max_steps, check_nonnegative, strongly_typed
 from ..factors import Full
 from ..potentials import AbstractPotential
 
@@ -167,7 +167,7 @@ def fit_hyperparameters(build: Callable[[Any], Model], params, *, method: Union[
     fn = _resolve_method(method)
     kwargs = dict(method_kwargs or {})
     use_q0 = warm_start and _accepts_q0(fn)
-    check_int(max_steps, "max_steps", 1)
+    check_max_steps(max_steps)
     check_int(restarts, "restarts")
     for name, value in (("gtol", gtol), ("ftol", ftol), ("restart_scale", restart_scale)):
         check_nonnegative(value, name)

@@ -12,7 +12,7 @@ scikit-learn's `fit` protocol requires; everything numerical lives in the functi
 import numpy as np
 import jax.numpy as jnp
 
-from .._validate import check_int, check_nonnegative, check_tol
+from .._validate import check_max_steps, check_nonnegative, check_tol
 from ..kernels import AbstractKernel, SquaredExponential
 from ._full import COVARIANCES, SITES, fit_full
 from ._hyper import fit_hyperparameters, prior_covariance
@@ -66,7 +66,7 @@ class GPClassifier:
         self.site = site
         self.covariance = covariance
         self.jitter = check_nonnegative(jitter, "jitter")
-        self.max_steps = check_int(max_steps, "max_steps", 1)
+        self.max_steps = check_max_steps(max_steps)
         self.tol = check_tol(tol)
 
     def _encode(self, y, n):

@@ -47,7 +47,7 @@ import jax.scipy.linalg as jsl
 from jax import lax
 
 from .._linalg import full_precision, invert_lower, tdot
-from .._validate import check_tol, is_concrete
+from .._validate import check_max_steps, check_tol, is_concrete
 from ..priors._priors import dense_cholesky
 from ._blocks import blockdiag_dense, blockdiag_left, blocks, sandwich_blocks, sym
 from ._linesearch import safeguarded_step, segment_search
@@ -425,8 +425,7 @@ def fit_full(K, Y, *, site="theorem6", covariance="full", v_update="newton", tol
         if value not in allowed:
             raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
     check_tol(tol)
-    if int(max_steps) < 1:
-        raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+    check_max_steps(max_steps)
     K, Y = check_labels_matrix(K, Y)
     if is_concrete(K):
         dense_cholesky(K, "K")      # symmetric positive definite, else a ValueError naming K

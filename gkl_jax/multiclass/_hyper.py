@@ -26,7 +26,7 @@ from jax import lax
 from jax.flatten_util import ravel_pytree
 
 from .._linalg import full_precision
-from .._validate import check_int, check_nonnegative, check_tol, is_concrete
+from .._validate import check_int, check_max_steps, check_nonnegative, check_tol, is_concrete
 from ._blocks import blockdiag_dense, blockdiag_left, sym
 from ._full import COVARIANCES, SITES, FullPosterior, _gbar, check_labels_matrix, fit_core, initial_state
 
@@ -219,7 +219,7 @@ def fit_hyperparameters(kernel, X, Y, *, fixed=(), class_covariance=None, jitter
     if Y.ndim != 2 or Y.shape[0] != X.shape[0]:
         raise ValueError(f"Y must be (n, C) one-hot with n = {X.shape[0]}, got shape {Y.shape}")
     check_labels_matrix(jnp.eye(Y.size, dtype=Y.dtype), Y)
-    check_int(max_steps, "max_steps", 1)
+    check_max_steps(max_steps)
     check_nonnegative(jitter, "jitter")
     if class_covariance is not None and jnp.shape(class_covariance) != (Y.shape[1], Y.shape[1]):
         raise ValueError(f"class_covariance must be (C, C) = ({Y.shape[1]}, {Y.shape[1]}), got shape "

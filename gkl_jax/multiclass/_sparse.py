@@ -30,7 +30,7 @@ import jax.scipy.linalg as jsl
 from jax import lax
 
 from .._linalg import full_precision, invert_lower, tdot
-from .._validate import check_int, check_tol, is_concrete
+from .._validate import check_max_steps, check_tol, is_concrete
 from ._blocks import blockdiag_left, sym
 from ._full import V_UPDATES, _cg, check_one_hot, s_sweeps, site_terms
 from ._linesearch import safeguarded_step, segment_search
@@ -248,7 +248,7 @@ def fit_sparse(Kzz, Kzf, Kff_blocks, Y, *, mask=None, site="theorem6", v_update=
         raise ValueError(f"Y must be (n, C) one-hot with C >= 2, got shape {Y.shape}")
     check_one_hot(Y)
     check_tol(tol)
-    check_int(max_steps, "max_steps", 1)
+    check_max_steps(max_steps)
     if Kzz.shape != (s, s) or s < 1:
         raise ValueError(f"Kzz must be a square (s, s) matrix, got shape {Kzz.shape}")
     if Kzf.shape != (s, n * C):

@@ -61,7 +61,7 @@ class GP(AbstractDensePrior):
         self.X = X
         self.jitter = jitter
         self.covariance = covariance
-        self.mean = _mean(mean, X.shape[0], covariance.dtype)
+        self.mean = _mean(mean, X.shape[0], covariance)
         if mean is None:
             self.constant_mean = jnp.zeros((), covariance.dtype)
         elif jnp.ndim(mean) == 0:

@@ -69,9 +69,11 @@ class AbstractPrior(eqx.Module):
         return -0.5 * (self.dim * jnp.log(2 * jnp.pi) + self.logdet() + d @ self.precision_mv(d))
 
 
-def _mean(mean, dim, dtype):
+def _mean(mean, dim, like):
+    """The prior mean (dim,): zeros of `like`'s dtype (weakly typed where `like` is, so that a Python-float
+    variance leaves the model's dtype to its data) or the given mean."""
     if mean is None:
-        return jnp.zeros(dim, dtype)
+        return jnp.zeros_like(like, shape=(dim,))
     mean = as_float_array(mean, "mean")
     check_finite(mean, "mean")
     if mean.ndim == 0:
@@ -95,7 +97,7 @@ class Isotropic(AbstractPrior):
         check_positive(variance, "variance")
         check_finite(variance, "variance")
         self.variance = variance
-        self.mean = _mean(mean, int(dim), variance.dtype)
+        self.mean = _mean(mean, int(dim), variance)
 
     def logdet(self):
         return self.dim * jnp.log(self.variance)
@@ -133,7 +135,7 @@ class Diagonal(AbstractPrior):
         check_positive(variance, "variance")
         check_finite(variance, "variance")
         self.variance = variance
-        self.mean = _mean(mean, variance.shape[0], variance.dtype)
+        self.mean = _mean(mean, variance.shape[0], variance)
 
     def logdet(self):
         return jnp.sum(jnp.log(self.variance))
@@ -225,4 +227,4 @@ class Dense(AbstractDensePrior):
         covariance = as_float_array(covariance, "covariance")
         self.chol, self.inv_chol = dense_cholesky(covariance)
         self.covariance = covariance
-        self.mean = _mean(mean, covariance.shape[0], covariance.dtype)
+        self.mean = _mean(mean, covariance.shape[0], covariance)

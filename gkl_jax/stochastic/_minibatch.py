@@ -27,13 +27,14 @@ from jax import lax
 from jax.flatten_util import ravel_pytree
 
 from .._linalg import full_precision
-from .._fit import _initial_q, stop_gradients
+from .._fit import _initial_q, stop_gradients, whitening
 from .._bound import check_model_and_q
 from .._gaussian import Gaussian
 from .._model import Model, check_fittable
 from .._result import Result
-from .._validate import as_int, check_indices, check_int, check_key, check_tol, is_concrete
+from .._validate import as_int, check_indices, check_int, check_key, check_max_steps, check_tol, is_concrete
 from ..factors import AbstractFactor, Full
+from ..priors._priors import AbstractDensePrior
 from ._subsample import check_subsampling, num_sites, slice_sites, take_sites
 
 TRACE_COUNT = {"fit_minibatch": 0}
@@ -158,7 +159,7 @@ def _default_optimizer(num_steps: int, learning_rate: float):
 def fit_minibatch(model: Model, factor: AbstractFactor | None = None, *, batch_size, num_steps: int | None = None,
                   num_epochs: float | None = None, optimizer: optax.GradientTransformation | None = None,
                   learning_rate: float = 3e-2, key=None, q0: Gaussian | None = None, chunk_size: int | None = None,
-                  tol: float | None = None) -> Result:
+                  tol: float | None = None, whiten: bool = False) -> Result:
     """Maximise the G-KL bound by stochastic gradients on minibatches of sites (module doc).
 
     - `batch_size`: sites per step, one integer for every group or one per group (1 <= b <= N_g).
@@ -173,6 +174,9 @@ def fit_minibatch(model: Model, factor: AbstractFactor | None = None, *, batch_s
       of the starting marginal standard deviations, so that one step size suits both (the posterior standard
       deviations shrink like N^{-1/2} while the mean does not).
     - `chunk_size`: rows per chunk of the final streamed full-data pass (`bound_chunked`).
+    - `whiten`: as in `gkl_jax.fit`, run in the basis w = mu + L v, L L^T = Sigma (App. E; the sites become the
+      dense H L), and report q in the original basis with a Full factor. Under a GP prior this is what lets
+      Adam converge: in w the prior precision spans the kernel's condition number.
 
     Returns a `Result` whose `log_z` is the exact full-data bound at the final q (a valid lower bound on
     log Z, differentiable in the model; q itself carries no derivative: use `gkl_jax.fit` for that), whose
@@ -185,6 +189,10 @@ def fit_minibatch(model: Model, factor: AbstractFactor | None = None, *, batch_s
     """
     check_fittable(model, "fit_minibatch")
     q0 = q0.q if isinstance(q0, Result) else q0
+    if q0 is not None and not isinstance(q0, Gaussian):
+        raise ValueError(f"q0 must be a gkl_jax.Gaussian or Result, got {type(q0).__name__}")
+    hint = "; or whiten=True" if not whiten and isinstance(model.prior, AbstractDensePrior) else ""
+    model, q0, back = whitening(model, q0, whiten, "fit_minibatch")
     if factor is None:
         factor = q0.factor if q0 is not None else Full()
     if not isinstance(factor, AbstractFactor):
@@ -197,7 +205,7 @@ def fit_minibatch(model: Model, factor: AbstractFactor | None = None, *, batch_s
         num_epochs = check_tol(num_epochs, "num_epochs")
         largest = max(range(len(sizes)), key=lambda g: num_sites(model.sites[g], model.dim))
         num_steps = max(1, int(round(num_epochs * num_sites(model.sites[largest], model.dim) / sizes[largest])))
-    num_steps = check_int(num_steps, "num_steps", 1)
+    num_steps = check_max_steps(num_steps, "num_steps")
     if optimizer is None:
         optimizer = _default_optimizer(num_steps, check_tol(learning_rate, "learning_rate"))
     elif not isinstance(optimizer, optax.GradientTransformation):
@@ -214,9 +222,9 @@ def fit_minibatch(model: Model, factor: AbstractFactor | None = None, *, batch_s
                if int(bad_steps) else "")
         warnings.warn(f"gkl_jax.fit_minibatch: after {num_steps} steps {why}the full-data gradient has "
                       f"max|grad|/N = {float(grad_max) / total:.3g} > tol={tol:g}; the result is a valid bound but "
-                      "not the optimum (more steps, a smaller final step, or gkl_jax.fit(model, q0=result.q))",
+                      f"not the optimum (more steps, a smaller final step, or gkl_jax.fit(model, q0=result.q){hint})",
                       stacklevel=2)
-    return Result(q=q, log_z=log_z, converged=converged, num_steps=jnp.asarray(num_steps), history=history,
+    return Result(q=back(q), log_z=log_z, converged=converged, num_steps=jnp.asarray(num_steps), history=history,
                   method="gkl-minibatch")
 
 
