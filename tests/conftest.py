@@ -1,3 +1,4 @@
+import gc
 import os
 
 # The suite is compile-bound: XLA's CPU backend at LLVM optimisation level 0 compiles 20-25% faster, and the
@@ -14,6 +15,25 @@ import jax  # noqa: E402
 import pytest  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
+
+_MAX_MAPPINGS = 40_000
+"""XLA's CPU backend keeps every compiled program's code in its own memory mappings (~500 for one compiled
+`gk.fit` here), freed only with the program. One pytest worker compiles thousands of programs; at Linux's default
+vm.max_map_count of 65530 the next compilation segfaults inside XLA (seen at 65,382 mappings in
+test_multiclass). Past this count the jit caches are cleared between tests, which frees them."""
+
+
+@pytest.fixture(autouse=True)
+def _release_compiled_programs():
+    yield
+    try:
+        with open("/proc/self/maps") as maps:
+            count = sum(1 for _ in maps)
+    except OSError:     # not Linux
+        return
+    if count > _MAX_MAPPINGS:
+        jax.clear_caches()
+        gc.collect()
 
 
 @pytest.fixture

@@ -4,6 +4,8 @@ f = log phi and its first two derivatives (through the custom JVP: dI/dm = E[f']
 four quadrature potentials, over m - center up to 1e3 and s from 0 to 100, to 1e-10 relative to max(1, |I|).
 """
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -174,6 +176,15 @@ def test_num_points_validated():
         gk.potentials.Logistic(jnp.ones(2), num_points=1)
     with pytest.raises(ValueError, match="num_points"):
         _quadrature.hermite_rule(0)
+    # few nodes of the feature-adapted rule: a warning at the caller's line (Gauss-Hermite on a Custom
+    # polynomial is exact with few nodes, so no warning there)
+    with pytest.warns(UserWarning, match="num_points=8 < 16") as record:
+        gk.potentials.StudentT(jnp.ones(2), 3.0, 0.5, num_points=8)
+    assert record[0].filename == __file__
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        gk.potentials.Custom(lambda x: x ** 4, num_points=8)
+        gk.potentials.Logistic(jnp.ones(2), num_points=16)
     with pytest.raises(ValueError, match="center and width"):
         gk.potentials.Custom(lambda x: -x ** 2, center=0.0)
     with pytest.raises(ValueError, match="width"):

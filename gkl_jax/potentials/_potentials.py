@@ -249,7 +249,7 @@ class Custom(AbstractQuadraturePotential):
             raise ValueError("center and width must be given together (or neither)")
         self.fn = log_phi
         self.concave = bool(log_concave)
-        self.num_points = check_num_points(num_points)
+        self.num_points = check_num_points(num_points, adapted=center is not None)
         if center is not None:
             center = as_float_array(center, "center")
             check_finite(center, "center")
