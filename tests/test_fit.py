@@ -289,11 +289,10 @@ def test_a_model_holds_one_dtype_the_promotion_of_its_data():
     mixed = gk.Model(gk.priors.Isotropic(2, 2.0), gk.Sites(X32, gk.potentials.Logistic(jnp.asarray(y))))
     assert dtypes(model32) == {jnp.dtype(jnp.float32)} and dtypes(mixed) == {jnp.dtype(jnp.float64)}
     ref = float(gk.fit(_logistic_model(X, y)).log_z)
-    for whiten in (False, True):
-        res = gk.fit(model32, whiten=whiten)
-        assert res.log_z.dtype == jnp.float32 and bool(res.converged)
-        assert abs(float(res.log_z) - ref) < 1e-4 * abs(ref)
-        assert abs(float(gk.fit(mixed, whiten=whiten).log_z) - ref) < 1e-8 * abs(ref)
+    res = gk.fit(model32)
+    assert res.log_z.dtype == jnp.float32 and bool(res.converged)
+    assert abs(float(res.log_z) - ref) < 1e-4 * abs(ref)
+    assert abs(float(gk.fit(mixed).log_z) - ref) < 1e-8 * abs(ref)
     gp32 = gk.gp.model(gk.kernels.SquaredExponential(1.0, 1.0), X32[:12], gk.potentials.Logistic(y32[:12]))
     gp64 = gk.gp.model(gk.kernels.SquaredExponential(1.0, 1.0), jnp.asarray(X[:12]), gk.potentials.Logistic(y[:12]))
     res = gk.fit(gp32, whiten=True)
