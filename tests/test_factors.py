@@ -407,6 +407,37 @@ def test_subspace_krylov_basis_with_an_invariant_krylov_space():
     np.testing.assert_allclose(Q @ (Q.T @ E0), E0, atol=1e-13)
 
 
+def test_subspace_row_space_update_is_the_exact_fixed_point():
+    """Isotropic prior, one dense site group, N + K <= D: the update runs in the row space of H. With
+    basis_iterations (K + 10) = N its Krylov space is all of R^N, so the Ritz pairs are exact: at D = 200 the
+    basis must span the K leading eigenvectors of A and (C_1, c) be the fixed point S_1 = (E^T A E)^{-1},
+    c^2 = (D - K) / tr(A (I - E E^T)). At D = 36 the K smallest eigenvalues (the prior's, in the null space of H)
+    make the better split, which the row space cannot give: the D-space update (exact too: 3 (K + 10) = D) must
+    take over. Where N + K > D, or the prior is not isotropic, the row-space update does not apply."""
+    from gkl_jax.factors._subspace import row_space_matrix
+
+    K, N = 2, 24
+    refine = eqx.filter_jit(lambda m, q: q.factor.refine(m, q))
+    for dim, low in ((200, 0), (36, K)):
+        model, A = _gaussian_target(N, dim=dim, rows=N)
+        assert row_space_matrix(model, K, 2) is not None
+        new = refine(model, gk.Gaussian(jnp.zeros(dim), Subspace(K).initialise(dim, 1.0)))
+        E = np.asarray(new.basis)
+        w = np.linalg.eigvalsh(A)
+        np.testing.assert_allclose(E.T @ E, np.eye(K), atol=1e-13)
+        # E spans an invariant subspace of A (the smallest eigenvalue, the prior's, has multiplicity D - N) with
+        # the chosen eigenvalues
+        np.testing.assert_allclose(A @ E, E @ (E.T @ A @ E), atol=1e-8 * w[-1])
+        np.testing.assert_allclose(np.linalg.eigvalsh(E.T @ A @ E), np.concatenate([w[:low], w[dim - K + low:]]),
+                                   rtol=1e-10)
+        S1 = np.asarray(new.upper().T @ new.upper())
+        np.testing.assert_allclose(S1, np.linalg.inv(E.T @ A @ E), rtol=1e-8, atol=1e-14 * np.abs(S1).max())
+        np.testing.assert_allclose(float(new.c) ** 2, (dim - K) / np.trace(A @ (np.eye(dim) - E @ E.T)), rtol=1e-10)
+    assert row_space_matrix(model, K, 3) is None                                    # 3 (K + 10) > N
+    assert row_space_matrix(_gaussian_target(N, dim=N + 1, rows=N)[0], K, 2) is None  # N + K > D
+    assert row_space_matrix(gk.Model(gk.priors.Diagonal(jnp.ones(dim)), model.sites), K, 2) is None
+
+
 def test_subspace_gradient_update_increases_the_bound():
     model, _ = logistic_model()
     start = Subspace(3, basis_update="gradient", basis_iterations=3).initialise(D, 0.5)

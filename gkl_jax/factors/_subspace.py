@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .._linalg import tdot
+from .._linalg import invert_lower, tdot
 from .._validate import as_float_array, check_finite, check_ndim, is_concrete
 from ._base import check_initialised, signed_log_abs_diag
 from ._full import upper_factor_of_inverse
@@ -52,7 +52,9 @@ class Subspace(AbstractRefinableFactor):
       One Krylov space serves both ends. The subspace iterations towards each end that it replaced, with 6
       candidate bases, took 16 products with A per update against 3 and 6 bounds against 2, and ended lower: in
       the 18 cells of papers/000 Tables 2-4 the fits are 1.2-1.8x faster, with the bound per point equal or up
-      to 0.002 higher (benchmarks/README §2).
+      to 0.002 higher (benchmarks/README §2). With an `Isotropic` prior, one dense site group and N + K <= D
+      (p > n regression) the same Krylov degree is reached in the row space of H, from N x N products
+      (`_row_space_refine`; the D-space update where the best split takes any of the smallest eigenvalues).
     - "gradient" (App. B.4.2): `basis_iterations` (default 4) steps of projected gradient ascent
       E <- orth(E + alpha dB/dE), each with a backtracking step size so that the bound increases.
 
@@ -194,31 +196,77 @@ class Subspace(AbstractRefinableFactor):
     def _eigen_refine(self, model, q, value=None):
         """The eq.-10 fixed point in the subspace family (App. B.4.3): Ritz vectors of A = Sigma^{-1} + H^T Gamma H
         from both ends of its spectrum, the split between the ends that `best_split` predicts, (C_1, c) at their
-        fixed point; the current factor where that bound is lower than `value` (the bound at q) or not finite."""
+        fixed point; the current factor where that bound is lower than `value` (the bound at q) or not finite.
+        Where `row_space_matrix` applies, the row-space update is tried first (see `_row_space_refine`)."""
         from .._bound import bound
 
         curvatures = site_curvatures(model, q)
-        A = lambda X: precision_mm(model, curvatures, X)
-        K = self.rank
-        E0 = lax.stop_gradient(self.basis)
-        Q, AQ = self._krylov(A, E0, jax.random.PRNGKey(1))
-        T = Q.T @ AQ
-        w, U = jnp.linalg.eigh(0.5 * (T + T.T))                     # ascending
         trace_A = precision_trace(model, curvatures)
-        j = best_split(w, trace_A, self.dim, K)
-        i = jnp.arange(K)
-        chosen = U[:, jnp.where(i < K - j, i, w.shape[0] - K + i)]  # the K - j smallest and the j largest
-        new = self._fixed_point(Q @ chosen, AQ @ chosen, trace_A)
+        in_d = lambda: self._ritz_refine(lambda X: precision_mm(model, curvatures, X), trace_A)
+        H = row_space_matrix(model, self.rank, self.basis_iterations)
+        if H is None:
+            new = in_d()
+        else:
+            new, ok = self._row_space_refine(H, 1 / model.prior.variance, curvatures[0][1], trace_A)
+            new = lax.cond(ok, lambda: new, in_d)
         current = bound(model, q) if value is None else value
         candidate = bound(model, eqx.tree_at(lambda g: g.factor, q, new))
         new_wins = jnp.isfinite(candidate) & ~(current > candidate)
         return jax.tree.map(lambda a, b: jnp.where(new_wins, a, b), new, self)
 
+    def _ritz_refine(self, A, trace_A):
+        """Rayleigh-Ritz for A on the block Krylov space of the current basis (`_krylov`), the K Ritz vectors of the
+        `best_split`, and (C_1, c) at their fixed point."""
+        K = self.rank
+        Q, AQ = self._krylov(A, lax.stop_gradient(self.basis), jax.random.PRNGKey(1))
+        T = Q.T @ AQ
+        w, U = jnp.linalg.eigh(0.5 * (T + T.T))                     # ascending
+        j = best_split(w, trace_A, self.dim, K)
+        i = jnp.arange(K)
+        chosen = U[:, jnp.where(i < K - j, i, w.shape[0] - K + i)]  # the K - j smallest and the j largest
+        E = Q @ chosen
+        return self._fixed_point(E, E.T @ (AQ @ chosen), trace_A)
+
+    def _row_space_refine(self, H, a, gamma, trace_A):
+        """The same update computed in the N-dimensional row space of H, for A = a I + B^T B, B = Gamma^{1/2} H
+        (an isotropic prior, one dense site group, N + K <= D; `row_space_matrix`).
+
+        The eigenvalues of A are a (multiplicity D - N >= K, the null space of H) and a + theta_k, theta_k those
+        of G = B B^T (N x N; H H^T is a loop invariant of the fit, computed once), with eigenvectors
+        B^T u_k / sqrt(theta_k). Rayleigh-Ritz for G on the block Krylov space [X, G X, ..., G^{b-1} X],
+        X = [B E, 10 random columns], b = `basis_iterations`, gives Ritz pairs (theta_k, u_k) and the basis
+        E' = B^T U Theta^{-1/2} (orthonormal: U^T G U = Theta), which lies in B^T [X, ..., G^{b-1} X] =
+        [A - a I, ..., (A - a I)^b] E: the degree of the D-space update's Krylov space, at b products with the
+        N x N matrix G instead of b + 1 products with H and H^T. E'^T A E' = a I + Theta^{-1/2} (G U)^T (G U)
+        Theta^{-1/2}. `ok` is False where `best_split` (with K copies of a at the low end) wants any of the
+        smallest eigenvalues, or where theta_K <= sqrt(eps) theta_1 (E' would lose orthogonality); the caller then
+        takes the D-space update. At D = 1000 / N = 500 / K = 100 one update takes ~20 ms against ~45 ms in D
+        (benchmarks/README §2)."""
+        K = self.rank
+        g = jnp.sqrt(gamma)
+        B = g[:, None] * H
+        G = g[:, None] * (H @ H.T) * g[None, :]
+        keys = jax.random.split(jax.random.PRNGKey(1), self.basis_iterations)
+        X = B @ lax.stop_gradient(self.basis)
+        Q = orthonormal(jnp.concatenate([X, jax.random.normal(keys[0], (X.shape[0], _OVERSAMPLING), X.dtype)], 1))
+        Q, GQ = _extend_krylov(lambda Y: G @ Y, Q, G @ Q, keys[1:], K + _OVERSAMPLING)
+        T = Q.T @ GQ
+        theta, Y = jnp.linalg.eigh(0.5 * (T + T.T))                 # ascending
+        w = jnp.concatenate([jnp.full((K,), a, theta.dtype), a + theta])
+        theta, Y = theta[-K:], Y[:, -K:]
+        ok = (best_split(w, trace_A, self.dim, K) == K) & (theta[0] > jnp.sqrt(jnp.finfo(theta.dtype).eps) * theta[-1])
+        scale = 1 / jnp.sqrt(jnp.where(ok, theta, 1.0))
+        E = (B.T @ (Q @ Y)) * scale
+        GU = (GQ @ Y) * scale
+        # one Cholesky QR pass restores orthonormality to round-off: E <- E L^{-T}, M <- L^{-1} M L^{-T}
+        Linv = invert_lower(jnp.linalg.cholesky(E.T @ E))
+        M = a * jnp.eye(K, dtype=E.dtype) + GU.T @ GU
+        return self._fixed_point(E @ Linv.T, Linv @ M @ Linv.T, trace_A), ok
+
     def _krylov(self, A, E0, key):
         """(Q, A Q): an orthonormal basis Q of the block Krylov space [X, A X, ..., A^b X] from X = [E0, 10 random
-        columns] (b = `basis_iterations`, fewer blocks where D is too small for them; each block orthogonalised
-        against the earlier ones twice, BCGS2, the second time by one Cholesky QR pass), and its image. Both ends
-        of the spectrum of A converge in it (Rayleigh-Ritz on Q) from b + 1 products with A."""
+        columns] (b = `basis_iterations`, fewer blocks where D is too small for them; `_extend_krylov`), and its
+        image. Both ends of the spectrum of A converge in it (Rayleigh-Ritz on Q) from b + 1 products with A."""
         D, K = E0.shape
         width = K + min(_OVERSAMPLING, D - K)
         blocks = max(1, min(self.basis_iterations + 1, D // width))
@@ -229,24 +277,12 @@ class Subspace(AbstractRefinableFactor):
         # E0 is orthonormal up to round-off (or the 1e-5 the constructor allows), R orthonormal and orthogonal to
         # it: one Cholesky QR pass makes [E0, R] orthonormal to round-off
         Q = orthonormal(jnp.concatenate([E0, R], axis=1), nearly_orthonormal=True)
-        AQ = A(Q)
-        for b in range(1, blocks):   # unrolled: a static count of blocks, at most basis_iterations + 1
-            AX = AQ[:, -width:]
-            # a perturbation at round-off level keeps the block full rank where the Krylov space is (nearly)
-            # invariant; there it only lets random directions join Q
-            scale = jnp.sqrt(jnp.finfo(AX.dtype).eps) * jnp.linalg.norm(AX) / jnp.sqrt(AX.size)
-            Y = AX + scale * jax.random.normal(keys[b], AX.shape, AX.dtype)
-            Y = orthonormal(Y - Q @ (Q.T @ Y))
-            Y = orthonormal(Y - Q @ (Q.T @ Y), nearly_orthonormal=True)
-            Q = jnp.concatenate([Q, Y], axis=1)
-            AQ = jnp.concatenate([AQ, A(Y)], axis=1)
-        return Q, AQ
+        return _extend_krylov(A, Q, A(Q), keys[1:], width)
 
-    def _fixed_point(self, E, AE, trace_A):
-        """(E, C_1, c) with S_1 = (E^T A E)^{-1}, c^2 = (D - K) / tr(A (I - E E^T)): the stationary point of the bound
-        over (C_1, c) for fixed Gamma (dB/dS = (S^{-1} - A) / 2 restricted to the family); the current (C_1, c)
-        where that is not finite."""
-        M = E.T @ AE
+    def _fixed_point(self, E, M, trace_A):
+        """(E, C_1, c) with S_1 = M^{-1}, M = E^T A E, c^2 = (D - K) / tr(A (I - E E^T)): the stationary point of the
+        bound over (C_1, c) for fixed Gamma (dB/dS = (S^{-1} - A) / 2 restricted to the family); the current
+        (C_1, c) where that is not finite."""
         M = 0.5 * (M + M.T)
         C1 = upper_factor_of_inverse(M)
         if self.complement_dim > 0:
@@ -289,6 +325,39 @@ class Subspace(AbstractRefinableFactor):
 
         E = lax.fori_loop(0, self.basis_iterations, step, lax.stop_gradient(self.basis))
         return self._replace(E, self.C1, self.c)
+
+
+def _extend_krylov(A, Q, AQ, keys, width):
+    """len(keys) more blocks of a block Krylov space: each the image of the last `width` columns of Q, orthogonalised
+    against the earlier blocks twice (BCGS2, the second time by one Cholesky QR pass). Returns (Q, A Q)."""
+    for k in keys:   # unrolled: a static number of blocks
+        AX = AQ[:, -width:]
+        # a perturbation at round-off level keeps the block full rank where the Krylov space is (nearly)
+        # invariant; there it only lets random directions join Q
+        scale = jnp.sqrt(jnp.finfo(AX.dtype).eps) * jnp.linalg.norm(AX) / jnp.sqrt(AX.size)
+        Y = AX + scale * jax.random.normal(k, AX.shape, AX.dtype)
+        Y = orthonormal(Y - Q @ (Q.T @ Y))
+        Y = orthonormal(Y - Q @ (Q.T @ Y), nearly_orthonormal=True)
+        Q = jnp.concatenate([Q, Y], axis=1)
+        AQ = jnp.concatenate([AQ, A(Y)], axis=1)
+    return Q, AQ
+
+
+def row_space_matrix(model, rank, basis_iterations):
+    """The dense H for which `Subspace` refines its basis in the row space of H (`Subspace._row_space_refine`): one
+    site group with a dense operator, an `Isotropic` prior, N + rank <= D and basis_iterations (rank + 10) <= N;
+    else None."""
+    from ..priors import Isotropic
+
+    if len(model.sites) != 1 or not isinstance(model.prior, Isotropic):
+        return None
+    op = model.sites[0].operator(model.dim)
+    if operator_kind(op) != "dense":
+        return None
+    N = op.shape[0]
+    if N + rank > model.dim or basis_iterations * (rank + _OVERSAMPLING) > N:
+        return None
+    return op.matrix
 
 
 def best_split(w, trace_A, dim, rank):
