@@ -207,8 +207,7 @@ class Subspace(AbstractRefinableFactor):
         if H is None:
             new = in_d()
         else:
-            new, ok = self._row_space_refine(H, 1 / model.prior.variance, curvatures[0][1], trace_A)
-            new = lax.cond(ok, lambda: new, in_d)
+            new = self._row_space_refine(H, 1 / model.prior.variance, curvatures[0][1], trace_A, in_d)
         current = bound(model, q) if value is None else value
         candidate = bound(model, eqx.tree_at(lambda g: g.factor, q, new))
         new_wins = jnp.isfinite(candidate) & ~(current > candidate)
@@ -227,7 +226,7 @@ class Subspace(AbstractRefinableFactor):
         E = Q @ chosen
         return self._fixed_point(E, E.T @ (AQ @ chosen), trace_A)
 
-    def _row_space_refine(self, H, a, gamma, trace_A):
+    def _row_space_refine(self, H, a, gamma, trace_A, otherwise):
         """The same update computed in the N-dimensional row space of H, for A = a I + B^T B, B = Gamma^{1/2} H
         (an isotropic prior, one dense site group, N + K <= D; `row_space_matrix`).
 
@@ -238,9 +237,9 @@ class Subspace(AbstractRefinableFactor):
         E' = B^T U Theta^{-1/2} (orthonormal: U^T G U = Theta), which lies in B^T [X, ..., G^{b-1} X] =
         [A - a I, ..., (A - a I)^b] E: the degree of the D-space update's Krylov space, at b products with the
         N x N matrix G instead of b + 1 products with H and H^T. E'^T A E' = a I + Theta^{-1/2} (G U)^T (G U)
-        Theta^{-1/2}. `ok` is False where `best_split` (with K copies of a at the low end) wants any of the
-        smallest eigenvalues, or where theta_K <= sqrt(eps) theta_1 (E' would lose orthogonality); the caller then
-        takes the D-space update. At D = 1000 / N = 500 / K = 100 one update takes ~20 ms against ~45 ms in D
+        Theta^{-1/2}. Where `best_split` (with K copies of a at the low end) wants any of the smallest eigenvalues,
+        or where theta_K <= sqrt(eps) theta_1 (E' would lose orthogonality), the factor is `otherwise()` (the
+        D-space update) instead. At D = 1000 / N = 500 / K = 100 one update takes ~20 ms against ~45 ms in D
         (benchmarks/README §2)."""
         K = self.rank
         g = jnp.sqrt(gamma)
@@ -255,13 +254,17 @@ class Subspace(AbstractRefinableFactor):
         w = jnp.concatenate([jnp.full((K,), a, theta.dtype), a + theta])
         theta, Y = theta[-K:], Y[:, -K:]
         ok = (best_split(w, trace_A, self.dim, K) == K) & (theta[0] > jnp.sqrt(jnp.finfo(theta.dtype).eps) * theta[-1])
-        scale = 1 / jnp.sqrt(jnp.where(ok, theta, 1.0))
-        E = (B.T @ (Q @ Y)) * scale
-        GU = (GQ @ Y) * scale
-        # one Cholesky QR pass restores orthonormality to round-off: E <- E L^{-T}, M <- L^{-1} M L^{-T}
-        Linv = invert_lower(jnp.linalg.cholesky(E.T @ E))
-        M = a * jnp.eye(K, dtype=E.dtype) + GU.T @ GU
-        return self._fixed_point(E @ Linv.T, Linv @ M @ Linv.T, trace_A), ok
+
+        def basis():
+            scale = 1 / jnp.sqrt(theta)
+            E = (B.T @ (Q @ Y)) * scale
+            GU = (GQ @ Y) * scale
+            # one Cholesky QR pass restores orthonormality to round-off: E <- E L^{-T}, M <- L^{-1} M L^{-T}
+            Linv = invert_lower(jnp.linalg.cholesky(E.T @ E))
+            M = a * jnp.eye(K, dtype=E.dtype) + GU.T @ GU
+            return self._fixed_point(E @ Linv.T, Linv @ M @ Linv.T, trace_A)
+
+        return lax.cond(ok, basis, otherwise)
 
     def _krylov(self, A, E0, key):
         """(Q, A Q): an orthonormal basis Q of the block Krylov space [X, A X, ..., A^b X] from X = [E0, 10 random
