@@ -19,10 +19,11 @@ Solvers
 
 Every solver stops at max |dB/d(m, C)| <= tol. The returned `log_z` is differentiable in the model by the
 envelope theorem (App. F.2) and the returned mean and factor by the implicit function theorem (the
-Hessian solve uses conjugate gradients with Hessian-vector products). The envelope theorem gives first
-derivatives only: `log_z` is evaluated at a gradient-stopped q, so its second derivatives (jax.hessian,
-grad of grad) miss the dq*/dtheta term and are wrong. For those, differentiate `bound(model, result.q)`, whose
-q carries the implicit derivative (tests/test_fit.py checks its Hessian against the exact log Z's).
+Hessian solve uses conjugate gradients with Hessian-vector products). Both hold to every order: the envelope
+rule (`envelope_bound`; for the site-precision solver its closed form, `_site_precision_envelope`) is evaluated
+at the implicit q, and the implicit rule returns the optimum itself, so jax.hessian or grad of grad of `log_z`
+and of q add the dq*/dtheta terms (tests/test_fit.py: the exact log Z of a Gaussian model, central differences
+for logistic GLM and GP fits). A first derivative still costs no solve for dq*/dtheta.
 """
 
 import functools
@@ -39,7 +40,8 @@ from jax.flatten_util import ravel_pytree
 from . import _solvers
 from ._fixed_point import _to_flat, fixed_point as _fixed_point
 from ._site_precision import applies as _site_precision_applies, has_dense_prior as _has_dense_prior
-from ._site_precision import log_z as _site_precision_log_z_eager
+from ._site_precision import log_z as _site_precision_log_z_eager, _parts as _site_precision_factor_parts
+from ._site_precision import _sites_value as _site_precision_sites_value
 from ._site_precision import initial_point as _site_precision_start, posterior as _site_precision_posterior
 from ._site_precision import point as _site_precision_point
 from ._site_precision import site_precision as _site_precision
@@ -61,8 +63,72 @@ TRACE_COUNT = {"fit": 0}
 
 # One compiled evaluation of the bound for the returned log_z (op-by-op dispatch of the quadrature would
 # compile every primitive separately on first use); still differentiable in the model (envelope theorem).
-_bound_jit = eqx.filter_jit(bound)
-_site_precision_log_z = eqx.filter_jit(_site_precision_log_z_eager)
+
+
+def _filtered_jvp(fn, args, t_args):
+    """jax.jvp of fn(*args) in the inexact arrays of `args`, from tangents as `eqx.filter_custom_jvp` passes them
+    (None for a symbolic zero, at a leaf or for a whole argument)."""
+    dynamic, static = eqx.partition(args, eqx.is_inexact_array)
+    t_args = tuple(jax.tree.map(lambda _: None, d) if t is None else eqx.filter(t, eqx.is_inexact_array)
+                   for d, t in zip(dynamic, t_args))
+    t_dynamic = jax.tree.map(lambda x, t: x if x is None else (jnp.zeros_like(x) if t is None else t), dynamic,
+                             t_args, is_leaf=lambda x: x is None)
+    return jax.jvp(lambda d: fn(*eqx.combine(d, static)), (dynamic,), (t_dynamic,))
+
+
+@eqx.filter_custom_jvp
+def envelope_bound(model, q):
+    """B(model, q) at an optimum q = q*(model) of the solver leaves (App. F.2): the value at the gradient-stopped
+    q, and the derivative dB/dtheta at fixed q (the envelope theorem: dB/dq = 0 there), which needs no solve for
+    dq*/dtheta. q enters the derivative rule as given, with the implicit derivative `fit` attaches to it: a second
+    differentiation (jax.hessian, grad of grad) of the rule adds d^2B/dtheta dq . dq*/dtheta, so second
+    derivatives of the optimal bound are exact too (tests/test_fit.py)."""
+    return bound(model, lax.stop_gradient(q))
+
+
+@envelope_bound.def_jvp
+def _envelope_bound_jvp(primals, tangents):
+    model, q = primals
+    return _filtered_jvp(lambda model: bound(model, q), (model,), tangents[:1])
+
+
+@eqx.filter_custom_jvp
+def _solver_value(value, model, q, *, recompute):
+    """`value`, which the solver computed at its optimum q = q*(model), with the derivative of
+    recompute(model, q): the solver's value where nothing differentiates it, the total derivative through the
+    implicit q where something does (`_site_precision_envelope`)."""
+    return value
+
+
+@_solver_value.def_jvp
+def _solver_value_jvp(primals, tangents, *, recompute):
+    value, model, q = primals
+    out = _solver_value(value, model, q, recompute=recompute)     # itself, so that higher orders see it too
+    return out, _filtered_jvp(recompute, (model, q), tangents[1:])[1]
+
+
+def _site_precision_parts(model, q):
+    """(W, (log det(Sigma^{-1} S), diag S, L, alpha, sum_n E[log phi_n])) at the optimum q of the site-precision
+    solver, from q and the model: W = Gamma(m, diag S) and alpha = Sigma^{-1} (m - mu) = dE[log phi]/dm, the two
+    stationarity conditions, so no solve with Sigma."""
+    m = q.mean
+    value, (rho, b) = jax.value_and_grad(functools.partial(_site_precision_sites_value, model.sites),
+                                         argnums=(0, 1))(m, q.factor.marginal_variances())
+    W = jnp.maximum(-2 * b, 0.0)
+    logdet, s_diag, _, L = _site_precision_factor_parts(model.prior.covariance, W)
+    return W, (logdet, s_diag, L, rho, _site_precision_sites_value(model.sites, m, s_diag))
+
+
+@eqx.filter_jit
+def _site_precision_envelope(model, q, W, parts):
+    """`_site_precision.log_z` at the solver's (m, W, parts), which are taken as functions of the implicit q
+    (`_solver_value`): first derivatives are the closed form's, second ones are exact (the envelope rule
+    differentiated through dq*/dtheta)."""
+    W, parts = _solver_value((W, parts), model, q, recompute=_site_precision_parts)
+    return _site_precision_log_z_eager(model, q.mean, W, parts)
+
+
+_envelope_bound_jit = eqx.filter_jit(envelope_bound)
 
 
 def stop_gradients(tree):
@@ -124,9 +190,9 @@ def fit(model: Model, factor: AbstractFactor | None = None, *, solver=None, q0: 
                                                    max_steps, max_cg)
     q = back(q)
     if sp is None:
-        log_z = _bound_jit(model, jax.lax.stop_gradient(q))
+        log_z = _envelope_bound_jit(model, q)
     else:   # the same bound from the site precisions, with the closed-form covariance derivative
-        log_z = _site_precision_log_z(model, jax.lax.stop_gradient(q.mean), sp[0], sp[1:])
+        log_z = _site_precision_envelope(model, q, sp[0], sp[1:])
     if is_concrete(converged) and not bool(converged):
         hint = "; try whiten=True (L-BFGS on an ill-conditioned prior)" if (
             name == "lbfgs" and not whiten and model.prior is not None) else ""
@@ -439,6 +505,9 @@ def _implicit_optimum(stationarity, dynamic, held, x):
 def _implicit_optimum_jvp(stationarity, primals, tangents):
     dynamic, held, x = primals
     ddynamic, _, _ = tangents
+    # the primal output is the optimum itself, not the input x (which has no derivative): differentiated once more
+    # (a Hessian), the rule then sees dx*/dtheta of the outer differentiation too
+    x = _implicit_optimum(stationarity, dynamic, held, x)
     rhs = jax.jvp(lambda d: stationarity(d, held, x), (dynamic,), (ddynamic,))[1]
     neg_hessian = lambda v: -jax.jvp(lambda f: stationarity(dynamic, held, f), (x,), (v,))[1]
     solve = lambda matvec, b: _solvers.conjugate_gradient(matvec, b, max_iters=10 * b.shape[0])

@@ -10,8 +10,8 @@ class Result(eqx.Module):
     """A fitted Gaussian and its evidence estimate.
 
     - `q`: the Gaussian approximation N(m, C^T C).
-    - `log_z`: the objective at `q` (for G-KL a lower bound on log Z; see `is_bound`); for G-KL, exact first
-      derivatives in the model (envelope theorem), but not second ones: use `gk.bound(model, result.q)` there.
+    - `log_z`: the objective at `q` (for G-KL a lower bound on log Z; see `is_bound`); for a G-KL `fit`, exact
+      derivatives of every order in the model (envelope theorem at the implicitly differentiated q).
     - `converged`: whether the stopping rule (max |gradient| <= tol, or the method's own) was met.
     - `num_steps`: outer iterations taken. With a refined factor (`Subspace`, `num_refinements` > 0) `max_steps`
       bounds each round's solve, and `num_steps` counts the steps of all rounds, so it can exceed `max_steps`.
