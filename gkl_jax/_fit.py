@@ -40,8 +40,7 @@ from jax.flatten_util import ravel_pytree
 from . import _solvers
 from ._fixed_point import _to_flat, fixed_point as _fixed_point
 from ._site_precision import applies as _site_precision_applies, has_dense_prior as _has_dense_prior
-from ._site_precision import log_z as _site_precision_log_z_eager, _parts as _site_precision_factor_parts
-from ._site_precision import _sites_value as _site_precision_sites_value
+from ._site_precision import log_z as _site_precision_log_z_eager, optimum_parts as _site_precision_optimum_parts
 from ._site_precision import initial_point as _site_precision_start, posterior as _site_precision_posterior
 from ._site_precision import point as _site_precision_point
 from ._site_precision import site_precision as _site_precision
@@ -59,10 +58,6 @@ from .priors import Isotropic
 SOLVERS = ("fixed-point", "site-precision", "newton", "lbfgs")
 _MAX_STEPS = {"fixed-point": 500, "site-precision": 500, "newton": 200, "lbfgs": 2000, "optax": 5000}
 TRACE_COUNT = {"fit": 0}
-
-
-# One compiled evaluation of the bound for the returned log_z (op-by-op dispatch of the quadrature would
-# compile every primitive separately on first use); still differentiable in the model (envelope theorem).
 
 
 def _filtered_jvp(fn, args, t_args):
@@ -107,27 +102,17 @@ def _solver_value_jvp(primals, tangents, *, recompute):
     return out, _filtered_jvp(recompute, (model, q), tangents[1:])[1]
 
 
-def _site_precision_parts(model, q):
-    """(W, (log det(Sigma^{-1} S), diag S, L, alpha, sum_n E[log phi_n])) at the optimum q of the site-precision
-    solver, from q and the model: W = Gamma(m, diag S) and alpha = Sigma^{-1} (m - mu) = dE[log phi]/dm, the two
-    stationarity conditions, so no solve with Sigma."""
-    m = q.mean
-    value, (rho, b) = jax.value_and_grad(functools.partial(_site_precision_sites_value, model.sites),
-                                         argnums=(0, 1))(m, q.factor.marginal_variances())
-    W = jnp.maximum(-2 * b, 0.0)
-    logdet, s_diag, _, L = _site_precision_factor_parts(model.prior.covariance, W)
-    return W, (logdet, s_diag, L, rho, _site_precision_sites_value(model.sites, m, s_diag))
-
-
 @eqx.filter_jit
 def _site_precision_envelope(model, q, W, parts):
     """`_site_precision.log_z` at the solver's (m, W, parts), which are taken as functions of the implicit q
     (`_solver_value`): first derivatives are the closed form's, second ones are exact (the envelope rule
     differentiated through dq*/dtheta)."""
-    W, parts = _solver_value((W, parts), model, q, recompute=_site_precision_parts)
+    W, parts = _solver_value((W, parts), model, q, recompute=_site_precision_optimum_parts)
     return _site_precision_log_z_eager(model, q.mean, W, parts)
 
 
+# One compiled evaluation of the bound for the returned log_z (op-by-op dispatch of the quadrature would
+# compile every primitive separately on first use); still differentiable in the model (envelope theorem).
 _envelope_bound_jit = eqx.filter_jit(envelope_bound)
 
 

@@ -228,6 +228,17 @@ def _bound_value(W, logdet, s_diag, mean_value):
     return 0.5 * logdet + 0.5 * jnp.sum(W * s_diag) + mean_value
 
 
+def optimum_parts(model, q):
+    """(W, (log det(Sigma^{-1} S), diag S, L, alpha, sum_n E[log phi_n])) at the solver's optimum q, recomputed from q
+    and the model: W = Gamma(m, diag S) and alpha = Sigma^{-1} (m - mu) = dE[log phi]/dm, the two stationarity
+    conditions, so no solve with Sigma (`gkl_jax._fit` differentiates it for second derivatives of `log_z`)."""
+    m = q.mean
+    rho, b = jax.grad(functools.partial(_sites_value, model.sites), argnums=(0, 1))(m, q.factor.marginal_variances())
+    W = jnp.maximum(-2 * b, 0.0)
+    logdet, s_diag, _, L = _parts(model.prior.covariance, W)
+    return W, (logdet, s_diag, L, rho, _sites_value(model.sites, m, s_diag))
+
+
 @eqx.filter_custom_jvp
 def log_z(model, m, W, parts):
     """The bound at q = N(m, (Sigma^{-1} + diag W)^{-1}): the value of `bound(model, q)` for the q the solver
