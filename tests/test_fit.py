@@ -179,7 +179,7 @@ def test_log_z_gradient_with_held_factor_leaves_or_sparse_h(case):
     else:
         H, factor = sparse.BCOO.fromdense(X * (np.abs(X) > 0.5)), gk.factors.Chevron(1)
     log_z = lambda v: gk.fit(_logistic_model(H, y, variance=v), factor=factor, tol=1e-10).log_z
-    np.testing.assert_allclose(float(jax.grad(log_z)(1.3)),
+    np.testing.assert_allclose(float(jax.jit(jax.grad(log_z))(1.3)),
                                central_difference(lambda t: float(log_z(t[0])), np.array([1.3]), eps=1e-5)[0],
                                rtol=1e-6)
 
@@ -198,7 +198,7 @@ def test_log_z_gradient_is_exact_on_a_gaussian_model():
     Ki = np.linalg.inv(K)
     a = Ki @ y
     exact = [0.5 * np.trace((np.outer(a, a) - Ki) @ (H @ H.T)), 0.5 * np.trace(np.outer(a, a) - Ki)]
-    np.testing.assert_allclose(jax.grad(log_z)(jnp.array([v, s])), exact, rtol=1e-8)
+    np.testing.assert_allclose(jax.jit(jax.grad(log_z))(jnp.array([v, s])), exact, rtol=1e-8)
 
 
 def test_second_derivatives_of_log_z_and_the_mean():
@@ -217,12 +217,12 @@ def test_second_derivatives_of_log_z_and_the_mean():
     exact = lambda v: np.array([gaussian_log_evidence(H, y, 0.5, v * np.eye(3))[0],
                                 (v * H.T @ np.linalg.solve(v * H @ H.T + 0.5 * np.eye(8), y))[0]])
     second_difference = lambda f, at, h: (f(at + h) - 2 * f(at) + f(at - h)) / h**2
-    np.testing.assert_allclose(jax.hessian(gaussian)(1.3), second_difference(exact, 1.3, 1e-3), rtol=1e-5)
+    np.testing.assert_allclose(jax.jit(jax.hessian(gaussian))(1.3), second_difference(exact, 1.3, 1e-3), rtol=1e-5)
 
     x = np.linspace(0, 3, 15)[:, None]
     gp = lambda ell: gk.fit(gk.gp.model(gk.kernels.SquaredExponential(lengthscale=ell, variance=1.0), x,
                                         gk.potentials.Logistic(np.sign(np.sin(2 * x[:, 0]) + 0.1))), tol=1e-11).log_z
-    np.testing.assert_allclose(jax.hessian(gp)(0.7), second_difference(lambda e: float(gp(e)), 0.7, 1e-3), rtol=1e-5)
+    np.testing.assert_allclose(jax.jit(jax.hessian(gp))(0.7), second_difference(lambda e: float(gp(e)), 0.7, 1e-3), rtol=1e-5)
 
 
 def test_mean_jacobian_is_the_implicit_derivative():
@@ -235,7 +235,7 @@ def test_mean_jacobian_is_the_implicit_derivative():
         return gk.fit(_logistic_model(H, y, variance=theta[0]), tol=tol).q.mean
 
     theta = np.concatenate([[2.0], X[0]])
-    jac = np.asarray(jax.jacfwd(lambda t: mean(t, tol=1e-6))(jnp.asarray(theta)))
+    jac = np.asarray(jax.jit(jax.jacfwd(lambda t: mean(t, tol=1e-6)))(jnp.asarray(theta)))
     for i in range(2):
         fd = central_difference(lambda t: mean(jnp.asarray(t))[i], theta, eps=1e-5)
         np.testing.assert_allclose(jac[i], fd, rtol=1e-5, atol=1e-6)
