@@ -47,7 +47,7 @@ from ._site_precision import site_precision as _site_precision
 from ._bound import bound
 from ._gaussian import Gaussian
 from ._linalg import full_precision, reduced_matmul_precision, reduced_precision_hint
-from ._model import Model, Sites, check_fittable
+from ._model import Model, Sites, check_fittable, separated
 from ._result import Result
 from ._validate import check_int, check_max_steps, check_tol, is_concrete
 from .factors import AbstractFactor, AbstractFixedPointFactor, AbstractRefinableFactor, Full
@@ -178,7 +178,14 @@ def fit(model: Model, factor: AbstractFactor | None = None, *, solver=None, q0: 
         log_z = _envelope_bound_jit(model, q)
     else:   # the same bound from the site precisions, with the closed-form covariance derivative
         log_z = _site_precision_envelope(model, q, sp[0], sp[1:])
-    if is_concrete(converged) and not bool(converged):
+    improper = separated(model, q.mean)
+    if improper is not None:
+        converged = converged & ~improper
+    if is_concrete(converged) and not bool(converged) and improper is not None and bool(improper):
+        warnings.warn("gkl_jax.fit: the mean separates the labels (y_n h_n^T m > 0 for every site): without a "
+                      "prior the target is improper (log Z = inf), and the fit stopped only where the gradient "
+                      "became small; add a prior (e.g. gkl_jax.priors.Isotropic)", stacklevel=3)
+    elif is_concrete(converged) and not bool(converged):
         hint = "; try whiten=True (L-BFGS on an ill-conditioned prior)" if (
             name == "lbfgs" and not whiten and model.prior is not None) else ""
         valid = ("the result is a valid bound but not the optimum" if bool(jnp.isfinite(log_z)) else

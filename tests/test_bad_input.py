@@ -220,6 +220,8 @@ def _bad_calls():
         (lambda: gk.stochastic.fit_minibatch(model, q0=res, batch_size=5.0, num_steps=2, key=0), "key"),
         (lambda: gk.fit(gk.Model(None, gk.Sites(H[:2], P.Gaussian(y[:2])))), "improper"),
         (lambda: gk.ep(gk.Model(None, gk.Sites(H[:2], P.Logistic(y[:2])))), "2 rows in all, fewer than dim = 3"),
+        (lambda: gk.fit(gk.Model(None, gk.Sites(np.concatenate([H[:, :2], H[:, :1] - H[:, 1:2]], 1), P.Gaussian(y)))),
+         "rank 2 < dim = 3"),
         (lambda: gk.fit(gk.Model(gk.priors.Isotropic(3), gk.Sites(H, P.Custom(jnp.sum)))), "elementwise"),
         (lambda: gk.fit(gk.Model(gk.priors.Isotropic(3), gk.Sites(H, P.Custom(math.exp)))), "JAX function"),
         (lambda: gk.operators.Identity(3).mv(jnp.ones(5)), "length 3"),
@@ -256,14 +258,34 @@ def _bad_calls():
     ]
 
 
-@pytest.mark.parametrize("index", range(70))
+@pytest.mark.parametrize("index", range(71))
 def test_bad_input_raises_a_value_error_naming_it(index):
     calls = _bad_calls()
-    assert len(calls) == 70
+    assert len(calls) == 71
     call, fragment = calls[index]
     with pytest.raises(ValueError, match=None) as err:
         call()
     assert fragment in str(err.value), str(err.value)
+
+
+def test_prior_free_fit_of_separable_labels_reports_an_improper_target():
+    """Without a prior, labels that the mean separates (y_n h_n^T m > 0 for all n) make Z infinite: the fit ends
+    where the gradient happens to be small (||m|| ~ 4e7 here, variances ~ 1e13) and used to report convergence.
+    Now converged is False with a warning, also under jit (no warning there), for Logistic and Probit; labels
+    that overlap converge as before."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(40, 3))
+    separable = np.sign(X[:, 0] + 0.5 * X[:, 1])
+    for potential in (P.Logistic, P.Probit):
+        model = gk.Model(None, gk.Sites(X, potential(separable)))
+        with pytest.warns(UserWarning, match="separates the labels"):
+            res = gk.fit(model)
+        assert not bool(res.converged) and float(jnp.linalg.norm(res.q.mean)) > 100
+        assert not bool(jax.jit(lambda m: gk.fit(m).converged)(model))
+    overlapping = np.sign(X[:, 0] + rng.normal(size=40))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert bool(gk.fit(gk.Model(None, gk.Sites(X, P.Logistic(overlapping)))).converged)
 
 
 def test_multiclass_bad_input():

@@ -33,6 +33,12 @@ class AbstractPotential(eqx.Module):
     def expected_log_phi(self, m, s2):
         """E[log phi_n(x_n)] for x_n ~ N(m_n, s2_n), elementwise."""
 
+    def margins(self, x):
+        """For a binary-classification potential phi_n(x) = F(y_n x), F increasing to its supremum: the margins
+        y_n x_n. None for every other potential. (Prior-free fits check whether the mean separates the labels:
+        `gkl_jax._model.separated`.)"""
+        return None
+
     @property
     def num_sites(self):
         """N implied by the per-site data, or None if every field is a scalar."""

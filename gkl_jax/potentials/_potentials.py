@@ -117,6 +117,9 @@ class Logistic(AbstractQuadraturePotential):
     def log_phi(self, x):
         return jax.nn.log_sigmoid(self.y * x)
 
+    def margins(self, x):
+        return self.y * x
+
     def log_phi_jet(self, x, order):
         """With u = y x, p = sigmoid(-u) = d log sigmoid(u) / du and q = 1 - p: log phi = min(u, 0) - log1p(e^-|u|),
         d/dx log phi = y p and, for k >= 2, d^k/dx^k log phi = y^k p q R_k(p), with P_1 = p,
@@ -168,6 +171,9 @@ class Probit(AbstractQuadraturePotential):
 
     def log_phi(self, x):
         return log_ndtr_stable(self.y * x)
+
+    def margins(self, x):
+        return self.y * x
 
     def feature(self):
         return 1.9 * self.y, 2.0
