@@ -181,18 +181,22 @@ def fit(model: Model, factor: AbstractFactor | None = None, *, solver=None, q0: 
     improper = separated(model, q.mean)
     if improper is not None:
         converged = converged & ~improper
-    if is_concrete(converged) and not bool(converged) and improper is not None and bool(improper):
-        warnings.warn("gkl_jax.fit: the mean separates the labels (y_n h_n^T m > 0 for every site): without a "
-                      "prior the target is improper (log Z = inf), and the fit stopped only where the gradient "
-                      "became small; add a prior (e.g. gkl_jax.priors.Isotropic)", stacklevel=3)
-    elif is_concrete(converged) and not bool(converged):
-        hint = "; try whiten=True (L-BFGS on an ill-conditioned prior)" if (
-            name == "lbfgs" and not whiten and model.prior is not None) else ""
-        valid = ("the result is a valid bound but not the optimum" if bool(jnp.isfinite(log_z)) else
-                 f"the bound there is {float(log_z)} (numerical failure: check the data's scales)")
-        warnings.warn(f"gkl_jax.fit: the {name} solver stopped after {int(num_steps)} steps without reaching "
-                      f"max|grad| <= {float(tol):g}; {valid}{hint}", stacklevel=3)
+    if is_concrete(converged) and not bool(converged):
+        warnings.warn(_not_converged_message(name, num_steps, tol, log_z, whiten, model, improper), stacklevel=3)
     return Result(q=q, log_z=log_z, converged=converged, num_steps=num_steps, history=history, method="gkl")
+
+
+def _not_converged_message(name, num_steps, tol, log_z, whiten, model, improper):
+    if improper is not None and bool(improper):
+        return ("gkl_jax.fit: the mean separates the labels (y_n h_n^T m > 0 for every site): without a prior the "
+                "target is improper (log Z = inf), and the fit stopped only where the gradient became small; add a "
+                "prior (e.g. gkl_jax.priors.Isotropic)")
+    hint = "; try whiten=True (L-BFGS on an ill-conditioned prior)" if (
+        name == "lbfgs" and not whiten and model.prior is not None) else ""
+    valid = ("the result is a valid bound but not the optimum" if bool(jnp.isfinite(log_z)) else
+             f"the bound there is {float(log_z)} (numerical failure: check the data's scales)")
+    return (f"gkl_jax.fit: the {name} solver stopped after {int(num_steps)} steps without reaching "
+            f"max|grad| <= {float(tol):g}; {valid}{hint}")
 
 
 class WarmPoint(eqx.Module):

@@ -139,8 +139,8 @@ def check_fittable(model, method: str) -> Model:
     variance along it grew to 7e13 while the fit reported convergence). Fewer site rows in all than dim is such a
     null space for certain; with enough rows, H's numerical rank (singular values above max(N, D) eps s_max) is
     checked where a site group has an identity operator (full rank) or every group a concrete dense one and
-    N D^2 <= 1e10 (not for sparse or matrix-free operators, nor inside jit). Separable labels, the other prior-free improper case, are detected
-    after the fit (`separated`). A prior rules out both."""
+    N D^2 <= 1e10 (not for sparse or matrix-free operators, nor inside jit). Separable labels, the other
+    prior-free improper case, are detected after the fit (`separated`). A prior rules out both."""
     if not isinstance(model, Model):
         raise ValueError(f"{method}: model must be a gkl_jax.Model, got {type(model).__name__}")
     if model.prior is None:
