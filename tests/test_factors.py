@@ -308,21 +308,43 @@ def test_factor_analysis_is_not_concave(gaussian_problem):
 
 def test_factor_analysis_log_det_in_a_heywood_case():
     """Uniquenesses d_i -> 0 on rows that Theta covers (a Heywood case): log det S must still equal the dense
-    determinant (without the floor on psi the capacitance term and sum log d_i^2 cancelled: 0.86 nats off at
-    D = 1000, so the reported bound exceeded the true one)."""
+    determinant, with the default floor on psi (the matrix determinant lemma) and without it (the rows split off:
+    the lemma gave NaN from psi_i = 1e-18 and was 16 nats too high at 1e-22, so the bound exceeded log Z)."""
     rng = np.random.default_rng(5)
     D, K = 40, 4
     theta = rng.normal(size=(D, K))
-    d = np.abs(rng.normal(size=D)) + 0.1
-    d[:2] = 1e-11     # two of the K directions nearly singular in diag(d^2): cond(capacitance) ~ 1e22
-    factor = FactorAnalysis(K, jnp.asarray(theta), jnp.asarray(d))
-    S = np.asarray(factor.covariance())
-    np.testing.assert_allclose(S, theta @ theta.T + np.diag(np.asarray(factor.uniquenesses())), rtol=1e-12)
-    assert np.all(np.asarray(factor.uniquenesses()) >= d ** 2)
-    _, dense = np.linalg.slogdet(S)
-    assert abs(float(factor.logdet()) - dense) < 1e-6
-    C = np.asarray(factor.dense())
-    np.testing.assert_allclose(C.T @ C, S, atol=1e-9)
+    for small in (1e-11, 0.0):
+        d = np.abs(rng.normal(size=D)) + 0.1
+        d[:2] = small     # two of the K directions (nearly) singular in diag(d^2)
+        for floor in (1e-6, 0.0):
+            factor = FactorAnalysis(K, jnp.asarray(theta), jnp.asarray(d), floor=floor)
+            S = np.asarray(factor.covariance())
+            np.testing.assert_allclose(S, theta @ theta.T + np.diag(np.asarray(factor.uniquenesses())), rtol=1e-12)
+            assert np.all(np.asarray(factor.uniquenesses()) >= d ** 2)
+            _, dense = np.linalg.slogdet(S)
+            assert abs(float(factor.logdet()) - dense) < 1e-9, (small, floor)
+            C = np.asarray(factor.dense())      # the square root too, psi_i = 0 included
+            np.testing.assert_allclose(C.T @ C, S, atol=1e-9)
+
+
+def test_factor_analysis_optimum_is_chevron_with_its_heywood_rows_first():
+    """On a logistic problem with N = D the FactorAnalysis(rank=K, floor=0) optimum is a Heywood point: K
+    uniquenesses vanish, and S = Theta Theta^T + diag(psi) with psi = 0 on K rows is the Chevron(rows=K) family
+    with those coordinates first (w_R given w_H independent), so the bound equals Chevron's optimum there."""
+    D, K = 16, 3
+    data = gk.datasets.synthetic_logistic(D, D, seed=1)
+    X, y = data["X_train"], data["y_train"]
+    model = lambda H: gk.Model(gk.priors.Isotropic(D, 1.0), gk.Sites(H, gk.potentials.Logistic(y)))
+    fa = gk.fit(model(X), factor=FactorAnalysis(K, floor=0.0), tol=1e-6)
+    assert bool(fa.converged)
+    ratio = np.sort(np.asarray(fa.q.factor.uniquenesses() / fa.q.factor.marginal_variances()))
+    assert ratio[K - 1] < 1e-10 < 1e-2 < ratio[K]
+    _, dense = np.linalg.slogdet(np.asarray(fa.q.factor.covariance()))
+    assert abs(float(fa.q.factor.logdet()) - dense) < 1e-8
+    hubs = np.argsort(np.asarray(fa.q.factor.uniquenesses() / fa.q.factor.marginal_variances()))[:K]
+    order = np.concatenate([hubs, np.setdiff1d(np.arange(D), hubs)])
+    chevron = gk.fit(model(X[:, order]), factor=Chevron(K), tol=1e-6)
+    assert abs(float(fa.log_z) - float(chevron.log_z)) < 1e-6
 
 
 # ---------------------------------------------------------------- subspace basis updates
