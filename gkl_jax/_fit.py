@@ -37,7 +37,7 @@ import optax
 from jax import lax
 from jax.flatten_util import ravel_pytree
 
-from . import _solvers
+from . import _solvers, _start
 from ._fixed_point import _to_flat, fixed_point as _fixed_point
 from ._site_precision import applies as _site_precision_applies, has_dense_prior as _has_dense_prior
 from ._site_precision import log_z as _site_precision_log_z_eager, optimum_parts as _site_precision_optimum_parts
@@ -50,7 +50,7 @@ from ._linalg import full_precision, reduced_matmul_precision, reduced_precision
 from ._model import Model, Sites, check_fittable, separated
 from ._result import Result
 from ._validate import check_int, check_max_steps, check_tol, is_concrete
-from .factors import AbstractFactor, AbstractFixedPointFactor, AbstractRefinableFactor, Full
+from .factors import AbstractFactor, AbstractFixedPointFactor, AbstractRefinableFactor, Diagonal, Full
 from .factors._full import upper_factor
 from .operators import AbstractOperator, Dense as DenseOperator
 from .priors import Isotropic
@@ -158,6 +158,7 @@ def fit(model: Model, factor: AbstractFactor | None = None, *, solver=None, q0: 
         raise ValueError(f"factor must be a gkl_jax.factors factor, got {type(factor).__name__}")
     work_model, q0, back = whitening(model, q0, whiten, "fit")
     q_init = _initial_q(work_model, factor, q0)
+    start = _start.applies(work_model, q_init, q0 is None and not factor.is_initialised)
     name = _solver_name(solver, work_model, q_init.factor)
     dtype = q_init.mean.dtype
     if reduced_matmul_precision(dtype):
@@ -172,7 +173,7 @@ def fit(model: Model, factor: AbstractFactor | None = None, *, solver=None, q0: 
     optimizer = solver if name == "optax" else None
     # tol enters the compiled solver as an array, so fits at different tolerances share one compilation.
     q, num_steps, converged, history, sp = _fit_jit(work_model, q_init, name, optimizer, jnp.asarray(tol, dtype),
-                                                   max_steps, max_cg)
+                                                   max_steps, max_cg, start)
     q = back(q)
     if sp is None:
         log_z = _envelope_bound_jit(model, q)
@@ -392,8 +393,14 @@ def whitened_q(q, L, mu):
 
 
 @eqx.filter_jit
-def _fit_jit(model, q_init, name, optimizer, tol, max_steps, max_cg):
+def _fit_jit(model, q_init, name, optimizer, tol, max_steps, max_cg, start=False):
     TRACE_COUNT["fit"] += 1
+    if start:   # the factor's start from the mean-field fit's precision (`gkl_jax._start`)
+        frozen = _frozen(model)
+        diagonal = _initial_q(frozen, Diagonal(), None)
+        mean_field = _solve(frozen, diagonal, _solver_name(None, frozen, diagonal.factor), None, tol,
+                            _MAX_STEPS["newton"], max_cg, implicit=False)[0]
+        q_init = _start.precision_start(frozen, stop_gradients(q_init), mean_field)
     if isinstance(q_init.factor, AbstractRefinableFactor):
         return _refine_and_solve(model, q_init, name, optimizer, tol, max_steps, max_cg) + (None,)
     return _solve(model, q_init, name, optimizer, tol, max_steps, max_cg)

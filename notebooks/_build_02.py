@@ -112,8 +112,11 @@ bound; the concave restrictions nest the diagonal one), and the test log-likelih
 - **Subspace(rank=K)** when a few directions dominate, typically $N < D$: after the basis is chosen a bound
   evaluation is $O(NK^2)$, independent of D. `fit` alternates basis updates (Ritz vectors of
   $\\Sigma^{-1} + H^\\top\\Gamma H$) with the solves; one shared variance covers the complement.
-- **FactorAnalysis(rank=K)** captures the leading directions of variance without an ordering, but the bound is
-  not concave in it: L-BFGS, possibly a local optimum, more iterations.
+- **FactorAnalysis(rank=K)** needs no ordering, but the bound is not concave in it: L-BFGS, possibly a local
+  optimum. On problems like this one (N <= D) its optima are Heywood points, K uniquenesses at zero: Chevron with
+  K coordinates that the fit chooses first. The default `start="heywood"` picks those K greedily from the
+  mean-field fit's precision, which made it faster and its bound higher than from `start="random"`; where
+  N >> D the random start found a slightly higher bound (`gk.factors.FactorAnalysis` docstring).
 - **Diagonal** (mean field) is the cheapest and ignores correlations; the posterior mean is often nearly as good,
   the bound and the predictive uncertainty are not."""),
 ]
