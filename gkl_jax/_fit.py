@@ -139,14 +139,17 @@ def fit(model: Model, factor: AbstractFactor | None = None, *, solver=None, q0: 
         max_cg: int = 100) -> Result:
     """Maximise the G-KL bound of `model` over q = N(m, C^T C) with C structured as `factor` (default Full()).
 
-    `q0` warm-starts the fit (its factor type is used when `factor` is None). With `whiten=True` the fit runs
-    in the basis w = mu + L v, L L^T = Sigma (App. E), and the result is reported in the original basis with a
-    full factor (a `q0` is taken to that basis; it needs a Full factor). Whitening is what makes L-BFGS converge
-    on ill-conditioned GP priors (with non-log-concave sites `fit` runs Newton-CG there unless told otherwise).
-    `tol` (default 1e-6, float32: 1e-3) may be a traced scalar inside a transformation (then it is not checked
-    for positivity); every value shares one compilation. Returns a `Result`; `converged` is False (and a warning
-    is issued outside of tracing) when the gradient tolerance was not reached. Matrix products run at "highest"
-    precision unless `jax_default_matmul_precision` is set (`_linalg.full_precision`: GPUs default to TF32).
+    `q0` warm-starts the fit (its factor type is used when `factor` is None). A template whose
+    `mean_field_start(model)` is true (Subspace where N <= D; FactorAnalysis with start="heywood" up to D = 4096)
+    starts from a Diagonal fit solved first, inside the same compiled call (`gkl_jax._start`). With `whiten=True`
+    the fit runs in the basis w = mu + L v, L L^T = Sigma (App. E), and the result is reported in the original
+    basis with a full factor (a `q0` is taken to that basis; it needs a Full factor). Whitening is what makes
+    L-BFGS converge on ill-conditioned GP priors (with non-log-concave sites `fit` runs Newton-CG there unless
+    told otherwise). `tol` (default 1e-6, float32: 1e-3) may be a traced scalar inside a transformation (then it
+    is not checked for positivity); every value shares one compilation. Returns a `Result`; `converged` is False
+    (and a warning is issued outside of tracing) when the gradient tolerance was not reached. Matrix products run
+    at "highest" precision unless `jax_default_matmul_precision` is set (`_linalg.full_precision`: GPUs default
+    to TF32).
     """
     check_fittable(model, "fit")
     q0 = q0.q if isinstance(q0, Result) else q0
@@ -395,12 +398,12 @@ def whitened_q(q, L, mu):
 @eqx.filter_jit
 def _fit_jit(model, q_init, name, optimizer, tol, max_steps, max_cg, start=False):
     TRACE_COUNT["fit"] += 1
-    if start:   # the factor's start from the mean-field fit's precision (`gkl_jax._start`)
+    if start:   # the template's start from the mean-field fit (`gkl_jax._start`)
         frozen = _frozen(model)
         diagonal = _initial_q(frozen, Diagonal(), None)
         mean_field = _solve(frozen, diagonal, _solver_name(None, frozen, diagonal.factor), None, tol,
                             _MAX_STEPS["newton"], max_cg, implicit=False)[0]
-        q_init = _start.precision_start(frozen, stop_gradients(q_init), mean_field)
+        q_init = _start.mean_field_start(frozen, stop_gradients(q_init), mean_field)
     if isinstance(q_init.factor, AbstractRefinableFactor):
         return _refine_and_solve(model, q_init, name, optimizer, tol, max_steps, max_cg) + (None,)
     return _solve(model, q_init, name, optimizer, tol, max_steps, max_cg)

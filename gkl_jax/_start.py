@@ -1,6 +1,7 @@
-"""Starting points from a Gaussian approximation's precision, for factor templates with `precision_start`
-(FactorAnalysis's Heywood start): the Diagonal optimum's site curvatures Gamma give the dense precision
-A = Sigma^{-1} + sum_groups H^T diag(Gamma) H (eq. 10 at the mean-field q), and the factor builds its start from A."""
+"""Starting points from the mean-field fit, for factor templates whose `mean_field_start(model)` is true: `fit`
+solves the Diagonal factor first, and the template builds its start from that optimum (`from_mean_field`), where
+it needs one from the dense precision A = Sigma^{-1} + sum_groups H^T diag(Gamma) H at it (eq. 10 at the mean-field
+q; FactorAnalysis's Heywood start). The mean is the mean-field one."""
 
 import jax
 import jax.numpy as jnp
@@ -9,13 +10,10 @@ from ._bound import bound
 from ._gaussian import Gaussian
 from .factors._full import _precision
 
-MAX_DIM = 4096
-"""The largest D for which `fit` starts from A: it is dense (128 MiB in float64 here) and inverted, O(D^3)."""
-
 
 def applies(model, q_init, from_template: bool) -> bool:
-    """A fit from a factor template that has a precision start, on a model of at most `MAX_DIM` dimensions."""
-    return from_template and q_init.factor.precision_start and model.dim <= MAX_DIM and len(model.sites) > 0
+    """A fit from a factor template with a mean-field start, on a model with sites."""
+    return from_template and len(model.sites) > 0 and q_init.factor.mean_field_start(model)
 
 
 def site_curvatures(model, q):
@@ -29,14 +27,18 @@ def site_curvatures(model, q):
     return out
 
 
-def precision_start(model, q, mean_field):
-    """q's factor replaced by `from_precision(A)` and its mean by the mean-field one, A from `mean_field` (a
-    Gaussian with a Diagonal factor) with Gamma clipped at 0 (non-log-concave sites); q itself where the start or
-    its bound is not finite (e.g. a prior-free model with a singular A)."""
-    gammas = [jnp.maximum(g, 0.0) for g in site_curvatures(model, mean_field)]
+def precision(model, q):
+    """A at q, with Gamma clipped at 0 (non-log-concave sites), as a dense (D, D) matrix."""
+    gammas = [jnp.maximum(g, 0.0) for g in site_curvatures(model, q)]
     ops = [sites.operator(model.dim) for sites in model.sites]
-    A = _precision(model.prior, ops, gammas, model.dim, q.mean.dtype)
-    candidate = Gaussian(mean_field.mean, q.factor.from_precision(A))
+    return _precision(model.prior, ops, gammas, model.dim, q.mean.dtype)
+
+
+def mean_field_start(model, q, mean_field):
+    """q with the mean-field mean and the factor `from_mean_field` builds; q itself where that start or its bound
+    is not finite (e.g. a prior-free model with a singular A)."""
+    factor = q.factor.from_mean_field(model.dim, mean_field, lambda: precision(model, mean_field))
+    candidate = Gaussian(mean_field.mean, factor)
     finite = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(candidate)]
     ok = jnp.all(jnp.stack(finite)) & jnp.isfinite(bound(model, candidate))
     return jax.tree.map(lambda a, b: jnp.where(ok, a, b), candidate, q)

@@ -353,6 +353,21 @@ def test_factor_analysis_optimums_are_chevron_with_their_heywood_rows_first():
     assert int(fits["heywood"].num_steps) < int(fits["random"].num_steps)
 
 
+def test_mean_field_precision_is_the_negative_hessian_in_the_mean():
+    """`gkl_jax._start.precision`: A = I + H^T diag(Gamma) H with Gamma_n = -2 dE/ds_n^2 equals -d^2 B / dm^2 at
+    the same q (Bonnet and Price: d^2 E / d mu^2 = 2 dE / ds^2), for two site groups of different potentials."""
+    from gkl_jax import _start
+    rng = np.random.default_rng(8)
+    D = 5
+    H1, H2 = rng.normal(size=(7, D)), rng.normal(size=(4, D))
+    model = gk.Model(gk.priors.Isotropic(D, 2.0), [gk.Sites(H1, gk.potentials.Logistic(np.sign(rng.normal(size=7)))),
+                                                  gk.Sites(H2, gk.potentials.Probit(np.sign(rng.normal(size=4))))])
+    q = gk.Gaussian(jnp.asarray(rng.normal(size=D)), Diagonal(jnp.asarray(rng.uniform(0.3, 1.0, size=D))))
+    A = np.asarray(eqx.filter_jit(_start.precision)(model, q))
+    hessian = jax.jit(jax.hessian(lambda m: gk.bound(model, gk.Gaussian(m, q.factor))))(q.mean)
+    np.testing.assert_allclose(A, -np.asarray(hessian), rtol=1e-7, atol=1e-9)
+
+
 def test_factor_analysis_heywood_start_is_the_chevron_optimum_of_a_gaussian():
     """`from_precision(A)`: hubs picked greedily by A_jj [(A_RR)^{-1}]_jj, Theta Theta^T the Nystrom form of
     Sigma = A^{-1} on them, d_r^2 = 1 / A_rr. For Gaussian sites (A the exact posterior precision) that is the

@@ -51,14 +51,15 @@ class AbstractFactor(eqx.Module):
     def project_variances(self, op):
         """s_n^2 = h_n^T S h_n = ||C h_n||^2 for every row h_n of `op`."""
 
-    precision_start = False
-    """True where `from_precision` gives `fit` a start; `fit` then computes a Gaussian approximation's precision
-    for it (a Diagonal fit, dense D x D: `gkl_jax._start`)."""
+    def mean_field_start(self, model) -> bool:
+        """Whether `fit`, given this template and `model`, starts from `from_mean_field` (after a Diagonal fit)
+        instead of `initialise` (`gkl_jax._start`)."""
+        return False
 
-    def from_precision(self, precision):
-        """A factor to start fitting from, given the dense (D, D) precision A of a Gaussian approximation to the
-        posterior (for templates with `precision_start`)."""
-        raise NotImplementedError(f"{type(self).__name__} has no start from a precision matrix")
+    def from_mean_field(self, dim: int, mean_field, precision):
+        """A factor to start fitting from, given the Diagonal optimum `mean_field` (a Gaussian) and `precision()`,
+        which returns the dense (D, D) precision A = Sigma^{-1} + sum H^T diag(Gamma) H at it (eq. 10)."""
+        raise NotImplementedError(f"{type(self).__name__} has no start from a mean-field fit")
 
     def project(self, op, mean):
         """(m_n, s_n^2) = (h_n^T m, h_n^T S h_n) for every row h_n of `op`; factors whose s_n^2 come from a product

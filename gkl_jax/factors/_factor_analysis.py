@@ -19,6 +19,9 @@ UNIQUENESS_FLOOR = 1e-6
 
 STARTS = ("heywood", "random")
 
+HEYWOOD_MAX_DIM = 4096
+"""The largest D with a Heywood start: it needs the dense precision A (128 MiB in float64 here) and its inverse."""
+
 
 class FactorAnalysis(AbstractFactor):
     """S = Theta Theta^T + diag(psi) with a (D, K) loading matrix Theta, K = `rank` (papers/000 §4.1.2), and the
@@ -52,7 +55,7 @@ class FactorAnalysis(AbstractFactor):
     (by 2.5e-4 to 3.2e-3 per point) and lower in every one where N = 5 D (by 1e-4 to 6.9e-4 per point), where the
     random start's optima are not all Heywood points; the test log-likelihood was 0.0005-0.004 per point lower
     where N <= D. The first call compiles the Diagonal fit too (5-7 s instead of 2-4 s). A is dense: where
-    D > 4096 (`gkl_jax._start.MAX_DIM`), A is singular or the start's bound is not finite, `fit` starts at random.
+    D > 4096 (`HEYWOOD_MAX_DIM`), A is singular or the start's bound is not finite, `fit` starts at random.
     `start="random"`: Theta a small deterministic random matrix, d^2 the initial variances (papers/000's start;
     Theta = 0 is a saddle point of the bound). A factor given with `theta` and `d`, or a `q0`, is started from as
     given.
@@ -116,9 +119,11 @@ class FactorAnalysis(AbstractFactor):
         d = jnp.sqrt(jnp.maximum(v - jnp.sum(jnp.square(theta), axis=1), 0.5 * v))
         return FactorAnalysis(self.rank, theta, d, floor=self.floor, start=self.start)
 
-    @property
-    def precision_start(self):
-        return self.start == "heywood" and self.rank > 0
+    def mean_field_start(self, model):
+        return self.start == "heywood" and 0 < self.rank <= model.dim <= HEYWOOD_MAX_DIM
+
+    def from_mean_field(self, dim, mean_field, precision):
+        return self.from_precision(precision())
 
     def from_precision(self, precision):
         """The Heywood start: the K coordinates H picked greedily, each the one of largest A_jj [(A_RR)^{-1}]_jj
