@@ -401,8 +401,9 @@ def _fit_jit(model, q_init, name, optimizer, tol, max_steps, max_cg, start=False
     if start:   # the template's start from the mean-field fit (`gkl_jax._start`)
         frozen = _frozen(model)
         diagonal = _initial_q(frozen, Diagonal(), None)
-        mean_field = _solve(frozen, diagonal, _solver_name(None, frozen, diagonal.factor), None, tol,
-                            _MAX_STEPS["newton"], max_cg, implicit=False)[0]
+        diagonal_solver = _solver_name(None, frozen, diagonal.factor)
+        mean_field = _solve(frozen, diagonal, diagonal_solver, None, tol, _MAX_STEPS[diagonal_solver], max_cg,
+                            implicit=False)[0]
         q_init = _start.mean_field_start(frozen, stop_gradients(q_init), mean_field)
     if isinstance(q_init.factor, AbstractRefinableFactor):
         return _refine_and_solve(model, q_init, name, optimizer, tol, max_steps, max_cg) + (None,)

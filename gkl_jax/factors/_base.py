@@ -58,8 +58,9 @@ class AbstractFactor(eqx.Module):
 
     def from_mean_field(self, dim: int, mean_field, precision):
         """A factor to start fitting from, given the Diagonal optimum `mean_field` (a Gaussian) and `precision()`,
-        which returns the dense (D, D) precision A = Sigma^{-1} + sum H^T diag(Gamma) H at it (eq. 10)."""
-        raise NotImplementedError(f"{type(self).__name__} has no start from a mean-field fit")
+        which returns the dense (D, D) precision A = Sigma^{-1} + sum H^T diag(Gamma) H at it (eq. 10). By
+        default `initialise` with the mean-field variances."""
+        return self.initialise(dim, mean_field.factor.marginal_variances())
 
     def project(self, op, mean):
         """(m_n, s_n^2) = (h_n^T m, h_n^T S h_n) for every row h_n of `op`; factors whose s_n^2 come from a product

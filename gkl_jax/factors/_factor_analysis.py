@@ -217,8 +217,9 @@ class FactorAnalysis(AbstractFactor):
         """(sqrt(psi), Q, sqrt(1 + sigma^2) - 1) of the symmetric square root of I + U U^T,
         U = diag(psi^{-1/2}) Theta = Q diag(sigma) V^T. A psi_i = 0 (`floor=0`) is raised to eps^2 ||theta_i||^2 (or
         the smallest normal number), which changes C^T C by less than round-off instead of dividing by zero."""
-        psi, info = self.uniquenesses(), jnp.finfo(self.theta.dtype)
-        r = jnp.sqrt(jnp.maximum(psi, jnp.maximum(info.eps ** 2 * jnp.sum(jnp.square(self.theta), axis=1), info.tiny)))
+        info = jnp.finfo(self.theta.dtype)
+        least = jnp.maximum(info.eps ** 2 * jnp.sum(jnp.square(self.theta), axis=1), info.tiny)
+        r = jnp.sqrt(jnp.maximum(self.uniquenesses(), least))
         Q, sigma, _ = jnp.linalg.svd(self.theta / r[:, None], full_matrices=False)
         return r, Q, jnp.sqrt(1 + jnp.square(sigma)) - 1
 

@@ -135,16 +135,13 @@ class Subspace(AbstractRefinableFactor):
         return self._replace(E, jnp.sqrt(v) * jnp.eye(self.rank, dtype=v.dtype), jnp.sqrt(v))
 
     def mean_field_start(self, model):
-        """Where the N sites number at most D (the posterior is broad in D - N directions)."""
+        """Where the N sites number at most D: `fit` then starts from the Diagonal optimum's mean and `initialise`
+        with the mean of its variances (`AbstractFactor.from_mean_field`), so that the first refinement sees site
+        curvatures nearer the optimum's than those of the broad start. On Tables 2-4's 120 data sets with N <= D:
+        7-10 fewer Newton steps, 1.0-1.27x faster (1000 / 500 / 100: 0.283 -> 0.235 s), bounds within -8e-6 to
+        +2.2e-4 per point. Where N = 5 D it ended 2e-4 to 1.8e-3 per point lower and 4-19% slower, so there `fit`
+        starts as before (benchmarks/README §2)."""
         return sum(sites.operator(model.dim).shape[0] for sites in model.sites) <= model.dim
-
-    def from_mean_field(self, dim, mean_field, precision):
-        """`initialise` with the mean of the Diagonal optimum's variances (and `fit` takes the mean-field mean), so
-        that the first refinement sees site curvatures nearer the optimum's than those of the broad start. On Tables
-        2-4's 120 data sets with N <= D: 7-10 fewer Newton steps, 1.0-1.27x faster (1000 / 500 / 100: 0.283 ->
-        0.235 s), bounds within -8e-6 to +2.2e-4 per point. Where N = 5 D it ended 2e-4 to 1.8e-3 per point lower
-        and 4-19% slower, so there `fit` starts as before (benchmarks/README §2)."""
-        return self.initialise(dim, mean_field.factor.marginal_variances())
 
     def E(self):
         """The basis; held fixed (no gradient) unless this is the free-basis copy used by the gradient update."""
