@@ -160,12 +160,12 @@ def cell(D, N, factor_name, seed):
     walls = [r[1] for r in runs]
     cpus = [r[2] for r in runs]
     res = runs[-1][0]
-    newton, t_newton, _ = timed(fit_once, model, factor, "newton")
-    t_newton = min(t_newton, timed(fit_once, model, factor, "newton")[1])
+    newton, t_newton, _ = timed(fit_once, model, factor, gk.solvers.Newton())
+    t_newton = min(t_newton, timed(fit_once, model, factor, gk.solvers.Newton())[1])
     r, t_vg, t_prod = ratio(model, res.q)
     t_floor = quadrature_floor(model, res.q)
     return {
-        "D": D, "N": N, "factor": factor_name, "solver": gk._fit._solver_name(None, model, factor.initialise(D, 1.0)),
+        "D": D, "N": N, "factor": factor_name, "solver": type(gk.solvers.default_solver(model, factor)).__name__,
         "steps": int(res.num_steps), "converged": bool(res.converged),
         "t_median": float(np.median(walls)), "t_min": float(np.min(walls)), "cpu_median": float(np.median(cpus)),
         "compile": t_first - float(np.median(walls)),

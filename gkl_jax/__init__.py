@@ -19,6 +19,7 @@ from . import priors as priors
 from .baselines import ais as ais, double_loop as double_loop, ep as ep, laplace as laplace, local as local
 from ._bound import bound as bound
 from ._fit import fit as fit
+from . import solvers as solvers
 from ._gaussian import Gaussian as Gaussian
 from ._model import Model as Model
 from ._model import Sites as Sites

@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 
 from ._validate import as_float_array, check_finite, check_int, check_key, check_ndim
-from .factors import AbstractFactor
+from .factors._base import AbstractFactor
 
 
 class Gaussian(eqx.Module):

@@ -198,6 +198,26 @@ def expectation(jet, num_points, params, m, s2, feature):
     return _moments(jet, 0, params, m, s2, x, w)[0]
 
 
+def expectation_moments(jet, num_points, params, m, s2, feature, order=2):
+    """E[f], E[f'], ..., E[f^(order)] under x ~ N(m, s2), elementwise over sites, stacked on a leading axis
+    (order + 1, ...): one rule and one call of the jet for all of them (the solvers' value, gradient and
+    curvature from a single quadrature; by Stein's lemma dE[f]/dm = E[f'] and dE[f]/ds2 = E[f''] / 2).
+
+    Args:
+        jet: (params, x, order) -> [f, f', ...] at nodes x (..., K).
+        num_points: K.
+        params: the potential (the jet's parameters).
+        m, s2: (N,) means and variances of the projections.
+        feature: (center, width) or None (Gauss-Hermite).
+        order: the highest derivative.
+
+    Returns:
+        (order + 1, N) array.
+    """
+    x, w = lax.stop_gradient(_rule(num_points, m, s2, feature))
+    return _moments(jet, order, params, m, s2, x, w)
+
+
 def continued_fraction(coefficient, t, num_terms: int):
     """1 / (t + a_2 / (t + a_3 / (t + ... a_n / t))) with a_k = coefficient(k), evaluated backwards in a
     `lax.fori_loop` (used for the Mills-ratio gap of the probit potential)."""

@@ -49,7 +49,7 @@ import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 from jax import lax
 
-from ._fixed_point import _MAX_HALVINGS, _MAX_STALLS
+from ._optim import MAX_HALVINGS as _MAX_HALVINGS, MAX_STALLS as _MAX_STALLS
 from ._linalg import invert_lower, lower_gram, solve_lower, tdot
 from .operators import Identity
 
@@ -83,7 +83,7 @@ def site_precision(model, start, tol, max_steps):
     """Iterate on (m, W) from `start` = (m0, alpha0, W0), alpha0 = Sigma^{-1} (m0 - mu) (module doc; `initial_point`
     gives it for a Gaussian q0).
 
-    Returns (m, num_steps, converged, history) like the solvers of `gkl_jax._solvers`, (W, log det(Sigma^{-1} S),
+    Returns (m, num_steps, converged, history) like the solvers of `gkl_jax.solvers`, (W, log det(Sigma^{-1} S),
     diag S, L, alpha, sum_n E[log phi_n]) at the returned m (W for `posterior`, which forms the Full factor of S,
     and the rest for `log_z`), and the estimated gap to the optimum there (`gap`)."""
     prior = model.prior

@@ -75,7 +75,7 @@ print(f"exact log Z = {exact_log_z:.4f}, mean = {exact_mean.round(3)}, marginal 
 Each call returns a `gk.Result`. We time the first (compiling) call; the benchmarks
 (`benchmarks/baselines.py`) report warm timings on larger problems."""),
     ("code", """methods = {
-    "G-KL": lambda: gk.fit(model, solver="lbfgs"),
+    "G-KL": lambda: gk.fit(model, solver=gk.solvers.LBFGS()),
     "Laplace": lambda: gk.laplace(model),
     "EP": lambda: gk.ep(model),
     "local": lambda: gk.local(model),

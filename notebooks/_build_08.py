@@ -96,7 +96,7 @@ def loss_fn(params, fit_mask, val_mask, q0):
     Phi = features(params, X_train)
     model = gk.Model(gk.priors.Isotropic(Phi.shape[1], PRIOR_VARIANCE),
                      gk.Sites(Phi * fit_mask[:, None], gk.potentials.Logistic(y_train)))
-    res = gk.fit(model, gk.factors.Full(), solver="newton", q0=q0, tol=1e-8)
+    res = gk.fit(model, gk.factors.Full(), solver=gk.solvers.Newton(), q0=q0, tol=1e-8)
     log_z = res.log_z + jnp.sum(1 - fit_mask) * jnp.log(2.0)  # the masked sites' constant log sigmoid(0)
     p = predictive(res.q, Phi)
     log_p = jnp.log(jnp.where(y_train > 0, p, 1 - p))

@@ -189,7 +189,11 @@ def _bad_calls():
         (lambda: P.Logistic(y, num_points=2.7), "num_points"),
         (lambda: gk.fit(model, q0=np.zeros(3)), "q0"),
         (lambda: gk.fit(model, whiten="no"), "whiten"),
-        (lambda: gk.fit(model, max_cg=0), "max_cg"),
+        (lambda: gk.solvers.Newton(max_cg=0), "max_cg"),
+        (lambda: gk.solvers.LBFGS(memory=0), "memory"),
+        (lambda: gk.solvers.FixedPoint(tol=-1.0), "tol"),
+        (lambda: gk.solvers.Newton(max_steps=0), "max_steps"),
+        (lambda: gk.solvers.Optax("adam"), "optimizer"),
         (lambda: gk.fit(model, tol=np.nan), "tol"),
         (lambda: gk.fit(model, factor=gk.factors.Diagonal(jnp.zeros(3))), "singular"),
         (lambda: gk.bound(model, "q"), "q must be"),
@@ -258,10 +262,10 @@ def _bad_calls():
     ]
 
 
-@pytest.mark.parametrize("index", range(71))
+@pytest.mark.parametrize("index", range(75))
 def test_bad_input_raises_a_value_error_naming_it(index):
     calls = _bad_calls()
-    assert len(calls) == 71
+    assert len(calls) == 75
     call, fragment = calls[index]
     with pytest.raises(ValueError, match=None) as err:
         call()

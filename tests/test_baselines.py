@@ -107,7 +107,7 @@ def mixed():
     model = gk.Model(gk.priors.Isotropic(2, 2.0), [_two_d_sites("logistic", slice(0, 3)),
                                                    _two_d_sites("probit", slice(3, 6)),
                                                    _two_d_sites("laplace", slice(6, 9))])
-    return model, gk.fit(model, solver="lbfgs"), grid_posterior(model)[0]
+    return model, gk.fit(model, solver=gk.solvers.LBFGS()), grid_posterior(model)[0]
 
 
 def test_local_bound_below_gkl_below_log_z(mixed):
@@ -128,7 +128,7 @@ def test_chain_holds_on_each_log_concave_model_alone(kind):
     """local.log_z <= bound(q_local) <= fit.log_z <= exact log Z (papers/000 Section 5.1.2) on a 2-D model
     whose nine sites are all of one kind."""
     model = _two_d_model(kind)
-    loc, gkl, exact = gk.local(model), gk.fit(model, solver="lbfgs"), grid_posterior(model)[0]
+    loc, gkl, exact = gk.local(model), gk.fit(model, solver=gk.solvers.LBFGS()), grid_posterior(model)[0]
     at_local = float(gk.bound(model, loc.q))
     assert bool(loc.converged) and bool(gkl.converged)
     assert float(loc.log_z) <= at_local + 1e-10 <= float(gkl.log_z) + 2e-10

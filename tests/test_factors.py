@@ -13,7 +13,7 @@ from jax.experimental import sparse as jsparse
 from jax.flatten_util import ravel_pytree
 
 import gkl_jax as gk
-from gkl_jax import _fit
+from gkl_jax import _adjoint
 from gkl_jax.factors import Banded, Chevron, Diagonal, FactorAnalysis, Full, Sparse, Subspace
 from gkl_jax.operators import AbstractOperator
 
@@ -116,14 +116,14 @@ def closed_form_model(dim=D, seed=0):
 
 def solver_vector(q):
     """The solvers' parameter vector of q (via fit's own filter) and the map back."""
-    params, static = eqx.partition(q, _fit._solver_filter(q))
+    params, static = eqx.partition(q, _adjoint.solver_mask(q))
     flat, unravel = ravel_pytree(params)
     return flat, lambda f: eqx.combine(unravel(f), static)
 
 
 def structural_vector(q, name):
     """Boolean vector over the solver parameters: True at the structural zeros of the factor."""
-    params, _ = eqx.partition(q, _fit._solver_filter(q))
+    params, _ = eqx.partition(q, _adjoint.solver_mask(q))
     marks = jax.tree.map(lambda x: np.zeros(x.shape, bool), params)
     for leaf, mask in CASES[name][1].items():
         marks = eqx.tree_at(lambda p: getattr(p.factor, leaf), marks, mask(q.dim))
@@ -549,7 +549,7 @@ def test_chevron_fit_on_sparse_h_matches_dense_and_stays_linear_in_memory():
     y = np.where(rng.uniform(size=num) < 0.5, 1.0, -1.0)
     prior = gk.priors.Isotropic(dim, 1.0)
     sparse = gk.Model(prior, gk.Sites(jsparse.BCOO.fromdense(jnp.asarray(H)), gk.potentials.Logistic(y)))
-    res = gk.fit(sparse, factor=Chevron(K), solver="lbfgs", tol=1e-7)  # (Newton-CG on BCOO compiles twice as long)
+    res = gk.fit(sparse, factor=Chevron(K), solver=gk.solvers.LBFGS(), tol=1e-7)  # (Newton-CG on BCOO compiles twice as long)
     assert bool(res.converged)
     dense = gk.Model(prior, gk.Sites(H, gk.potentials.Logistic(y)))
     value, g = jax.jit(jax.value_and_grad(lambda m: gk.bound(dense, gk.Gaussian(m, res.q.factor))))(res.q.mean)

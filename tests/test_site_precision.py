@@ -11,7 +11,7 @@ import pytest
 from helpers import central_difference, gaussian_log_evidence
 
 import gkl_jax as gk
-from gkl_jax import _fit, _site_precision
+from gkl_jax import _fit, _site_precision, _warm
 from gkl_jax._linalg import invert_lower, lower_gram, solve_lower
 
 
@@ -27,8 +27,8 @@ def _gp_problem(n=20, seed=0):
 def test_same_optimum_as_the_fixed_point_solver_and_chosen_by_default():
     X, y, _ = _gp_problem()
     model = gk.gp.model(gk.kernels.SquaredExponential(4.0, 1.2), X, gk.potentials.Logistic(y))
-    assert _fit._solver_name(None, model, gk.factors.Full()) == "site-precision"
-    ref = gk.fit(model, solver="fixed-point", tol=1e-9)
+    assert isinstance(gk.solvers.default_solver(model, gk.factors.Full()), gk.solvers.SitePrecision)
+    ref = gk.fit(model, solver=gk.solvers.FixedPoint(), tol=1e-9)
     res = gk.fit(model, tol=1e-9)
     assert bool(ref.converged) and bool(res.converged)
     assert abs(float(res.log_z) - float(ref.log_z)) < 1e-10
@@ -52,7 +52,7 @@ def test_exact_on_gaussian_sites_with_offsets_and_two_groups():
     y1, y2, off = rng.normal(size=n), rng.normal(size=n), rng.normal(size=n)
     model = gk.Model(gk.priors.Dense(cov, mean=mu), [gk.Sites(None, gk.potentials.Gaussian(y1, 0.7), offset=off),
                                                      gk.Sites(None, gk.potentials.Gaussian(y2, 1.3))])
-    assert _fit._solver_name(None, model, gk.factors.Full()) == "site-precision"
+    assert isinstance(gk.solvers.default_solver(model, gk.factors.Full()), gk.solvers.SitePrecision)
     # y1 - off and y2 observe w with noise 0.7 and 1.3: stack them as 2n observations of H = [I; I]
     H = np.vstack([np.eye(n), np.eye(n)])
     log_z, mean, post = gaussian_log_evidence(H, np.concatenate([y1 - off, y2]), np.repeat([0.7, 1.3], n), cov, mu)
@@ -69,7 +69,7 @@ def test_warm_start_and_too_few_steps():
     full = gk.fit(model)
     again = gk.fit(model, q0=full.q)
     assert int(again.num_steps) <= 1 and abs(float(again.log_z) - float(full.log_z)) < 1e-10
-    with pytest.warns(UserWarning, match="site-precision"):
+    with pytest.warns(UserWarning, match="SitePrecision"):
         short = gk.fit(model, max_steps=1)
     assert not bool(short.converged) and np.isfinite(float(short.log_z))
     assert float(short.log_z) < float(full.log_z)
@@ -151,19 +151,19 @@ def test_warm_fit_is_fit_without_the_factor():
     # strongly typed, as the learned parameters are: the refit below reuses the compiled `ref` fit
     kernel = gk.kernels.SquaredExponential(jnp.asarray(4.0, X.dtype), jnp.asarray(1.2, X.dtype))
     model = build(kernel)
-    assert _fit.warm_fit_applies(model)
-    assert not _fit.warm_fit_applies(gk.gp.model(kernel, X, gk.potentials.StudentT(y, 3.0)))
+    assert _warm.warm_fit_applies(model)
+    assert not _warm.warm_fit_applies(gk.gp.model(kernel, X, gk.potentials.StudentT(y, 3.0)))
     ref = gk.fit(model, tol=1e-8)
-    warm = jax.jit(lambda m: _fit.fit_warm(m, tol=1e-8))(model)
+    warm = jax.jit(lambda m: _warm.fit_warm(m, tol=1e-8))(model)
     assert bool(warm.converged) and int(warm.num_steps) == int(ref.num_steps)
     assert abs(float(warm.log_z) - float(ref.log_z)) < 1e-12
     np.testing.assert_allclose(warm.q.mean, ref.q.mean, atol=1e-12)
     np.testing.assert_allclose(warm.q.factor.marginal_variances(), ref.q.factor.marginal_variances(), atol=1e-12)
     grad = lambda f: jax.jit(jax.grad(lambda k: f(build(k)).log_z))(kernel)
-    g_ref, g_warm = grad(lambda m: gk.fit(m, tol=1e-8)), grad(lambda m: _fit.fit_warm(m, tol=1e-8))
+    g_ref, g_warm = grad(lambda m: gk.fit(m, tol=1e-8)), grad(lambda m: _warm.fit_warm(m, tol=1e-8))
     np.testing.assert_allclose(jax.flatten_util.ravel_pytree(g_warm)[0], jax.flatten_util.ravel_pytree(g_ref)[0],
                                rtol=1e-10)
-    res = _fit.warm_result(model, warm)
+    res = _warm.warm_result(model, warm)
     np.testing.assert_allclose(res.q.factor.C, ref.q.factor.C, atol=1e-12)
     np.testing.assert_allclose(res.history, ref.history, atol=1e-12)
     assert float(res.log_z) == float(warm.log_z)
@@ -181,8 +181,8 @@ def test_warm_fit_from_an_earlier_optimum_of_another_kernel():
     optimum in fewer steps; started from its own WarmPoint it is already converged (0 steps)."""
     X, y, _ = _gp_problem()
     build = lambda k: gk.gp.model(k, X, gk.potentials.Logistic(y))
-    fit = jax.jit(lambda m, q0: _fit.fit_warm(m, q0=q0, tol=1e-8))
-    cold = jax.jit(lambda m: _fit.fit_warm(m, tol=1e-8))
+    fit = jax.jit(lambda m, q0: _warm.fit_warm(m, q0=q0, tol=1e-8))
+    cold = jax.jit(lambda m: _warm.fit_warm(m, tol=1e-8))
     before = cold(build(gk.kernels.SquaredExponential(4.0, 1.2)))
     model = build(gk.kernels.SquaredExponential(3.0, 1.5))
     ref, warm = cold(model), fit(model, before.point)
@@ -198,14 +198,14 @@ def test_explicit_solver_on_a_model_it_does_not_fit_raises():
     X, y, rng = _gp_problem(n=8)
     gp = gk.gp.model(gk.kernels.SquaredExponential(), X, gk.potentials.Logistic(y))
     with pytest.raises(ValueError, match="Full factor"):
-        gk.fit(gp, gk.factors.Diagonal(), solver="site-precision")
+        gk.fit(gp, gk.factors.Diagonal(), solver=gk.solvers.SitePrecision())
     robust = gk.gp.model(gk.kernels.SquaredExponential(), X, gk.potentials.StudentT(y, 3.0))
     with pytest.raises(ValueError, match="log-concave"):
-        gk.fit(robust, solver="site-precision")
+        gk.fit(robust, solver=gk.solvers.SitePrecision())
     glm = gk.Model(gk.priors.Isotropic(2, 1.0), gk.Sites(X, gk.potentials.Logistic(y)))
     with pytest.raises(ValueError, match="h_n = e_n"):
-        gk.fit(glm, solver="site-precision")
-    assert _fit._solver_name(None, glm, gk.factors.Full()) == "fixed-point"
+        gk.fit(glm, solver=gk.solvers.SitePrecision())
+    assert isinstance(gk.solvers.default_solver(glm, gk.factors.Full()), gk.solvers.FixedPoint)
 
 
 def test_refits_do_not_retrace_and_vmap_over_labels_matches_separate_fits():
@@ -252,7 +252,7 @@ def test_gap_estimates_the_distance_to_the_optimum():
     reads it as the resolution of its objective."""
     X, y, _ = _gp_problem(40, seed=1)
     model = gk.gp.model(gk.kernels.SquaredExponential(2.0, 1.0), X, gk.potentials.Logistic(y))
-    fit_warm = jax.jit(lambda m, tol: _fit.fit_warm(m, tol=tol))   # one compilation for every tolerance
+    fit_warm = jax.jit(lambda m, tol: _warm.fit_warm(m, tol=tol))   # one compilation for every tolerance
     optimum = float(fit_warm(model, 1e-10).log_z)
     gaps = []
     for tol in (3e-2, 3e-3, 1e-4):

@@ -28,7 +28,8 @@ from jax.scipy.special import logsumexp
 
 from .._linalg import full_precision
 from .._validate import check_int, check_key, check_tol, is_concrete
-from .._fit import check_start, fit
+from .._fit import fit
+from .._start import check_start
 from .._gaussian import Gaussian
 from .._result import Result
 from ..factors import Full

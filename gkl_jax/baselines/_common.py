@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 
 from .._gaussian import Gaussian
+from .._optim import default_tol as _default_tol
 from .._model import check_fittable
 from .._result import Result
 from .._validate import is_concrete
@@ -54,7 +55,8 @@ def check_fraction(value, name: str, method: str) -> float:
 
 
 def default_tol(dtype) -> float:
-    return 1e-8 if jnp.finfo(dtype).bits >= 64 else 1e-4
+    """The baselines' default tolerance: 1e-8 for float64, 1e-4 for float32."""
+    return _default_tol(dtype, float64=1e-8, float32=1e-4)
 
 
 def dtype_of(model):

@@ -44,7 +44,7 @@ from .._validate import as_int, check_int, check_key, check_tol
 from .. import _lanczos
 from .._gaussian import Gaussian
 from .._result import Result
-from .._solvers import conjugate_gradient
+from .._optim import conjugate_gradient
 from ..factors import FactorAnalysis
 from . import _common as C
 from ._site_bounds import super_gaussian, tangent_coefficients

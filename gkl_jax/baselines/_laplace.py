@@ -26,7 +26,7 @@ from jax import lax
 from .._linalg import full_precision
 from .._validate import check_max_steps, check_tol
 from .. import potentials as P
-from .. import _solvers
+from ..solvers._newton import armijo_search
 from .._result import Result
 from . import _common as C
 
@@ -97,7 +97,7 @@ def _laplace_jit(model, tol, max_steps):
         # Without a prior the clipped curvature may be singular; fall back to gradient ascent there.
         p = jnp.where(good, jsl.cho_solve((jnp.where(good, L, jnp.eye(dim, dtype=dtype)), True), g), g)
         done = (jnp.max(jnp.abs(g)) <= tol) | (good & (g @ p <= tol * tol))
-        t, _, ok = _solvers.backtracking(f, w, fw, g, p)
+        t, _, ok = armijo_search(f, w, fw, g, p)
         move = ok & ~done & (k < max_steps)
         w_new = jnp.where(move, w + t * p, w)
         return w_new, w, fw, (g, A), k + 1, hist.at[k].set(fw), done, ok | done

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .._optim import default_tol
 from .._linalg import full_precision
 from .._validate import check_max_steps, check_tol
 from .. import potentials as P
@@ -49,7 +50,7 @@ def local(model, *, tol: float | None = None, max_steps: int = 1000) -> Result:
             super_gaussian(s.potential, "local")  # raises the ValueError naming the potential
     max_steps = check_max_steps(max_steps, "local: max_steps")
     dtype = C.dtype_of(model)
-    tol = (1e-10 if jnp.finfo(dtype).bits >= 64 else 1e-5) if tol is None else check_tol(tol, "local: tol")
+    tol = default_tol(dtype, float64=1e-10, float32=1e-5) if tol is None else check_tol(tol, "local: tol")
     result = _local_jit(model, jnp.asarray(tol, dtype), max_steps)  # an array: no recompile per tol
     C.warn_if_not_converged(result.converged, "local", f"the EM iterations did not reach a relative bound change "
                             f"<= {tol:g} within max_steps={max_steps} (the result is still a valid lower bound)")

@@ -30,7 +30,9 @@ import jax
 import jax.numpy as jnp
 
 from .._linalg import full_precision
-from .. import _solvers
+from .._optim import default_tol
+from ..solvers._newton import newton_cg
+from ..solvers._quasi_newton import lbfgs
 from .._model import Model, Sites, check_fittable
 from .._validate import as_float_array, check_finite, check_int, check_ndim, check_tol, is_concrete
 from ..operators import AbstractOperator, as_operator
@@ -100,7 +102,7 @@ def map_estimate(model: Model, *, w0=None, smoothing=(1e-1, 1e-2, 1e-3, 1e-4), t
     if w.shape != (model.dim,):
         raise ValueError(f"w0 must have shape ({model.dim},), got {w.shape}")
     check_finite(w, "w0")
-    tol = (1e-6 if jnp.finfo(w.dtype).bits >= 64 else 1e-3) if tol is None else check_tol(tol)
+    tol = default_tol(w.dtype) if tol is None else check_tol(tol)
     max_steps = check_int(max_steps, "max_steps", 1)
     ok = jnp.array(False)
     for e in eps:
@@ -131,7 +133,7 @@ def smoothed_log_density(model: Model, w, eps2):
 def _map_stage(model, w, eps2, tol, max_steps, concave):
     f = lambda x: smoothed_log_density(model, x, eps2)
     if concave:
-        x, _, ok, _ = _solvers.newton_cg(f, w, tol=tol, max_steps=max_steps)
+        x, _, ok, _ = newton_cg(f, w, tol=tol, max_steps=max_steps)
     else:
-        x, _, ok, _ = _solvers.lbfgs(f, w, tol=tol, max_steps=max_steps)
+        x, _, ok, _ = lbfgs(f, w, tol=tol, max_steps=max_steps)
     return jax.lax.stop_gradient(x), ok

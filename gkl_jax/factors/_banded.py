@@ -47,7 +47,6 @@ class Banded(AbstractFactor):
     bandwidth: int = eqx.field(static=True)
     bands: Optional[jax.Array]
     concave: ClassVar[bool] = True
-    default_solver: ClassVar[str] = "newton"
 
     def __init__(self, bandwidth: int, bands=None):
         self.bandwidth = check_count(bandwidth, "bandwidth", "Banded")

@@ -25,11 +25,10 @@ from .._linalg import tdot
 
 
 class AbstractFactor(eqx.Module):
-    """`concave`: the bound is concave in this parametrisation for log-concave sites (Section 3.2).
-    `default_solver`: the solver `fit` uses for it on log-concave models."""
+    """`concave`: the bound is concave in this parametrisation for log-concave sites (Challis & Barber 2013,
+    Section 3.2); `gkl_jax.solvers.default_solver` reads it."""
 
     concave: eqx.AbstractClassVar[bool]
-    default_solver: eqx.AbstractClassVar[str]
 
     @abc.abstractmethod
     def initialise(self, dim: int, variances):

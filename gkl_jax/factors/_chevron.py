@@ -32,7 +32,6 @@ class Chevron(AbstractFactor):
     theta: Optional[jax.Array]
     d: Optional[jax.Array]
     concave: ClassVar[bool] = True
-    default_solver: ClassVar[str] = "newton"
 
     def __init__(self, rows: int, theta=None, d=None):
         self.rows = check_count(rows, "rows", "Chevron")

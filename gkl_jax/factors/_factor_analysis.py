@@ -74,7 +74,6 @@ class FactorAnalysis(AbstractFactor):
     theta: Optional[jax.Array]
     d: Optional[jax.Array]
     concave: ClassVar[bool] = False
-    default_solver: ClassVar[str] = "lbfgs"
 
     def __init__(self, rank: int, theta=None, d=None, *, floor: float = UNIQUENESS_FLOOR, start: str = "heywood"):
         self.rank = check_count(rank, "rank", "FactorAnalysis")

@@ -45,7 +45,6 @@ class Full(AbstractFixedPointFactor):
 
     C: Optional[jax.Array]
     concave: ClassVar[bool] = True
-    default_solver: ClassVar[str] = "fixed-point"
 
     def __init__(self, C=None):
         if C is not None:
@@ -102,7 +101,6 @@ class Diagonal(AbstractFixedPointFactor):
 
     d: Optional[jax.Array]
     concave: ClassVar[bool] = True
-    default_solver: ClassVar[str] = "newton"
 
     def __init__(self, d=None):
         if d is not None:

@@ -55,7 +55,6 @@ class Sparse(AbstractFactor):
     values: Optional[jax.Array]
     size: int = eqx.field(static=True)
     concave: ClassVar[bool] = True
-    default_solver: ClassVar[str] = "newton"
 
     def __init__(self, mask, values=None):
         rows, cols, dim = _pattern(mask)

@@ -70,7 +70,6 @@ class Subspace(AbstractRefinableFactor):
     C1: Optional[jax.Array]
     scaled_c: Optional[jax.Array]
     concave: ClassVar[bool] = True
-    default_solver: ClassVar[str] = "newton"
 
     def __init__(self, rank: int, basis=None, C1=None, c=None, *, num_refinements: int = 5,
                  basis_update: str = "eigen", basis_iterations: Optional[int] = None, free_basis: bool = False):

@@ -22,9 +22,9 @@ call site and one trace; it is module-level and compiles once per (build, method
 On sonar (n = 108) the host loop it replaced spent 5 of 17 ms between the compiled evaluations. With `jit=False`
 (the baselines) the same `_advance` runs as a host loop.
 When G-KL runs the site-precision solver (GP models with log-concave likelihoods) the inner fits are
-`_fit.fit_warm`, which hands on the mean, marginal variances and site precisions W instead of the Full factor C,
-and C is formed once, for the returned Result (`_fit.warm_result`): C cost a fifth of each warm evaluation. The
-next inner fit starts from the previous (m, W) (`_fit.WarmPoint`), not from a q0, which saves the quadrature that
+`_warm.fit_warm`, which hands on the mean, marginal variances and site precisions W instead of the Full factor C,
+and C is formed once, for the returned Result (`_warm.warm_result`): C cost a fifth of each warm evaluation. The
+next inner fit starts from the previous (m, W) (`_warm.WarmPoint`), not from a q0, which saves the quadrature that
 would recompute W (sonar's ML-II: 79 -> 72 quadratures, 13.5 -> 13.1 ms).
 `restarts` reruns the optimisation from random perturbations of the unconstrained parameters and keeps the best.
 """
@@ -43,8 +43,10 @@ import optax
 from jax import lax
 
 from .._linalg import full_precision
-from .._fit import WarmPoint, WarmStart, _initial_q, default_tol, fit, fit_warm, model_dtype, warm_fit_applies
-from .._fit import warm_result
+from .._fit import fit
+from .._optim import default_tol
+from .._start import initial_q as _initial_q, model_dtype
+from .._warm import WarmPoint, WarmStart, fit_warm, warm_fit_applies, warm_result
 from .._site_precision import initial_point as site_precision_start
 from .._model import Model
 from .._result import Result

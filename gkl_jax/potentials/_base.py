@@ -14,7 +14,9 @@ from typing import ClassVar
 import equinox as eqx
 import jax.numpy as jnp
 
-from .._quadrature import autodiff_jet, expectation
+import jax
+
+from .._quadrature import autodiff_jet, expectation, expectation_moments
 from .._validate import check_int
 
 DEFAULT_NUM_POINTS = 64
@@ -32,6 +34,23 @@ class AbstractPotential(eqx.Module):
     @abc.abstractmethod
     def expected_log_phi(self, m, s2):
         """E[log phi_n(x_n)] for x_n ~ N(m_n, s2_n), elementwise."""
+
+    def expected_log_phi_moments(self, m, s2):
+        """(E[log phi_n], E[(log phi_n)'], E[(log phi_n)'']) for x_n ~ N(m_n, s2_n), stacked (3, N): the value, the
+        derivative in m_n and twice the derivative in s2_n (Stein's lemma), what the fixed-point solver needs at
+        each trial point. By automatic differentiation of `expected_log_phi` here (elementwise: the derivative
+        along a vector of ones); quadrature potentials compute all three from one rule.
+
+        Args:
+            m: (N,) projected means; s2: (N,) projected variances.
+
+        Returns:
+            (3, N) array.
+        """
+        value = self.expected_log_phi(m, s2)
+        grad = lambda m: jax.grad(lambda m: jnp.sum(self.expected_log_phi(m, s2)))(m)
+        first, second = jax.jvp(grad, (m,), (jnp.ones_like(m),))
+        return jnp.stack([value, first, second])
 
     def margins(self, x):
         """For a binary-classification potential phi_n(x) = F(y_n x), F increasing to its supremum: the margins
@@ -59,6 +78,9 @@ class AbstractQuadraturePotential(AbstractPotential):
 
     def expected_log_phi(self, m, s2):
         return expectation(type(self)._log_phi_jet, self.num_points, self, m, s2, self.feature())
+
+    def expected_log_phi_moments(self, m, s2):
+        return expectation_moments(type(self)._log_phi_jet, self.num_points, self, m, s2, self.feature())
 
     def feature(self):
         """(center, width) of log phi's non-analytic behaviour in x (complex singularities at about

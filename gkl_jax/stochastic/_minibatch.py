@@ -27,7 +27,9 @@ from jax import lax
 from jax.flatten_util import ravel_pytree
 
 from .._linalg import full_precision
-from .._fit import _initial_q, stop_gradients, whitening
+from .._adjoint import stop_gradients
+from .._start import initial_q as _initial_q
+from .._whiten import whitening
 from .._bound import check_model_and_q
 from .._gaussian import Gaussian
 from .._model import Model, check_fittable

@@ -1,0 +1,172 @@
+"""Derivatives of a fit's result in the model without differentiating the solver loops (Challis & Barber 2013,
+App. F.2): the envelope rule for the optimal bound and the implicit-function rule for the optimum.
+
+Both hold to every order: the envelope rule (`envelope_bound`; for the site-precision solver its closed form,
+`site_precision_envelope`) is evaluated at the implicit q, and the implicit rule returns the optimum itself, so
+jax.hessian or grad of grad of `log_z` and of q add the dq*/dtheta terms. A first derivative costs no solve for
+dq*/dtheta.
+"""
+
+import functools
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.flatten_util import ravel_pytree
+
+from ._bound import bound
+from ._optim import conjugate_gradient
+from ._site_precision import log_z as _site_precision_log_z, optimum_parts as _site_precision_optimum_parts
+from .factors import AbstractRefinableFactor
+from .operators import AbstractOperator
+
+
+def filtered_jvp(fn, args, t_args):
+    """jax.jvp of fn(*args) in the inexact arrays of `args`, from tangents as `eqx.filter_custom_jvp` passes them
+    (None for a symbolic zero, at a leaf or for a whole argument).
+
+    Args:
+        fn: the function.
+        args: tuple of its arguments (pytrees).
+        t_args: their tangents, as `eqx.filter_custom_jvp` passes them.
+
+    Returns:
+        (fn(*args), its tangent).
+    """
+    dynamic, static = eqx.partition(args, eqx.is_inexact_array)
+    t_args = tuple(jax.tree.map(lambda _: None, d) if t is None else eqx.filter(t, eqx.is_inexact_array)
+                   for d, t in zip(dynamic, t_args))
+    t_dynamic = jax.tree.map(lambda x, t: x if x is None else (jnp.zeros_like(x) if t is None else t), dynamic,
+                             t_args, is_leaf=lambda x: x is None)
+    return jax.jvp(lambda d: fn(*eqx.combine(d, static)), (dynamic,), (t_dynamic,))
+
+
+@eqx.filter_custom_jvp
+def envelope_bound(model, q):
+    """B(model, q) at an optimum q = q*(model) of the solver leaves: the value at the gradient-stopped q, and the
+    derivative dB/dtheta at fixed q (the envelope theorem: dB/dq = 0 there), which needs no solve for dq*/dtheta.
+
+    q enters the derivative rule as given, with the implicit derivative `fit` attaches to it: a second
+    differentiation adds d^2B/dtheta dq . dq*/dtheta, so second derivatives of the optimal bound are exact too.
+
+    Args:
+        model: the `Model`.
+        q: the optimum `Gaussian`.
+
+    Returns:
+        Scalar: the bound.
+    """
+    return bound(model, lax.stop_gradient(q))
+
+
+@envelope_bound.def_jvp
+def _envelope_bound_jvp(primals, tangents):
+    model, q = primals
+    return filtered_jvp(lambda model: bound(model, q), (model,), tangents[:1])
+
+
+@eqx.filter_custom_jvp
+def _solver_value(value, model, q, *, recompute):
+    """`value`, which the solver computed at its optimum q = q*(model), with the derivative of
+    recompute(model, q): the solver's value where nothing differentiates it, the total derivative through the
+    implicit q where something does."""
+    return value
+
+
+@_solver_value.def_jvp
+def _solver_value_jvp(primals, tangents, *, recompute):
+    value, model, q = primals
+    out = _solver_value(value, model, q, recompute=recompute)     # itself, so that higher orders see it too
+    return out, filtered_jvp(recompute, (model, q), tangents[1:])[1]
+
+
+def site_precision_envelope(model, q, W, parts):
+    """The site-precision solver's bound at its (m, W, parts), taken as functions of the implicit q: first
+    derivatives are the closed form's, second ones are exact (the envelope rule differentiated through dq*/dtheta).
+
+    Args:
+        model: the `Model`.
+        q: the optimum `Gaussian` (with its implicit derivative).
+        W: (n,) the site precisions; parts: the solver's factorisation at the optimum.
+
+    Returns:
+        Scalar: the bound.
+    """
+    W, parts = _solver_value((W, parts), model, q, recompute=_site_precision_optimum_parts)
+    return _site_precision_log_z(model, q.mean, W, parts)
+
+
+def stop_gradients(tree):
+    """`tree` with every inexact array behind `lax.stop_gradient`: the solvers iterate on such copies, and the
+    derivatives of their results come from the envelope and implicit-function rules, never from the loops."""
+    return jax.tree.map(lambda x: lax.stop_gradient(x) if eqx.is_inexact_array(x) else x, tree)
+
+
+def frozen(model):
+    """The gradient-free copy of `model` the solvers iterate on (`stop_gradients`), with H o H stored
+    (`AbstractOperator.with_squares`): for a dense H, one more N x D array while the fit runs."""
+    is_op = lambda x: isinstance(x, AbstractOperator)
+    return jax.tree.map(lambda x: x.with_squares() if is_op(x) else x, stop_gradients(model), is_leaf=is_op)
+
+
+def solver_mask(q):
+    """The leaves of q the solvers optimise (a pytree of bools): every inexact array, less those a refinable
+    factor holds fixed."""
+    spec = jax.tree.map(eqx.is_inexact_array, q)
+    if isinstance(q.factor, AbstractRefinableFactor):
+        spec = eqx.tree_at(lambda s: s.factor, spec, q.factor.solver_mask())
+    return spec
+
+
+def implicit(model, q):
+    """q, an optimum over its solver leaves, with their implicit-function derivative in the model (the leaves a
+    refinable factor holds fixed are held fixed in the derivative too).
+
+    Every array other than the model's inexact leaves enters `_implicit_optimum` as an argument, `held`, not
+    through the closure `stationarity`: a traced array in a custom_jvp's non-differentiable closure leaks out of
+    its trace.
+
+    Args:
+        model: the `Model` (with its derivatives).
+        q: the optimum `Gaussian`.
+
+    Returns:
+        q with the implicit derivative attached.
+    """
+    params, static = eqx.partition(q, solver_mask(q))
+    flat, unravel = ravel_pytree(params)
+    dynamic, rest = eqx.partition(model, eqx.is_inexact_array)
+    held, skeleton = eqx.partition((rest, stop_gradients(static)), eqx.is_array)
+
+    def stationarity(dyn, held, f):
+        rest, static = eqx.combine(held, skeleton)
+        return jax.grad(lambda f: bound(eqx.combine(dyn, rest), eqx.combine(unravel(f), static)))(f)
+
+    flat = _implicit_optimum(stationarity, dynamic, held, lax.stop_gradient(flat))
+    return eqx.combine(unravel(flat), stop_gradients(static))
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _implicit_optimum(stationarity, dynamic, held, x):
+    """Returns the optimum x (a root of stationarity(dynamic, held, .)) with the implicit-function derivative
+
+        dx = -(d_x F)^{-1} d_theta F . dtheta,   F = grad_x B,
+
+    where -d_x F (minus the Hessian of the bound) is solved by CG with Hessian-vector products. The solve is a
+    symmetric `lax.custom_linear_solve`, so reverse mode transposes it without differentiating the loop."""
+    return x
+
+
+@_implicit_optimum.defjvp
+def _implicit_optimum_jvp(stationarity, primals, tangents):
+    dynamic, held, x = primals
+    ddynamic, _, _ = tangents
+    # the primal output is the optimum itself, not the input x (which has no derivative): differentiated once more
+    # (a Hessian), the rule then sees dx*/dtheta of the outer differentiation too
+    x = _implicit_optimum(stationarity, dynamic, held, x)
+    rhs = jax.jvp(lambda d: stationarity(d, held, x), (dynamic,), (ddynamic,))[1]
+    neg_hessian = lambda v: -jax.jvp(lambda f: stationarity(dynamic, held, f), (x,), (v,))[1]
+    solve = lambda matvec, b: conjugate_gradient(matvec, b, max_iters=10 * b.shape[0], rtol=1e-10)
+    dx = lax.custom_linear_solve(neg_hessian, rhs, solve, symmetric=True)
+    return x, dx

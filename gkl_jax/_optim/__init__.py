@@ -1,0 +1,7 @@
+"""The numerical building blocks every solver shares, one implementation each: conjugate gradients
+(`conjugate_gradient`), the backtracking line search (`backtrack`), and the tolerance and round-off rules of a
+dtype (`default_tol`, `roundoff`)."""
+
+from ._cg import conjugate_gradient as conjugate_gradient
+from ._linesearch import backtrack as backtrack
+from ._tolerance import MAX_HALVINGS as MAX_HALVINGS, MAX_STALLS as MAX_STALLS, default_tol as default_tol, max_abs as max_abs, roundoff as roundoff

@@ -1,0 +1,15 @@
+"""Solvers of the G-KL bound: Equinox modules whose fields are their settings, one interface (`AbstractSolver`:
+`check`, `solve` -> `Solution` with a `RESULTS` status), and the default chosen in one function
+(`default_solver`).
+
+    import gkl_jax as gk
+    gk.fit(model, factor, solver=gk.solvers.LBFGS(memory=20, tol=1e-8))
+    gk.fit(model, solver=gk.solvers.Optax(optax.adam(0.05), max_steps=10_000))
+"""
+
+from ._base import RESULTS as RESULTS, AbstractSolver as AbstractSolver, Problem as Problem, Solution as Solution
+from ._default import default_solver as default_solver
+from ._fixed_point import FixedPoint as FixedPoint
+from ._newton import Newton as Newton
+from ._quasi_newton import LBFGS as LBFGS, Optax as Optax
+from ._site_precision import SitePrecision as SitePrecision
