@@ -45,3 +45,23 @@ def on_page_markdown(markdown, page, config, files):
     module_name = next(line[4:].strip() for line in lines if line.startswith("::: "))
     names = ", ".join(_public_names(module_name))
     return markdown.replace("members: PUBLIC", f"members: [{names}]")
+
+
+def on_post_page(output, page, config):
+    """mkdocs-jupyter builds a notebook page's table of contents from the heading text without its code spans
+    ("Fit: `GPClassifier`" -> #fit) while nbconvert's heading id keeps them (#fit-gpclassifier): point such
+    a contents link at the one heading id that extends it."""
+    if not page.file.src_uri.endswith(".ipynb"):
+        return output
+    import re
+
+    ids = set(re.findall(r'\sid="([^"]+)"', output))
+
+    def fix(match):
+        target = match.group(1)
+        if target in ids:
+            return match.group(0)
+        longer = [i for i in ids if i.startswith(target + "-")]
+        return f'href="#{longer[0]}"' if len(longer) == 1 else match.group(0)
+
+    return re.sub(r'href="#([^"]+)"', fix, output)
