@@ -5,11 +5,11 @@
 1. Serves `site/` on 127.0.0.1 (a free port) with Python's http.server, recording every request and its status.
 2. Crawls every HTML file of `site/` for href/src targets on the site and fails on one that does not exist
    (file, or directory with index.html; `#anchors` must exist as an id in the target page).
-3. Opens the home page, a guide page and an API page in headless Chromium (`chromium`, Debian's package:
-   `apt-get install chromium`), saves a screenshot of each under `site-check/`, dumps each page's DOM and checks
-   that its content rendered; fails on a JavaScript error (console messages logged to stderr by
-   `--enable-logging=stderr`), on a page or asset the browser requested that the server did not have (404), or
-   on a missing page.
+3. Opens the home page, a guide page, an API page, a results page and a notebook in headless Chromium
+   (`chromium`, Debian's package: `apt-get install chromium`), saves a screenshot of each under `site-check/`,
+   dumps each page's DOM and checks that its content rendered; fails on a JavaScript error (console messages
+   logged to stderr by `--enable-logging=stderr`), on a page or asset the browser requested that the server did
+   not have (404), or on a missing page.
 4. First, a self-test: a page that throws must be reported, so a browser whose logging changed cannot pass
    silently.
 
@@ -34,7 +34,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (url path, what must appear in the rendered DOM)
 PAGES = [("index.html", "gkl-jax", "home"),
          ("guide/models/index.html", "Writing a", "guide-models"),
-         ("api/factors/index.html", "gkl_jax.factors.Chevron", "api-factors")]
+         ("api/factors/index.html", "gkl_jax.factors.Chevron", "api-factors"),
+         ("results/tables-2-4/index.html", "Tables 2-4", "results-tables-2-4"),
+         ("notebooks/01_quickstart/index.html", "Quickstart", "notebook-01")]
 JS_ERROR = re.compile(r"CONSOLE.*(Uncaught|Error|error|Failed to load resource)|Uncaught ")
 
 
