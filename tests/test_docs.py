@@ -144,3 +144,13 @@ def test_mkdocs_build_strict(tmp_path):
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "site" / "api" / "factors" / "index.html").exists()
+
+
+def test_readme_links_point_at_files_in_the_repository():
+    """README.md's relative links (into docs/, benchmarks/, notebooks/) must work on GitHub."""
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as fh:
+        text = fh.read()
+    targets = [t.split("#")[0] for t in re.findall(r"\]\(([^)\s]+)\)", text) if not re.match(r"[a-z]+:", t)]
+    assert len(targets) >= 10
+    missing = [t for t in targets if t and not os.path.exists(os.path.join(ROOT, t))]
+    assert not missing, f"README.md links to missing files: {missing}"
