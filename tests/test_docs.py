@@ -1,5 +1,6 @@
-"""The documentation's code runs as written: README.md's Python blocks, the docs pages' Python blocks, the
-results-page generator, and (where mkdocs is installed) `mkdocs build --strict`.
+"""The documentation's code runs as written: the docs pages' Python blocks (README.md's run in
+tests/test_notebooks.py, checked here to be where that test finds them), the results-page generator, and (where
+mkdocs is installed) `mkdocs build --strict`.
 
 A block is not executed when the line before its opening fence is `<!-- docs-test: skip (reason) -->`; the
 reason says where the same code does run (a notebook, a test). Blocks of one file share a namespace, in order.
@@ -61,13 +62,18 @@ def readme_blocks():
     return [b for b in python_blocks(os.path.join(ROOT, "README.md")) if b[2] is None]
 
 
-@pytest.mark.slow
-def test_readme_python_blocks_run_as_written(capsys):
+def test_readme_python_blocks_are_run_by_the_quickstart_test():
+    """Every README Python block sits under "## Quickstart", which tests/test_notebooks.py runs as written (one
+    execution in the suite instead of two)."""
     blocks = readme_blocks()
     assert len(blocks) >= 2, "README.md lost its quickstart or its GP example"
-    out = run_blocks(os.path.join(ROOT, "README.md"), blocks, capsys)
-    assert "converged: True" in out
-    assert "test error" in out and "mean log p(y* | x*)" in out
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as fh:
+        text = fh.read()
+    quickstart = text.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+    for line, code, _ in blocks:
+        assert code in quickstart, f"README.md block at line {line} is outside ## Quickstart: nothing runs it"
+    with open(os.path.join(ROOT, "tests", "test_notebooks.py"), encoding="utf-8") as fh:
+        assert "def test_readme_quickstart_runs" in fh.read()
 
 
 def test_docs_python_blocks_run_as_written(capsys):
