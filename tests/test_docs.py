@@ -160,3 +160,24 @@ def test_readme_links_point_at_files_in_the_repository():
     assert len(targets) >= 10
     missing = [t for t in targets if t and not os.path.exists(os.path.join(ROOT, t))]
     assert not missing, f"README.md links to missing files: {missing}"
+
+
+def test_cli_page_lists_every_option_of_the_parser():
+    """docs/guide/cli.md names every option and choice the argparse parser of gkl_jax/cli.py defines."""
+    import argparse
+
+    from gkl_jax import cli
+
+    parser = cli._build_parser()
+    with open(os.path.join(ROOT, "docs", "guide", "cli.md"), encoding="utf-8") as fh:
+        page = fh.read()
+    subparsers = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)][0]
+    names = []
+    for p in [parser] + list(subparsers.choices.values()):
+        for action in p._actions:
+            names += [s for s in action.option_strings if s.startswith("--") and s != "--help"]
+            names += [str(c) for c in (action.choices or []) if isinstance(c, str)]
+    assert {"--quiet", "--delimiter", "--target"} <= set(names)
+    missing = sorted({n for n in names if n not in page})
+    assert not missing, f"docs/guide/cli.md does not mention {missing}"
+    assert "by default the last column" in " ".join(page.split())  # --target's default
