@@ -76,6 +76,7 @@ def test_readme_python_blocks_are_run_by_the_quickstart_test():
         assert "def test_readme_quickstart_runs" in fh.read()
 
 
+@pytest.mark.slow
 def test_docs_python_blocks_run_as_written(capsys):
     """Every unmarked block of docs/*.md runs; a block identical to a README block is covered by the README test."""
     in_readme = {code for _, code, _ in readme_blocks()}
