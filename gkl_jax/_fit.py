@@ -29,13 +29,13 @@ from ._start import initial_q, model_dtype, start_error
 from ._validate import check_max_steps, check_tol, is_concrete
 from ._whiten import check_whiten, whitened_structure, whitening
 from .factors import AbstractFactor, AbstractRefinableFactor, Diagonal, Full
-from .solvers import AbstractSolver, Optax, Problem, default_solver
+from .solvers import AbstractSolver, Optax, Problem, default_solver, default_whiten
 from .solvers._base import RESULTS, status
 
 TRACE_COUNT = {"fit": 0}
 
 
-def resolve_solver(solver, model, factor, whiten=False):
+def resolve_solver(solver, model, factor, whiten=False, auto=False):
     """The solver object `fit` runs: `solver` checked against the model and factor, or `default_solver`.
 
     Args:
@@ -43,13 +43,14 @@ def resolve_solver(solver, model, factor, whiten=False):
         model: the `Model`.
         factor: the factor (template or initialised).
         whiten: whether the fit runs in the whitened basis (the solver is chosen for that model).
+        auto: whether `whiten` was chosen by `default_whiten` (the default solver is then the original model's).
 
     Returns:
         An `AbstractSolver`.
     """
     work = whitened_structure(model) if whiten else model
     if solver is None:
-        return default_solver(work, factor)
+        return default_solver(model if auto else work, factor)
     if isinstance(solver, optax.GradientTransformation):
         solver = Optax(solver)
     if not isinstance(solver, AbstractSolver):
@@ -66,7 +67,7 @@ def resolve_solver(solver, model, factor, whiten=False):
 
 @full_precision
 def fit(model: Model, factor: AbstractFactor | None = None, *, solver=None, q0: Gaussian | None = None,
-        tol: float | None = None, max_steps: int | None = None, whiten: bool = False) -> Result:
+        tol: float | None = None, max_steps: int | None = None, whiten: bool | None = None) -> Result:
     """Maximise the G-KL bound of `model` over q = N(m, C^T C) with C structured as `factor`.
 
     A template whose `mean_field_start(model)` is true (Subspace where N <= D; FactorAnalysis with
@@ -86,7 +87,8 @@ def fit(model: Model, factor: AbstractFactor | None = None, *, solver=None, q0: 
             1e-3 for float32. May be a traced scalar inside a transformation (then not checked); every value
             shares one compilation.
         max_steps: step limit, overriding the solver's (default: the solver's `default_max_steps`).
-        whiten: fit in the whitened basis.
+        whiten: fit in the whitened basis; None (default) whitens where `solvers.default_whiten` says so (the
+            default solver on non-log-concave sites under a GP or dense prior with the Full factor).
 
     Returns:
         A `Result`: q, the bound `log_z` (differentiable in the model to every order), `converged` (False, with a
@@ -109,8 +111,9 @@ def fit(model: Model, factor: AbstractFactor | None = None, *, solver=None, q0: 
         factor = q0.factor if q0 is not None else Full()
     if not isinstance(factor, AbstractFactor):
         raise ValueError(f"factor must be a gkl_jax.factors factor, got {type(factor).__name__}")
-    whiten = check_whiten(whiten, model, "fit")
-    solver = resolve_solver(solver, model, factor, whiten)
+    auto = whiten is None
+    whiten = default_whiten(model, factor, solver) if auto else check_whiten(whiten, model, "fit")
+    solver = resolve_solver(solver, model, factor, whiten, auto)
     dtype = model_dtype(model)
     if reduced_matmul_precision(dtype):
         warnings.warn(f"gkl_jax.fit: {reduced_precision_hint()}; the float32 tolerance 1e-3 may be out of reach",
@@ -121,7 +124,7 @@ def fit(model: Model, factor: AbstractFactor | None = None, *, solver=None, q0: 
     elif not isinstance(tol, jax.core.Tracer):
         tol = check_tol(tol)
     max_steps = solver.max_steps if max_steps is None else check_max_steps(max_steps)
-    max_steps = type(solver).default_max_steps if max_steps is None else max_steps
+    max_steps = solver.default_max_steps if max_steps is None else max_steps
     # tol enters the compiled program as an array, so fits at different tolerances share one compilation
     settings = dataclasses.replace(solver, tol=None, max_steps=None)
     q, log_z, converged, num_steps, history, improper, start_logdet = _fit_jit(
@@ -202,7 +205,7 @@ def _mean_field_start(model, q_init, solver, tol):
     work = frozen(model)
     diagonal = initial_q(work, Diagonal(), None)
     diagonal_solver = default_solver(work, diagonal.factor)
-    mean_field = _solve(work, diagonal, diagonal_solver, tol, type(diagonal_solver).default_max_steps).q
+    mean_field = _solve(work, diagonal, diagonal_solver, tol, diagonal_solver.default_max_steps).q
     return _start.mean_field_start(work, stop_gradients(q_init), mean_field)
 
 

@@ -8,7 +8,8 @@
 """
 
 from ._base import RESULTS as RESULTS, AbstractSolver as AbstractSolver, Problem as Problem, Solution as Solution
-from ._default import default_solver as default_solver
+from ._chain import Chain as Chain
+from ._default import default_solver as default_solver, default_whiten as default_whiten
 from ._fixed_point import FixedPoint as FixedPoint
 from ._newton import Newton as Newton
 from ._quasi_newton import LBFGS as LBFGS, Optax as Optax

@@ -3,6 +3,7 @@
 from .._site_precision import applies as site_precision_applies, has_dense_prior
 from ..factors import Full
 from ._base import AbstractSolver
+from ._chain import Chain
 from ._fixed_point import FixedPoint
 from ._newton import Newton
 from ._quasi_newton import LBFGS
@@ -12,9 +13,10 @@ from ._site_precision import SitePrecision
 def default_solver(model, factor) -> AbstractSolver:
     """The solver `fit(model, factor)` runs when none is given.
 
-    - Non-log-concave sites (Student-t, Cauchy, a non-concave `Custom`): `Newton()` under a GP or dense prior with
-      a concave factor (CG's negative-curvature stop keeps each step an ascent step, and Newton is unaffected by
-      the conditioning of Sigma), else `LBFGS()`.
+    - Non-log-concave sites (Student-t, Cauchy, a non-concave `Custom`) under a GP or dense prior with the Full
+      factor (robust GP regression): `Chain((LBFGS(), Newton()))`, which `fit` runs in the whitened basis
+      (`default_whiten`): L-BFGS to sqrt(tol) crosses the non-concave region, Newton-CG (stopped at negative
+      curvature) finishes. With another concave factor under such a prior `Newton()`; otherwise `LBFGS()`.
     - Log-concave sites: `SitePrecision()` for the Full factor under a GP or dense prior with identity sites;
       `FixedPoint()` for the Full factor otherwise (its closed-form stationary factor replaces the O(D^2)
       parameters' Newton solve); `Newton()` for the other concave factors (Diagonal, Chevron, Banded, Sparse,
@@ -29,9 +31,33 @@ def default_solver(model, factor) -> AbstractSolver:
         An `AbstractSolver` with default settings.
     """
     if not model.log_concave:
+        if robust_default_applies(model, factor):
+            return Chain((LBFGS(), Newton()))
         return Newton() if has_dense_prior(model) and factor.concave else LBFGS()
     if isinstance(factor, Full) and site_precision_applies(model):
         return SitePrecision()
     if isinstance(factor, Full):
         return FixedPoint()
     return Newton() if factor.concave else LBFGS()
+
+
+def robust_default_applies(model, factor) -> bool:
+    """Non-log-concave sites under a GP or dense prior, with the Full factor: where the default runs
+    `Chain((LBFGS(), Newton()))` in the whitened basis."""
+    return (not model.log_concave) and has_dense_prior(model) and isinstance(factor, Full)
+
+
+def default_whiten(model, factor, solver) -> bool:
+    """Whether `fit` whitens when its `whiten` is left at None: for the default solver where
+    `robust_default_applies` (Newton-CG and L-BFGS in (m, C) stall on an ill-conditioned Sigma; in the whitened
+    basis, with prior N(0, I), they converge), never otherwise.
+
+    Args:
+        model: the `Model`.
+        factor: the factor template or initialised factor.
+        solver: the solver the user passed, or None.
+
+    Returns:
+        bool.
+    """
+    return solver is None and robust_default_applies(model, factor)
