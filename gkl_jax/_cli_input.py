@@ -85,9 +85,6 @@ def _target_scale(problem, args):
     center = float(np.mean(y)) if bias else 0.0
     spread = float(np.std(y)) if bias else float(np.sqrt(np.mean(np.square(y))))
     if args.standardize_target:
-        if args.likelihood not in CONTINUOUS:
-            raise CLIError(f"--standardize-target applies only to --likelihood {' / '.join(CONTINUOUS)}, not "
-                           f"{args.likelihood}")
         if not spread > 0:
             raise CLIError(f"--standardize-target: target column {problem.target!r} is constant ({y[0]:g})")
         problem.y = (y - center) / spread
@@ -264,9 +261,9 @@ def check_magnitude(X, columns, what):
 def likelihood_options(args):
     """The likelihood's parameters, refusing options that do not apply to it."""
     applies = {"noise_variance": ("gaussian",), "scale": ("laplace", "student-t"), "dof": ("student-t",),
-               "positive_label": BINARY}
+               "positive_label": BINARY, "standardize_target": CONTINUOUS}
     for option, likelihoods in applies.items():
-        if getattr(args, option) is not None and args.likelihood not in likelihoods:
+        if getattr(args, option) not in (None, False) and args.likelihood not in likelihoods:
             flag = "--" + option.replace("_", "-")
             raise CLIError(f"{flag} applies only to --likelihood {' / '.join(likelihoods)}, "
                            f"not {args.likelihood}")
