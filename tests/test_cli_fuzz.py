@@ -8,7 +8,6 @@ a case once the shapes are compiled; N = 2000 is a nightly-sized run). The targe
 """
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -22,8 +21,8 @@ from gkl_jax import _cli_input, cli
 FULL_RUN = int(os.environ.get("GKL_JAX_FUZZ", "0"))
 NUM_CASES = FULL_RUN or 150
 
-_NUMBERS = ["0", "1", "-1", "2.5", "1e-3", "-7", "3", "0.0", "1e300", "-1e300", "1e302", "1e308", "1.7976931348623157e308",
-            "1e-320", "1e18", "1e9", "1000000001", "4.2e1", " 5 ", "+3", ".5", "5.", "1E5"]
+_NUMBERS = ["0", "1", "-1", "2.5", "1e-3", "-7", "3", "0.0", "1e300", "-1e300", "1e302", "1e308",
+            "1.7976931348623157e308", "1e-320", "1e18", "1e9", "1000000001", "4.2e1", " 5 ", "+3", ".5", "5.", "1E5"]
 _TEXTS = ["abc", "nan", "NaN", "inf", "-inf", "Infinity", "", "?", "NA", "null", "1_000", "0x10", "1e", "--1", "1,5",
           "yes", "no", "é", "a\nb", "\x00", "1 2", "True", "１", "9" * 400, "'1'", '"q"']
 
@@ -222,7 +221,8 @@ def test_fuzz_the_data_loaders(seed):
         else:
             assert path.is_file() and path.name == arg
     for _ in range(20):
-        dim, num_train, num_test, s = (rng.choice(np.array([1, 3, 0, -1, 2.5, "3", None, 4.0], dtype=object)) for _ in range(4))
+        choices = np.array([1, 3, 0, -1, 2.5, "3", None, 4.0], dtype=object)
+        dim, num_train, num_test, s = (rng.choice(choices) for _ in range(4))
         try:
             data = gk.datasets.synthetic_logistic(dim, num_train, num_test, seed=s)
         except ValueError as err:
