@@ -4,26 +4,44 @@
     model = gk.Model(gk.priors.Isotropic(dim=D, variance=1.0), gk.Sites(H, gk.potentials.Logistic(y)))
     res = gk.fit(model, factor=gk.factors.Full())
     res.log_z, res.q.mean, res.q.covariance()
+
+The subpackages and names below load on first use (PEP 562), so `import gkl_jax` (and `gkl-jax --version`)
+does not import JAX.
 """
 
-from . import baselines as baselines
-from . import datasets as datasets
-from . import design as design
-from . import factors as factors
-from . import gp as gp
-from . import kernels as kernels
-from . import multiclass as multiclass
-from . import operators as operators
-from . import potentials as potentials
-from . import priors as priors
-from .baselines import ais as ais, double_loop as double_loop, ep as ep, laplace as laplace, local as local
-from ._bound import bound as bound
-from ._fit import fit as fit
-from . import solvers as solvers
-from ._gaussian import Gaussian as Gaussian
-from ._model import Model as Model
-from ._model import Sites as Sites
-from ._result import Result as Result
-from . import distributed as distributed, stochastic as stochastic  # after the core: they import it
+import importlib
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
+
+_SUBPACKAGES = ("baselines", "datasets", "design", "distributed", "factors", "gp", "kernels", "multiclass",
+                "operators", "potentials", "priors", "solvers", "stochastic")
+_NAMES = {"ais": ".baselines", "double_loop": ".baselines", "ep": ".baselines", "laplace": ".baselines",
+          "local": ".baselines", "bound": "._bound", "fit": "._fit", "Gaussian": "._gaussian", "Model": "._model",
+          "Sites": "._model", "Result": "._result"}
+
+
+def __getattr__(name):
+    if name in _SUBPACKAGES:
+        value = importlib.import_module(f".{name}", __name__)
+    elif name in _NAMES:
+        value = getattr(importlib.import_module(_NAMES[name], __name__), name)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_SUBPACKAGES) | set(_NAMES))
+
+
+if TYPE_CHECKING:  # what the names are, for type checkers and IDEs
+    from . import baselines, datasets, design, distributed, factors, gp, kernels, multiclass, operators  # noqa: F401
+    from . import potentials, priors, solvers, stochastic  # noqa: F401
+    from ._bound import bound  # noqa: F401
+    from ._fit import fit  # noqa: F401
+    from ._gaussian import Gaussian  # noqa: F401
+    from ._model import Model, Sites  # noqa: F401
+    from ._result import Result  # noqa: F401
+    from .baselines import ais, double_loop, ep, laplace, local  # noqa: F401

@@ -18,7 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .cli import CLIError, Progress
+from .cli import DEMO_DIR, prepare_output_dir
+from ._progress import Progress
 
 PNG_NAME = "gkl_jax_demo.png"
 PRIOR_VARIANCE = 1.0
@@ -82,25 +83,14 @@ def _split(seed):
     return H[train], y[train], H[test], y[test], list(names) + ["bias"]
 
 
-def _prepare_output_dir(output_dir):
-    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
-        raise CLIError(f"--output-dir {output_dir} exists and is not a directory")
-    try:
-        os.makedirs(output_dir, exist_ok=True)
-    except OSError as err:
-        raise CLIError(f"cannot create --output-dir {output_dir}: {err.strerror}") from None
-    if not os.access(output_dir, os.W_OK):
-        raise CLIError(f"--output-dir {output_dir} is not writable")
-
-
-def run_demo(output_dir: str = ".", seed: int = 0, progress: bool = True) -> dict:
+def run_demo(output_dir: str = DEMO_DIR, seed: int = 0, progress: bool = True) -> dict:
     """Run the demo, print its table on stdout and write the marginals plot to `output_dir`.
 
     Returns a dict with the table rows (method, log_z, accuracy, test_log_lik, num_steps, converged, fit_seconds,
     warm_seconds), the posterior summaries per weight and the PNG path (None when matplotlib is missing)."""
     import gkl_jax as gk
 
-    _prepare_output_dir(output_dir)
+    prepare_output_dir(output_dir)
     bar = Progress(total=5, enabled=progress)
     bar.step("loading the ionosphere data (UCI) and splitting 2/3 train, 1/3 test")
     H, y, H_test, y_test, names = _split(seed)

@@ -167,15 +167,24 @@ def site_vector(x, name: str, *, positive: bool = False):
     arr = as_float_array(x, name)
     if arr.ndim > 1:
         raise ValueError(f"{name} must be a scalar or a 1-D array over sites, got shape {arr.shape}")
+    if arr.ndim == 1 and arr.shape[0] == 0:
+        raise ValueError(f"{name} is empty: give one value per site (at least one site) or a scalar")
     check_finite(arr, name)
     if positive:
         check_positive(arr, name)
     return arr
 
 
-def site_count(*arrays):
-    """The number of sites implied by per-site data (None when every array is a scalar)."""
-    sizes = {int(a.shape[0]) for a in arrays if jnp.ndim(a) == 1}
-    if len(sizes) > 1:
-        raise ValueError(f"per-site arrays have different lengths {sorted(sizes)}")
-    return sizes.pop() if sizes else None
+def site_count(**arrays):
+    """The number of sites implied by per-site data given by keyword (`y=..., variance=...`; None when every
+    array is a scalar); a ValueError naming the argument whose length differs from the first 1-D one's."""
+    first = None
+    for name, a in arrays.items():
+        if jnp.ndim(a) != 1:
+            continue
+        if first is None:
+            first = (name, int(a.shape[0]))
+        elif int(a.shape[0]) != first[1]:
+            raise ValueError(f"{name} has {int(a.shape[0])} entries but {first[0]} has {first[1]}: per-site "
+                             f"arrays need one entry per site (or a scalar)")
+    return None if first is None else first[1]

@@ -178,7 +178,7 @@ def _bad_calls():
     se, MC = gk.kernels.SquaredExponential(1.0, 1.0), gk.multiclass
     return [
         (lambda: gk.Sites(H, P.Logistic(y), variance_offset=-1.0), "variance_offset"),
-        (lambda: gk.Sites(np.zeros((0, 3)), P.Logistic(np.zeros(0))), "H must have at least one row"),
+        (lambda: gk.Sites(np.zeros((0, 3)), P.Logistic(1.0)), "H must have at least one row"),
         (lambda: gk.Model(gk.priors.Isotropic(3), gk.Sites(None, P.Gaussian(np.zeros(3), 1.0), offset=[1.0, 2.0])),
          "offset of length dim=3"),
         (lambda: gk.Model(gk.priors.Isotropic(3), None), "sites must be"),
@@ -259,13 +259,19 @@ def _bad_calls():
         (lambda: gk.stochastic.slice_sites(model.sites[0], 0, 0, 3), "size"),
         (lambda: P.Custom(jnp.tanh, center=np.zeros((20, 1)), width=1.0), "center must be a scalar or one value"),
         (lambda: gk.factors.Sparse(np.eye(3, dtype=bool)).initialise(3, -1.0), "variances must be positive"),
+        # a fuzz run (issue 38): accepted, or a message that did not name the argument
+        (lambda: gk.factors.Chevron(rows=0), "Chevron(rows=0): rows must be >= 1"),
+        (lambda: P.Logistic(np.zeros(0)), "y is empty"),
+        (lambda: P.Gaussian(np.zeros(12), variance=np.ones(13)), "variance has 13 entries but y has 12"),
+        (lambda: P.StudentT(np.zeros(12), dof=np.ones(13)), "dof has 13 entries but y has 12"),
+        (lambda: P.Laplace(np.zeros(3), scale=np.ones(2)), "scale has 2 entries but y has 3"),
     ]
 
 
-@pytest.mark.parametrize("index", range(75))
+@pytest.mark.parametrize("index", range(80))
 def test_bad_input_raises_a_value_error_naming_it(index):
     calls = _bad_calls()
-    assert len(calls) == 75
+    assert len(calls) == 80
     call, fragment = calls[index]
     with pytest.raises(ValueError, match=None) as err:
         call()

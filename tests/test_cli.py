@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import gkl_jax as gk
-from gkl_jax import cli
+from gkl_jax import _cli_input, cli
 
 N, D = 40, 3
 
@@ -208,15 +208,15 @@ def test_fit_standardized_with_positive_label(capsys, files, tmp_path):
     (["1_000", "999"], {"1_000": -1.0, "999": 1.0}),  # '1_000' is a string, not 1000
 ])
 def test_binary_label_mapping(values, expected):
-    y, mapping = cli.binary_labels(values, list(range(2, 2 + len(values))), "t")
+    y, mapping = _cli_input.binary_labels(values, list(range(2, 2 + len(values))), "t")
     assert mapping == expected
     np.testing.assert_array_equal(y, [expected[v] for v in values])
 
 
 def test_binary_label_mapping_positive_label():
-    y, mapping = cli.binary_labels(["0", "1", "0"], [2, 3, 4], "t", positive="0")
+    y, mapping = _cli_input.binary_labels(["0", "1", "0"], [2, 3, 4], "t", positive="0")
     assert mapping == {"0": 1.0, "1": -1.0} and list(y) == [1.0, -1.0, 1.0]
-    _, mapping = cli.binary_labels(["yes"], [2], "t", positive="yes")
+    _, mapping = _cli_input.binary_labels(["yes"], [2], "t", positive="yes")
     assert mapping == {"yes": 1.0}
 
 
@@ -234,8 +234,9 @@ def _one_line_error(code, out, err, fragment):
 @pytest.mark.parametrize("args, fragment", [
     (["{dir}/missing.csv"], "file not found"),
     (["{dir}"], "is a directory"),
-    (["{strings}", "--target", "nope"], "unknown target column 'nope'; columns: a, b, c, label"),
-    (["{strings}", "--target", "7"], "unknown target column '7'"),
+    (["{strings}", "--target", "nope"], "unknown target column 'nope'; columns: 'a', 'b', 'c', 'label'"),
+    (["{strings}", "--target", "7"], "--target 7 is out of range: the file has 4 columns (indices 0 to 3, or -4"),
+    (["{strings}", "--target", "-5"], "--target -5 is out of range"),
     (["{non_numeric}"], "non-numeric value 'abc' in column 'b' (line 2)"),
     (["{nan}"], "missing or NaN value 'nan' in column 'b' (line 7)"),
     (["{inf}"], "non-finite value '-inf' in column 'c' (line 3)"),

@@ -227,7 +227,7 @@ def test_log_concavity_flags():
         (lambda: gk.potentials.Logistic(jnp.array([1.0, np.inf])), "y"),
         (lambda: gk.potentials.StudentT(jnp.array([0.0, np.inf]), 3.0), "y"),
         (lambda: gk.potentials.Laplace(jnp.zeros((2, 2))), "y"),
-        (lambda: gk.potentials.Gaussian(jnp.zeros(3), jnp.ones(2)), "lengths"),
+        (lambda: gk.potentials.Gaussian(jnp.zeros(3), jnp.ones(2)), "variance has 2 entries but y has 3"),
         (lambda: gk.potentials.Custom("not callable"), "log_phi"),
     ],
 )

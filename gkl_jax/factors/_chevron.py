@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from .._linalg import tdot
-from .._validate import as_float_array, check_finite, check_ndim
+from .._validate import as_float_array, as_int, check_finite, check_ndim
 from ._base import AbstractFactor, check_initialised, signed_log_abs_diag
 from ._kernels import broadcast_variances, check_count, check_shape, low_rank_projection, operator_kind
 
@@ -16,9 +16,9 @@ class Chevron(AbstractFactor):
     """C_ij = Theta_ij for j >= i and i < K (the first K rows, upper triangular), C_ii = d_i for i >= K, 0 otherwise
     (papers/000 §4.1.3 with K = `rows`, the number of non-diagonal rows).
 
-    `rows=0` is the diagonal factor and `rows=D` (or D - 1) the full one. S = C^T C is in general dense while the
-    precision is sparse; the first K variables carry the correlations, so the variable order matters (put the
-    variables whose correlations you care about first).
+    `rows` is at least 1 (`Diagonal()` is the factor without dense rows) and `rows=D` (or D - 1) gives the full
+    one. S = C^T C is in general dense while the precision is sparse; the first K variables carry the
+    correlations, so the variable order matters (put the variables whose correlations you care about first).
 
     Storage: `theta` (K, D), whose entries left of the diagonal (j < i) are structural zeros (masked, zero gradient),
     and `d` (D - K,). O(D K) storage.
@@ -34,7 +34,10 @@ class Chevron(AbstractFactor):
     concave: ClassVar[bool] = True
 
     def __init__(self, rows: int, theta=None, d=None):
-        self.rows = check_count(rows, "rows", "Chevron")
+        if as_int(rows) == 0:
+            raise ValueError("Chevron(rows=0): rows must be >= 1 (a Chevron factor without dense rows is the "
+                             "diagonal one: use gk.factors.Diagonal())")
+        self.rows = check_count(rows, "rows", "Chevron", minimum=1)
         if (theta is None) != (d is None):
             raise ValueError("Chevron: give both theta and d, or neither (a template)")
         if theta is not None:

@@ -40,7 +40,7 @@ class Gaussian(AbstractPotential):
     def __init__(self, y, variance=1.0):
         self.y = site_vector(y, "y")
         self.variance = site_vector(variance, "variance", positive=True)
-        site_count(self.y, self.variance)
+        site_count(y=self.y, variance=self.variance)
 
     def log_phi(self, x):
         return -0.5 * jnp.log(2 * jnp.pi * self.variance) - 0.5 * jnp.square(self.y - x) / self.variance
@@ -64,7 +64,7 @@ class Laplace(AbstractPotential):
     def __init__(self, y, scale=1.0):
         self.y = site_vector(y, "y")
         self.scale = site_vector(scale, "scale", positive=True)
-        site_count(self.y, self.scale)
+        site_count(y=self.y, scale=self.scale)
 
     def log_phi(self, x):
         return -jnp.abs(self.y - x) / self.scale - jnp.log(2 * self.scale)
@@ -197,7 +197,7 @@ class StudentT(AbstractQuadraturePotential):
         self.y = site_vector(y, "y")
         self.dof = site_vector(dof, "dof", positive=True)
         self.scale = site_vector(scale, "scale", positive=True)
-        site_count(self.y, self.dof, self.scale)
+        site_count(y=self.y, dof=self.dof, scale=self.scale)
         self.num_points = check_num_points(num_points)
 
     def log_phi(self, x):
@@ -222,7 +222,7 @@ class Cauchy(AbstractQuadraturePotential):
     def __init__(self, y, scale=1.0, *, num_points=DEFAULT_NUM_POINTS):
         self.y = site_vector(y, "y")
         self.scale = site_vector(scale, "scale", positive=True)
-        site_count(self.y, self.scale)
+        site_count(y=self.y, scale=self.scale)
         self.num_points = check_num_points(num_points)
 
     def log_phi(self, x):
