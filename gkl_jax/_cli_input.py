@@ -13,7 +13,7 @@ from typing import Optional
 
 import numpy as np
 
-from .cli import BINARY, CLIError, check_data_path
+from ._cli_common import BINARY, CLIError, check_data_path
 
 _MISSING = {"", "na", "nan", "n/a", "null", "none", "?"}
 CONTINUOUS = ("gaussian", "laplace", "student-t")

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .cli import DEMO_DIR, prepare_output_dir
+from ._cli_common import DEMO_DIR, prepare_output_dir
 from ._progress import Progress
 
 PNG_NAME = "gkl_jax_demo.png"

@@ -24,6 +24,11 @@ import os
 import sys
 import warnings
 
+from ._cli_common import BINARY as BINARY
+from ._cli_common import DEMO_DIR as DEMO_DIR
+from ._cli_common import CLIError as CLIError
+from ._cli_common import check_data_path as check_data_path
+from ._cli_common import prepare_output_dir as prepare_output_dir
 from ._progress import Progress as Progress
 
 LIKELIHOODS = ("logistic", "probit", "gaussian", "laplace", "student-t", "poisson")
@@ -31,13 +36,6 @@ LIKELIHOODS = ("logistic", "probit", "gaussian", "laplace", "student-t", "poisso
 FACTORS = {"full": ("Full", None), "diagonal": ("Diagonal", None), "chevron": ("Chevron", "rows"),
            "banded": ("Banded", "bandwidth"), "subspace": ("Subspace", "rank"),
            "factor-analysis": ("FactorAnalysis", "rank")}
-BINARY = ("logistic", "probit")
-DEMO_DIR = "gkl-jax-demo"
-
-
-class CLIError(Exception):
-    """A usage or data error; reported as one line on stderr with exit status 2."""
-
 
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors (raised as CLIError instead of printing the usage and exiting)."""
@@ -195,18 +193,6 @@ def _start_jax(no_cache: bool):
     return jax
 
 
-def prepare_output_dir(output_dir):
-    """The demo's --output-dir: created if missing; CLIError where it is a file or cannot be written."""
-    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
-        raise CLIError(f"--output-dir {output_dir} exists and is not a directory")
-    try:
-        os.makedirs(output_dir, exist_ok=True)
-    except OSError as err:
-        raise CLIError(f"cannot create --output-dir {output_dir}: {err.strerror}") from None
-    if not os.access(output_dir, os.W_OK):
-        raise CLIError(f"--output-dir {output_dir} is not writable")
-
-
 def _broken_pipe() -> int:
     """The reader of stdout went away (`gkl-jax fit ... | head -1`): exit quietly. Python ignores SIGPIPE, so a
     write raises BrokenPipeError instead; stdout is pointed at /dev/null so that the interpreter's final flush
@@ -300,14 +286,6 @@ def _describe(name, rank):
 
 
 # ----------------------------------------------------------------------------------------------- fit: running
-
-
-def check_data_path(path):
-    """CLIError unless `path` exists and is not a directory (checked before numpy is imported)."""
-    if not os.path.exists(path):
-        raise CLIError(f"file not found: {path}")
-    if os.path.isdir(path):
-        raise CLIError(f"{path} is a directory, not a CSV file")
 
 
 def _run_fit(args) -> int:
