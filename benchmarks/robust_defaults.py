@@ -44,7 +44,9 @@ JITTER = 1e-8
 L9 = [(0, 0, 0, 0), (0, 1, 1, 1), (0, 2, 2, 2), (1, 0, 1, 2), (1, 1, 2, 0), (1, 2, 0, 1), (2, 0, 2, 1),
       (2, 1, 0, 2), (2, 2, 1, 0)]
 SCALES, LENGTHSCALES, OUTLIERS, SIZES = (0.01, 0.1, 1.0), (0.1, 1.0, 10.0), (0.0, 0.05, 0.2), (20, 60, 200)
-BIG = 200          # from this N on: the --big-methods only, and no second (warm) call of a new shape
+BIG = 200          # from this N on: the --big-methods only, no second (warm) call of a new shape, local 100 steps
+HUGE = 500         # from this N on: no local-started fits (`local` alone took 200 s at N = 200, 1000 steps)
+LOCAL_STEPS_BIG = 100
 REFERENCE = ("lbfgs-w", "local>newton", "local>newton-w", "local>lbfgs-w")
 
 
@@ -116,14 +118,15 @@ def run_case(case, methods, seen):
     rows = {}
     q_local = None
     if any(strategies()[m][0] for m in methods):
-        if case["sites"] == "custom":
-            t_local = None          # `local` has no tangent bound for a Custom potential
+        if case["sites"] == "custom" or case["kind"] == "sparse":
+            t_local = None          # `local` has no tangent bound for a Custom potential, no variance_offset
         else:
-            loc, t_local = _timed(lambda: gk.local(model))
+            steps = 1000 if rerun else LOCAL_STEPS_BIG
+            loc, t_local = _timed(lambda: gk.local(model, max_steps=steps))
             if ("local",) + shape not in seen:
                 seen.add(("local",) + shape)
                 if rerun:
-                    loc, t_local = _timed(lambda: gk.local(model))
+                    loc, t_local = _timed(lambda: gk.local(model, max_steps=steps))
             q_local = loc.q
             rows["local"] = dict(log_z=float(loc.log_z), converged=bool(loc.converged), steps=int(loc.num_steps),
                                  first=None, warm=t_local)
@@ -171,6 +174,55 @@ def _cold_one(name):
     return _timed(lambda: fn(model, q))[1]
 
 
+LINEAR = {
+    "default": lambda m: gk.fit(m),
+    "newton": lambda m: gk.fit(m, solver="newton"),
+    "lbfgs+newton": lambda m: gk.fit(m, solver="newton", q0=gk.fit(m, tol=1e-3).q),
+}
+
+
+def linear_cases():
+    """Non-log-concave sites under a non-dense prior: robust linear regression, Isotropic(1) prior, dense H."""
+    out = []
+    for i, (sites, N, D, s, o) in enumerate((("studentt", 50, 10, 0.1, 0.1), ("cauchy", 50, 10, 0.01, 0.2),
+                                             ("studentt", 200, 50, 1.0, 0.05), ("cauchy", 200, 50, 0.1, 0.1),
+                                             ("studentt", 200, 10, 0.01, 0.2), ("cauchy", 50, 50, 0.1, 0.0))):
+        out.append(dict(id=f"lin{i}", sites=sites, N=N, D=D, scale=s, lengthscale=0.0, outliers=o, seed=60 + i,
+                        kind="linear"))
+    return out
+
+
+def build_linear(case):
+    rng = np.random.default_rng(case["seed"])
+    N, D, s = case["N"], case["D"], case["scale"]
+    H = rng.standard_normal((N, D)) / np.sqrt(D)
+    y = H @ rng.standard_normal(D) + s * rng.standard_normal(N)
+    k = int(round(case["outliers"] * N))
+    if k:
+        y[rng.choice(N, k, replace=False)] += rng.choice([-4.0, 4.0], k)
+    lik = gk.potentials.StudentT(y, 3.0, s) if case["sites"] == "studentt" else gk.potentials.Cauchy(y, s)
+    return gk.Model(gk.priors.Isotropic(D, 1.0), gk.Sites(H, lik))
+
+
+def run_linear():
+    """Every LINEAR method on every linear case (first call and a second, warm one)."""
+    results = []
+    for case in linear_cases():
+        model = build_linear(case)
+        rows = {}
+        for name, fn in LINEAR.items():
+            r, first = _timed(lambda: fn(model))
+            r, warm = _timed(lambda: fn(model))
+            rows[name] = dict(log_z=float(r.log_z), converged=bool(r.converged), steps=int(r.num_steps),
+                              first=first, warm=warm)
+        best = max(row["log_z"] for row in rows.values())
+        for row in rows.values():
+            row["gap"] = best - row["log_z"]
+        results.append(dict(case=case, best=best, methods=rows))
+        print(table([results[-1]]).split("\n", 1)[1], flush=True)
+    return results
+
+
 def table(results):
     lines = [f"{'case':9s} {'sites':8s} {'N':>4s} {'s':>5s} {'ls':>5s} {'out':>4s}  {'method':17s} "
              f"{'gap':>10s} {'conv':>4s} {'steps':>5s} {'warm s':>7s}"]
@@ -205,6 +257,8 @@ def main():
     p.add_argument("--cold", action="store_true", help="cold first-call time per strategy (fresh processes)")
     p.add_argument("--methods", default=",".join(strategies()), help="comma-separated strategy names")
     p.add_argument("--only", default="", help="comma-separated case ids")
+    p.add_argument("--show", action="store_true", help="print the table and summary of --out, run nothing")
+    p.add_argument("--linear", action="store_true", help="only the robust linear regressions (Isotropic prior)")
     p.add_argument("--append", action="store_true", help="keep the results in --out, run only the cases not there")
     p.add_argument("--big-methods", default="newton-w,lbfgs-w,lbfgs-w+newton-w,local>newton-w,local>lbfgs-w",
                    help="the methods run at N >= 200 (unwhitened Newton takes 200 steps of up to 100 CG products "
@@ -218,6 +272,20 @@ def main():
     if unknown:
         print(f"robust_defaults: unknown method(s) {unknown}; choose from {list(strategies())}", file=sys.stderr)
         sys.exit(2)
+    if args.show:
+        with open(args.out) as f:
+            old = json.load(f)
+        print(table(old["results"]) + "\n\n" + summary(old["results"]))
+        print("\ncold first call (s):", old.get("cold_first_call_s"))
+        return
+    if args.linear:
+        results = run_linear()
+        print(summary(results))
+        path = args.out.replace(".json", "_linear.json")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(dict(machine="shared 2-core CPU (timings noisy)", results=results), f, indent=1)
+        return
     grid = cases()
     if args.quick:
         grid = [c for c in grid if c["id"] in ("issue-s0", "s0", "c0", "custom0")]
@@ -238,7 +306,8 @@ def main():
     grid.sort(key=lambda c: c["N"])     # the cheap cases first
     for case in grid:
         t = time.perf_counter()
-        res = run_case(case, big if case["N"] >= BIG else methods, seen)
+        todo = methods if case["N"] < BIG else big if case["N"] < HUGE else [m for m in big if "local" not in m]
+        res = run_case(case, todo, seen)
         results.append(res)
         print(table([res]).split("\n", 1)[1], f"\n  ({time.perf_counter() - t:.0f} s)", flush=True)
         out["results"] = results
