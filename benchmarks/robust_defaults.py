@@ -1,8 +1,9 @@
 """Robust defaults (issue 35, item 5): which fit strategy converges to the best bound for non-log-concave sites
 (Student-t, Cauchy, a non-concave `Custom`) under a GP prior.
 
-Grid (27 cases, `cases()`): the issue's case (60 inputs on [-4, 4], y = sin x + 0.1 noise, 6 targets moved by
-+-4, StudentT(y, 3, 0.1), SE variance 1 lengthscale 1, jitter 1e-8) on two seeds; an L9 orthogonal array over
+Grid (27 cases, `cases()`; 25 ran in the recorded run, benchmarks/RESULTS_robust.md): the issue's case (60
+inputs on [-4, 4], y = sin x + 0.1 noise, 6 targets moved by +-4, StudentT(y, 3, 0.1), SE variance 1 lengthscale
+1, jitter 1e-8) on two seeds; an L9 orthogonal array over
 noise scale {0.01, 0.1, 1} x lengthscale {0.1, 1, 10} x outlier fraction {0, 5%, 20%} x N {20, 60, 200} for
 Student-t (dof 3) and for Cauchy sites; three cases at N = 500; two contaminated-Gaussian `Custom` cases; two
 sparse GPs (30 inducing inputs, general H). Data: y = sin x + s e, e ~ N(0, 1), a fraction of the targets moved
@@ -13,10 +14,12 @@ Newton-CG; whitened L-BFGS; whitened L-BFGS to tol 1e-3 then whitened Newton; Ne
 whitened L-BFGS started from `gk.local`'s q (their times include `local`'s). The reference `best` is the largest
 bound of {whitened L-BFGS, the local-started fits}; `gap` = best - log_z (positive: below the reference).
 Warm time is the second call of the first case of each shape (later cases of that shape run once, compiled);
+from N = 200 on only the whitened methods run, a new shape's first call is its time (marked c) and `local` runs
+100 EM steps (1000 below); at N = 500 no local-started fit runs;
 `first` is the first call (compilation included where the shape is new). `--cold` also measures, for the issue's
 case, each strategy's first call in a fresh process (the cold compile a user waits for).
 
-Run:  python benchmarks/robust_defaults.py                 (all 27 cases; ~40 min on the shared 2-core machine)
+Run:  python benchmarks/robust_defaults.py                 (all 27 cases; over an hour on the loaded 2-core machine)
       python benchmarks/robust_defaults.py --quick         (the issue's case and 3 small ones)
       python benchmarks/robust_defaults.py --cold          (cold first-call time per strategy, fresh processes)
 Writes benchmarks/out/robust_defaults.json (or --out).
@@ -155,7 +158,7 @@ def run_case(case, methods, seen):
 def cold(methods):
     """Seconds of the first call of each strategy on the issue's case, each in a fresh process."""
     out = {}
-    for name in methods + ["local"]:
+    for name in methods:
         code = (f"import sys; sys.argv=['x']; import benchmarks.robust_defaults as b; print(b._cold_one({name!r}))")
         res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                              cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

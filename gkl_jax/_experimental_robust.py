@@ -49,11 +49,12 @@ def robust_fit(model, *, tol=None, **kwargs):
     """`fit(model)` with the recommended default (`robust_rule`): whitened L-BFGS from the prior to the loose
     tolerance sqrt(tol), then whitened Newton-CG from there to `tol`; elsewhere `fit(model)` itself.
 
-    On the 27-case grid of benchmarks/robust_defaults.py this was the one candidate that converged on every case
-    and ended within 1e-3 nat of the best of {whitened L-BFGS, fits from `gkl_jax.local`'s q}: whitened
-    Newton-CG from the prior converged everywhere but once (N = 200, noise scale 0.01) to an optimum 31.5 nats
-    lower, as did both local-started fits; whitened L-BFGS alone stalled short of tol 1e-6 at noise scale 0.01
-    (2000 steps); Newton-CG in (m, C), today's default, stopped 0.04-336 nats short on most cases.
+    On the 25 cases of benchmarks/robust_defaults.py (benchmarks/RESULTS_robust.md) this was the one candidate
+    that converged on every case and ended within 1e-3 nat of the best of {whitened L-BFGS, fits from
+    `gkl_jax.local`'s q}: whitened Newton-CG from the prior converged everywhere but twice (N = 200, noise scale
+    0.01, lengthscale 10) at an optimum 31.5 and 1.7 nats lower, where the local-started fits ended lower too;
+    whitened L-BFGS alone stalled short of tol 1e-6 at noise scale 0.01 (2000 steps); Newton-CG in (m, C),
+    today's default, ended 0.04-336 nats short on 12 of 16 cases.
 
     Args:
         model: a `gkl_jax.Model`.

@@ -1,7 +1,7 @@
 """Robust defaults (issue 35, item 5): for non-log-concave sites under a GP prior the recommended default fit
 converges and ends within 1e-3 nat of the best of {whitened L-BFGS, a fit started from `gk.local`'s q}.
 
-A subset of the grid of benchmarks/robust_defaults.py (27 cases there), all at N = 30 so that each fit program
+A subset of the grid of benchmarks/robust_defaults.py (25 cases there), all at N = 30 so that each fit program
 compiles once: Student-t sites with dof 3 and with dof 1 (the Cauchy density), noise scales 0.01-1,
 lengthscales 0.1-10, outlier fractions 0-20%. On the issue's case the default of the time (Newton-CG in (m, C))
 stopped 110-160 nats short; the recommended rule (whitened Newton-CG) is `robust_fit`.
