@@ -9,7 +9,7 @@ Student-t (dof 3) and for Cauchy sites; three cases at N = 500; two contaminated
 sparse GPs (30 inducing inputs, general H). Data: y = sin x + s e, e ~ N(0, 1), a fraction of the targets moved
 by +-4; the site scale is s. Every GP uses SquaredExponential(1, lengthscale), jitter 1e-8.
 
-Candidates (`gkl_jax._experimental_robust.strategies`): the current default (Newton-CG in (m, C)); whitened
+Candidates (`strategies` below): the current default (Newton-CG in (m, C)); whitened
 Newton-CG; whitened L-BFGS; whitened L-BFGS to tol 1e-3 then whitened Newton; Newton, whitened Newton and
 whitened L-BFGS started from `gk.local`'s q (their times include `local`'s). The reference `best` is the largest
 bound of {whitened L-BFGS, the local-started fits}; `gap` = best - log_z (positive: below the reference).
@@ -41,7 +41,23 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import gkl_jax as gk  # noqa: E402
-from gkl_jax._experimental_robust import strategies  # noqa: E402
+
+
+def strategies():
+    """name -> (needs_local, fn(model, q_local) -> Result): the candidate defaults compared. "lbfgs-w+newton-w"
+    is what `gk.fit(model)` runs by default for these models (`gk.solvers.Chain((LBFGS(), Newton()))`, whitened);
+    "newton" is the default before it (Newton-CG in (m, C), unwhitened)."""
+    S = gk.solvers
+    return {
+        "default": (False, lambda m, q: gk.fit(m)),
+        "newton": (False, lambda m, q: gk.fit(m, solver=S.Newton(), whiten=False)),
+        "newton-w": (False, lambda m, q: gk.fit(m, solver=S.Newton(), whiten=True)),
+        "lbfgs-w": (False, lambda m, q: gk.fit(m, solver=S.LBFGS(), whiten=True)),
+        "lbfgs-w+newton-w": (False, lambda m, q: gk.fit(m, solver=S.Chain((S.LBFGS(), S.Newton())), whiten=True)),
+        "local>newton": (True, lambda m, q: gk.fit(m, q0=q, solver=S.Newton(), whiten=False)),
+        "local>newton-w": (True, lambda m, q: gk.fit(m, q0=q, solver=S.Newton(), whiten=True)),
+        "local>lbfgs-w": (True, lambda m, q: gk.fit(m, q0=q, solver=S.LBFGS(), whiten=True)),
+    }
 
 JITTER = 1e-8
 L9 = [(0, 0, 0, 0), (0, 1, 1, 1), (0, 2, 2, 2), (1, 0, 1, 2), (1, 1, 2, 0), (1, 2, 0, 1), (2, 0, 2, 1),
@@ -179,8 +195,8 @@ def _cold_one(name):
 
 LINEAR = {
     "default": lambda m: gk.fit(m),
-    "newton": lambda m: gk.fit(m, solver="newton"),
-    "lbfgs+newton": lambda m: gk.fit(m, solver="newton", q0=gk.fit(m, tol=1e-3).q),
+    "newton": lambda m: gk.fit(m, solver=gk.solvers.Newton()),
+    "lbfgs+newton": lambda m: gk.fit(m, solver=gk.solvers.Newton(), q0=gk.fit(m, tol=1e-3).q),
 }
 
 

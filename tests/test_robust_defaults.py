@@ -4,15 +4,13 @@ converges and ends within 1e-3 nat of the best of {whitened L-BFGS, a fit starte
 A subset of the grid of benchmarks/robust_defaults.py (25 cases there), all at N = 30 so that each fit program
 compiles once: Student-t sites with dof 3 and with dof 1 (the Cauchy density), noise scales 0.01-1,
 lengthscales 0.1-10, outlier fractions 0-20%. On the issue's case the default of the time (Newton-CG in (m, C))
-stopped 110-160 nats short; the recommended rule (whitened Newton-CG) is `robust_fit`.
+stopped 110-160 nats short; the default is now whitened L-BFGS to sqrt(tol), then whitened Newton-CG.
 """
 
 import numpy as np
 import pytest
 
 import gkl_jax as gk
-# Once gk.fit's default follows the rule, replace robust_fit(model) by gk.fit(model) here.
-from gkl_jax._experimental_robust import local_start, robust_fit
 
 N = 30
 # (seed, noise scale = site scale, lengthscale, outlier fraction, dof)
@@ -33,15 +31,15 @@ def _model(seed, scale, lengthscale, outliers, dof):
 
 
 @pytest.mark.slow
-def test_robust_fit_is_within_1e_3_of_whitened_lbfgs_and_the_local_start():
+def test_default_fit_is_within_1e_3_of_whitened_lbfgs_and_the_local_start():
     gaps = []
     for case in CASES:
         model = _model(*case)
         assert not model.log_concave
-        lbfgs = gk.fit(model, solver="lbfgs", whiten=True)
-        local = gk.fit(model, solver="lbfgs", whiten=True, q0=local_start(model))
+        lbfgs = gk.fit(model, solver=gk.solvers.LBFGS(), whiten=True)
+        local = gk.fit(model, solver=gk.solvers.LBFGS(), whiten=True, q0=gk.local(model).q)
         best = max(float(lbfgs.log_z), float(local.log_z))
-        res = robust_fit(model)
+        res = gk.fit(model)     # the default: Chain((LBFGS(), Newton())), whitened
         assert bool(res.converged), case
         gaps.append(best - float(res.log_z))
     assert max(gaps) <= 1e-3, gaps
