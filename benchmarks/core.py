@@ -64,6 +64,7 @@ import numpy as np  # noqa: E402
 from jax.flatten_util import ravel_pytree  # noqa: E402
 
 import gkl_jax as gk  # noqa: E402
+from gkl_jax import _start  # noqa: E402
 from gkl_jax._quadrature import feature_rule  # noqa: E402
 
 DTYPE = jnp.float64 if ARGS.dtype == "float64" else jnp.float32
@@ -182,7 +183,7 @@ def scipy_lbfgs(model, log_z_ref):
     """scipy L-BFGS-B on the flat (m, C) (all D^2 entries; the strictly lower part is inert), jitted jax gradient."""
     from scipy.optimize import minimize
 
-    q0 = gk._fit._initial_q(model, gk.factors.Full(), None)
+    q0 = _start.initial_q(model, gk.factors.Full(), None)
     flat0, unravel = ravel_pytree(eqx.filter(q0, eqx.is_inexact_array))
     static = eqx.filter(q0, eqx.is_inexact_array, inverse=True)
     vg = jax.jit(jax.value_and_grad(lambda f: -gk.bound(model, eqx.combine(unravel(f), static))))

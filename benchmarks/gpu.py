@@ -86,7 +86,7 @@ def run_problem(dim, num, factor, dtype, *, minibatch=None):
     import jax.numpy as jnp
 
     import gkl_jax as gk
-    from gkl_jax._fit import initial_variance
+    from gkl_jax._start import initial_variance
 
     model = _model(dim, num, 0, dtype)
     q = gk.Gaussian(jnp.zeros(dim, dtype), factor.initialise(dim, initial_variance(model)))

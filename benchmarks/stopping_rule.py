@@ -1,12 +1,12 @@
 """A scale-aware stopping rule for float32 fits (issues 35 item 5 and 38): evidence for the proposal.
 
 Bayesian logistic regression (D = 10, Isotropic(1) prior, Full factor), N = 10^4 and 10^5 sites, float32 and
-float64. The library's Newton-CG step (`gkl_jax._solvers.newton_cg`, one step per call) is iterated from `fit`'s
+float64. The library's Newton-CG step (`gkl_jax.solvers._newton.newton_cg`, one step per call) is iterated from `fit`'s
 starting point, and at every iterate we record, in the fit's dtype:
 
 - `grad`: max_i |g_i| (today's test: <= 1e-6 in float64, 1e-3 in float32);
 - `scaled`: max_i |g_i| max(|x_i|, sigma0) / max(|f|, 1), sigma0 = sqrt(v0) the starting standard deviation of
-  `fit` (v0 = min(prior variances, 1 / max_n ||h_n||^2), `_fit.initial_variance`);
+  `fit` (v0 = min(prior variances, 1 / max_n ||h_n||^2), `_start.initial_variance`);
 - `gap`: the float64 bound of the float64 optimum minus the float64 bound of the iterate (the true shortfall).
 
 Then the invariance check of issue 38: Model(Isotropic(1.5 / a^2), Sites(a H, Logistic(y))) has the same log Z
@@ -32,7 +32,8 @@ import numpy as np  # noqa: E402
 from jax.flatten_util import ravel_pytree  # noqa: E402
 
 import gkl_jax as gk  # noqa: E402
-from gkl_jax import _fit, _solvers  # noqa: E402
+from gkl_jax import _start  # noqa: E402
+from gkl_jax.solvers import _newton as _solvers  # noqa: E402
 
 D, STEPS = 10, 25
 
@@ -52,11 +53,11 @@ def model_of(X, y, dtype, a=1.0, variance=1.0):
 
 def parts(model):
     """(flat x0, unravel, sigma0) at fit's starting point."""
-    q0 = _fit._initial_q(model, gk.factors.Full(), None)
+    q0 = _start.initial_q(model, gk.factors.Full(), None)
     params, static = eqx.partition(q0, eqx.is_inexact_array)
     flat, unravel = ravel_pytree(params)
     to_q = lambda x: eqx.combine(unravel(x), static)
-    return flat, to_q, jnp.sqrt(_fit.initial_variance(model))
+    return flat, to_q, jnp.sqrt(_start.initial_variance(model))
 
 
 def statistics(model, to_q, sigma0, x):
