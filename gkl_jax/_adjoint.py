@@ -17,7 +17,8 @@ from jax.flatten_util import ravel_pytree
 
 from ._bound import bound
 from ._optim import conjugate_gradient
-from ._site_precision import log_z as _site_precision_log_z, optimum_parts as _site_precision_optimum_parts
+from ._site_precision import log_z as _site_precision_log_z
+from ._site_precision import optimum_parts as _site_precision_optimum_parts
 from .factors import AbstractRefinableFactor
 from .operators import AbstractOperator
 

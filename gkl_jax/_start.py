@@ -9,9 +9,9 @@
 """
 
 import equinox as eqx
-import numpy as np
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ._bound import bound
 from ._gaussian import Gaussian

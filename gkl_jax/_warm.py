@@ -10,7 +10,8 @@ from ._adjoint import frozen, stop_gradients
 from ._gaussian import Gaussian
 from ._optim import default_tol
 from ._result import Result
-from ._site_precision import initial_point, log_z as _site_precision_log_z, point, posterior, site_precision
+from ._site_precision import initial_point, point, posterior, site_precision
+from ._site_precision import log_z as _site_precision_log_z
 from ._start import initial_q
 from .factors import Full
 from .solvers import SitePrecision, default_solver

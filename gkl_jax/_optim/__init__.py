@@ -4,4 +4,8 @@ dtype (`default_tol`, `roundoff`)."""
 
 from ._cg import conjugate_gradient as conjugate_gradient
 from ._linesearch import backtrack as backtrack
-from ._tolerance import MAX_HALVINGS as MAX_HALVINGS, MAX_STALLS as MAX_STALLS, default_tol as default_tol, max_abs as max_abs, roundoff as roundoff
+from ._tolerance import MAX_HALVINGS as MAX_HALVINGS
+from ._tolerance import MAX_STALLS as MAX_STALLS
+from ._tolerance import default_tol as default_tol
+from ._tolerance import max_abs as max_abs
+from ._tolerance import roundoff as roundoff

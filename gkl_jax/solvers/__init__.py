@@ -7,10 +7,15 @@
     gk.fit(model, solver=gk.solvers.Optax(optax.adam(0.05), max_steps=10_000))
 """
 
-from ._base import RESULTS as RESULTS, AbstractSolver as AbstractSolver, Problem as Problem, Solution as Solution
+from ._base import RESULTS as RESULTS
+from ._base import AbstractSolver as AbstractSolver
+from ._base import Problem as Problem
+from ._base import Solution as Solution
 from ._chain import Chain as Chain
-from ._default import default_solver as default_solver, default_whiten as default_whiten
+from ._default import default_solver as default_solver
+from ._default import default_whiten as default_whiten
 from ._fixed_point import FixedPoint as FixedPoint
 from ._newton import Newton as Newton
-from ._quasi_newton import LBFGS as LBFGS, Optax as Optax
+from ._quasi_newton import LBFGS as LBFGS
+from ._quasi_newton import Optax as Optax
 from ._site_precision import SitePrecision as SitePrecision

@@ -1,6 +1,7 @@
 """The one place where the default solver is chosen, from what the model and the factor declare."""
 
-from .._site_precision import applies as site_precision_applies, has_dense_prior
+from .._site_precision import applies as site_precision_applies
+from .._site_precision import has_dense_prior
 from ..factors import Full
 from ._base import AbstractSolver
 from ._chain import Chain

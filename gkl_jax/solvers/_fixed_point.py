@@ -32,10 +32,11 @@ import jax.numpy as jnp
 from jax import lax
 from jax.flatten_util import ravel_pytree
 
-from .._optim import MAX_HALVINGS as _MAX_HALVINGS, MAX_STALLS as _MAX_STALLS, backtrack, conjugate_gradient, max_abs, roundoff
+from .._optim import MAX_HALVINGS as _MAX_HALVINGS
+from .._optim import MAX_STALLS as _MAX_STALLS
+from .._optim import backtrack, conjugate_gradient, max_abs, roundoff
 from ..factors import AbstractFixedPointFactor
 from ._base import AbstractSolver, Problem, Solution, check_setting, status
-
 
 _MAX_MEAN_STEPS = 50
 
