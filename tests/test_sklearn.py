@@ -87,12 +87,12 @@ def test_logistic_learned_prior_variance_maximises_the_bound(logistic_data):
 
 def test_one_vs_rest_probabilities(logistic_data):
     X, _ = logistic_data
-    y = np.digitize(X[:, 0], [-0.5, 0.5])
+    y = np.argmax(X @ np.array([[3.0, -3.0, 0.0], [0.0, 3.0, -3.0], [0.0, 0.0, 0.0]]), axis=1)
     clf = BayesianLogisticRegression().fit(X, y)
     p = clf.predict_proba(X)
     assert p.shape == (40, 3) and clf.coef_.shape == (3, 3) and clf.log_evidence_.shape == (3,)
     np.testing.assert_allclose(p.sum(axis=1), 1.0, rtol=1e-12)
-    assert clf.score(X, y) > 0.8
+    assert clf.score(X, y) > 0.85
 
 
 def _gaussian_evidence(H, z, prior_var, noise):

@@ -139,7 +139,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         return logit[:, 0] if logit.shape[1] == 1 else logit
 
     def predict(self, X):
-        return self.classes_[np.argmax(self.predict_proba(X), axis=1)]
+        proba = self.predict_proba(X)
+        return self.classes_[np.argmax(proba, axis=1)]
 
 
 class GPRegressor(RegressorMixin, BaseEstimator):
@@ -260,5 +261,6 @@ class MulticlassGPClassifier(ClassifierMixin, BaseEstimator):
         return np.log(self.predict_proba(X))
 
     def predict(self, X):
-        return self.classes_[np.argmax(self.predict_proba(X), axis=1)]
+        proba = self.predict_proba(X)
+        return self.classes_[np.argmax(proba, axis=1)]
 

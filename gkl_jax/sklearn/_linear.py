@@ -218,7 +218,8 @@ class BayesianLogisticRegression(ClassifierMixin, _BayesianLinear):
 
     def predict(self, X):
         """The most probable class for each row of X."""
-        return self.classes_[np.argmax(self.predict_proba(X), axis=1)]
+        proba = self.predict_proba(X)
+        return self.classes_[np.argmax(proba, axis=1)]
 
 
 class BayesianRegression(RegressorMixin, _BayesianLinear):
