@@ -4,7 +4,8 @@ Pairs (every model behind a StandardScaler in a Pipeline, the same random splits
 
     breast cancer (569 x 30, 75/25)    BayesianLogisticRegression      vs LogisticRegression
     wine (178 x 13, 3 classes)         BayesianLogisticRegression (OvR) vs LogisticRegression (multinomial)
-                                       MulticlassGPClassifier          vs GaussianProcessClassifier (OvR)
+                                       MulticlassGPClassifier          vs GaussianProcessClassifier (OvR),
+                                       only with --multiclass-gp (its ML-II compiles for many minutes)
     two moons (200, noise 0.25)        GPClassifier                    vs GaussianProcessClassifier
     diabetes (442 x 10), 10% of the    BayesianRegression(student-t)   vs BayesianRidge, HuberRegressor
     training targets shifted by        BayesianRegression(gaussian)    vs BayesianRidge
@@ -79,7 +80,7 @@ def regression_metrics(model, X, y):
     return {"rmse": float(np.sqrt(np.mean((mean - y) ** 2))), "test_ll": float(np.mean(ll))}
 
 
-def tasks():
+def tasks(multiclass_gp=False):
     Xb, yb = load_breast_cancer(return_X_y=True)
     Xw, yw = load_wine(return_X_y=True)
     Xm, ym = make_moons(200, noise=0.25, random_state=0)
@@ -91,9 +92,9 @@ def tasks():
         ("breast cancer", Xb, yb, "clf", [("BayesianLogisticRegression", BayesianLogisticRegression),
                                           ("LogisticRegression", LogisticRegression)]),
         ("wine", Xw, yw, "clf", [("BayesianLogisticRegression (OvR)", BayesianLogisticRegression),
-                                 ("LogisticRegression", LogisticRegression),
-                                 ("MulticlassGPClassifier", MulticlassGPClassifier),
-                                 ("GaussianProcessClassifier", sk_gpc)]),
+                                 ("LogisticRegression", LogisticRegression)]
+         + ([("MulticlassGPClassifier", MulticlassGPClassifier), ("GaussianProcessClassifier", sk_gpc)]
+            if multiclass_gp else [])),
         ("two moons", Xm, ym, "clf", [("GPClassifier", GPClassifier), ("GaussianProcessClassifier", sk_gpc)]),
         ("diabetes + outliers", Xd, yd, "reg", [("BayesianRegression(student-t)",
                                                  lambda: BayesianRegression("student-t")),
@@ -104,9 +105,11 @@ def tasks():
     ]
 
 
-def run(num_splits):
+def run(num_splits, multiclass_gp=False, only=None, on_task=None):
     results = []
-    for name, X, y, kind, models in tasks():
+    for name, X, y, kind, models in tasks(multiclass_gp):
+        if only and name not in only:
+            continue
         splitter = (StratifiedShuffleSplit if kind == "clf" else ShuffleSplit)(num_splits, test_size=0.25,
                                                                                random_state=0)
         per_model = {m: {"metrics": [], "times": []} for m, _ in models}
@@ -136,6 +139,8 @@ def run(num_splits):
             summary["fit_cold_s"] = rec["times"][0]
             summary["fit_warm_s"] = float(np.median(rec["times"][1:])) if num_splits > 1 else rec["times"][0]
             results.append({"data": name, "model": m, **summary, "per_split": rec})
+        if on_task is not None:
+            on_task(results)
     return results
 
 
@@ -155,17 +160,28 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 splits instead of 10")
     parser.add_argument("--splits", type=int, default=None)
+    parser.add_argument("--multiclass-gp", action="store_true",
+                        help="add MulticlassGPClassifier vs GaussianProcessClassifier on wine (its ML-II loop "
+                             "compiles for many minutes on a small CPU)")
+    parser.add_argument("--only", default=None, help="comma-separated data set names")
+    parser.add_argument("--out", default="sklearn_peers.json", help="file name under benchmarks/out/")
     args = parser.parse_args()
     num = args.splits or (3 if args.quick else 10)
+    if num < 2:
+        parser.error("--splits must be >= 2 (the warm time is the median over the splits after the first)")
     start = time.perf_counter()
-    results = run(num)
-    text = table(results)
-    print(text)
     os.makedirs(os.path.join(os.path.dirname(__file__), "out"), exist_ok=True)
-    path = os.path.join(os.path.dirname(__file__), "out", "sklearn_peers.json")
-    with open(path, "w") as f:
-        json.dump({"splits": num, "machine": platform.platform(), "cpus": os.cpu_count(),
-                   "wall_s": time.perf_counter() - start, "results": results, "table": text}, f, indent=1)
+    path = os.path.join(os.path.dirname(__file__), "out", args.out)
+
+    def save(results):   # after every data set, so that a long run leaves its finished part
+        text = table(results)
+        with open(path, "w") as f:
+            json.dump({"splits": num, "machine": platform.platform(), "cpus": os.cpu_count(),
+                       "wall_s": time.perf_counter() - start, "results": results, "table": text}, f, indent=1)
+        return text
+
+    results = run(num, args.multiclass_gp, args.only.split(",") if args.only else None, save)
+    print(save(results))
     print(f"wrote {path} ({time.perf_counter() - start:.0f} s)")
 
 
