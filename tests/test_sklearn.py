@@ -3,9 +3,8 @@
 check_estimator runs ~40 checks of many data shapes; each new shape compiles a fit (5-30 s on the shared 2-core
 machine). The linear estimators pad their designs to power-of-two buckets (at least 256 x 16), so the checks of
 BayesianLogisticRegression share two compilations and run in the suite; the other configurations (the regression
-likelihoods, ML-II, which compiles its own loop) and the GP estimators compile per training size (about 40 compilations of the checks' data sets, 10-20 min here), so
-their checks run only with GKL_SKLEARN_CHECKS=1 (they passed when this file was
-written; see the report of issue 39).
+likelihoods, ML-II, which compiles its own loop) and the GP estimators compile per training size (about 40
+compilations of the checks' data sets, 10-20 min here), so their checks run only with GKL_SKLEARN_CHECKS=1.
 """
 
 import os
@@ -56,6 +55,7 @@ def logistic_data():
     return X, y
 
 
+@pytest.mark.slow
 def test_logistic_matches_the_unpadded_fit_and_the_predictive_integral(logistic_data):
     X, y = logistic_data
     clf = BayesianLogisticRegression(prior_variance=2.0, intercept_variance=10.0).fit(X, y)
@@ -78,6 +78,7 @@ def test_logistic_matches_the_unpadded_fit_and_the_predictive_integral(logistic_
     assert np.array_equal(clf.decision_function(Xt) > 0, clf.predict(Xt) == "yes")
 
 
+@pytest.mark.slow
 def test_logistic_learned_prior_variance_maximises_the_bound(logistic_data):
     X, y = logistic_data
     clf = BayesianLogisticRegression(learn_prior_variance=True).fit(X, y)
@@ -103,6 +104,7 @@ def _gaussian_evidence(H, z, prior_var, noise):
     return -0.5 * (logdet + z @ np.linalg.solve(K, z) + len(z) * np.log(2 * np.pi))
 
 
+@pytest.mark.slow
 def test_gaussian_regression_evidence_and_predictive_are_closed_form():
     rng = np.random.default_rng(2)
     X = rng.normal(size=(30, 2))
@@ -127,6 +129,7 @@ def test_gaussian_regression_evidence_and_predictive_are_closed_form():
     assert learned.log_evidence_ > reg.log_evidence_ and learned.converged_
 
 
+@pytest.mark.slow
 def test_robust_regression_resists_outliers():
     rng = np.random.default_rng(3)
     X = rng.normal(size=(60, 1))
@@ -181,6 +184,7 @@ def test_bad_parameters_and_one_class(logistic_data):
         BayesianLogisticRegression(factor="banded").fit(X, X[:, 0] > 0)
 
 
+@pytest.mark.slow
 def test_gp_classifier_and_regressor_small():
     rng = np.random.default_rng(4)
     X = rng.uniform(-2, 2, size=(24, 1))
