@@ -105,11 +105,12 @@ def tasks(multiclass_gp=False):
     ]
 
 
-def run(num_splits, multiclass_gp=False, only=None, on_task=None):
+def run(num_splits, multiclass_gp=False, only=None, on_task=None, skip=()):
     results = []
     for name, X, y, kind, models in tasks(multiclass_gp):
         if only and name not in only:
             continue
+        models = [(m, make) for m, make in models if m not in skip]
         splitter = (StratifiedShuffleSplit if kind == "clf" else ShuffleSplit)(num_splits, test_size=0.25,
                                                                                random_state=0)
         per_model = {m: {"metrics": [], "times": []} for m, _ in models}
@@ -165,6 +166,7 @@ def main():
                              "compiles for many minutes on a small CPU)")
     parser.add_argument("--only", default=None, help="comma-separated data set names")
     parser.add_argument("--out", default="sklearn_peers.json", help="file name under benchmarks/out/")
+    parser.add_argument("--skip", default="", help="comma-separated model names to leave out")
     args = parser.parse_args()
     num = args.splits or (3 if args.quick else 10)
     if num < 2:
@@ -180,7 +182,8 @@ def main():
                        "wall_s": time.perf_counter() - start, "results": results, "table": text}, f, indent=1)
         return text
 
-    results = run(num, args.multiclass_gp, args.only.split(",") if args.only else None, save)
+    results = run(num, args.multiclass_gp, args.only.split(",") if args.only else None, save,
+                  tuple(filter(None, args.skip.split(","))))
     print(save(results))
     print(f"wrote {path} ({time.perf_counter() - start:.0f} s)")
 
