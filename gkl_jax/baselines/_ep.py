@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .._fit import _filtered_jvp
 from .._linalg import full_precision
 from .._validate import check_max_steps, check_tol
 from .. import potentials as P
@@ -65,7 +66,11 @@ def ep(model, power: float = 1.0, damping: float = 0.5, *, tol: float | None = N
     dtype = C.dtype_of(model)
     tol = C.default_tol(dtype) if tol is None else check_tol(tol, "ep: tol")
     # tol and damping enter as arrays: changing them does not recompile
-    result = _ep_jit(model, power, jnp.asarray(damping, dtype), jnp.asarray(tol, dtype), max_steps)
+    result, taus, nus = _ep_jit(model, power, jnp.asarray(damping, dtype), jnp.asarray(tol, dtype), max_steps)
+    # log Z_EP is stationary in the site parameters at an EP fixed point (Minka 2001; Seeger 2005), so its first
+    # derivative in the model is the partial derivative at the fixed sites: evaluated outside the loop, which
+    # makes jax.grad (reverse mode) of log_z work; the loop's outputs q stay forward-differentiable only.
+    result = eqx.tree_at(lambda r: r.log_z, result, _envelope_log_z(model, taus, nus, power, result.log_z))
     C.warn_if_not_converged(result.converged, "ep", f"EP did not converge within max_steps={max_steps} (site "
                             f"parameter change > tol={tol:g}, skipped sites with non-positive cavity precision, "
                             "or an indefinite posterior precision); try a smaller damping or power")
@@ -203,5 +208,21 @@ def _ep_jit(model, power, damping, tol, max_steps):
     taus, nus, ev, k, hist, done, ok, _ = lax.while_loop(cond, body, state)
     converged = done & ok & jnp.isfinite(ev.log_z)
     q = C.gaussian_of_precision(ev.sol.mean, ev.sol.precision)
-    return Result(q=q, log_z=ev.log_z, converged=converged, num_steps=k - 1, history=hist, method="ep",
-                  is_bound=False)
+    result = Result(q=q, log_z=ev.log_z, converged=converged, num_steps=k - 1, history=hist, method="ep",
+                    is_bound=False)
+    return result, taus, nus
+
+
+@eqx.filter_custom_jvp
+def _envelope_log_z(model, taus, nus, power, value):
+    """`value` (log Z_EP from the loop at the sites (taus, nus)) with the derivative of log Z_EP in the model at
+    fixed sites (the envelope rule; first derivatives only: a second derivative would miss the sites' own)."""
+    return value
+
+
+@_envelope_log_z.def_jvp
+def _envelope_log_z_jvp(primals, tangents):
+    model, taus, nus, power, value = primals
+    taus, nus = lax.stop_gradient((taus, nus))
+    dot = _filtered_jvp(lambda m: _evaluate(m, C.operators(m), taus, nus, power).log_z, (model,), tangents[:1])[1]
+    return value, dot

@@ -33,7 +33,7 @@ from .._validate import as_float_array, check_finite, check_ndim, is_concrete
 from ..operators import Dense as DenseOperator
 from ..potentials import AbstractPotential
 from ..potentials import Gaussian as GaussianLik
-from ..potentials import Laplace, Logistic, Probit, StudentT
+from ..potentials import Cauchy, Laplace, Logistic, Poisson, Probit, StudentT
 from ..priors import GP
 from ._models import check_likelihood
 
@@ -46,8 +46,10 @@ class Prediction(eqx.Module):
     - `mean`, `variance`: the latent predictive N(f_* | mean, variance) (App. F.1).
     - `log_density`: log p(y_* | x_*) per test point, when a likelihood with test targets was given.
     - `probability`: p(y_* = +1 | x_*) for binary (probit, logistic) likelihoods, else None.
-    - `y_mean`, `y_variance`: predictive mean and variance of y_* for regression likelihoods with a finite
-      variance (Gaussian, Laplace, Student-t with dof > 2; NaN where infinite), else None.
+    - `y_mean`, `y_variance`: predictive mean and variance of y_* for regression likelihoods (Gaussian, Laplace,
+      Student-t: the latent mean and variance plus the noise variance, inf for dof <= 2; Cauchy: the location,
+      variance inf) and E[count], Var[count] for Poisson (exp(mean + variance / 2) and its log-normal
+      variance), else None.
     """
 
     mean: jax.Array
@@ -102,22 +104,31 @@ def _mean_at(prior, n_new, mean_new, dtype):
 
 @full_precision
 def predict(result, prior: GP, X_new, likelihood: Optional[AbstractPotential] = None, *, mean_new=None,
-            num_points: int = PREDICTIVE_NUM_POINTS) -> Prediction:
+            num_points: int = PREDICTIVE_NUM_POINTS, family=None) -> Prediction:
     """Predictions at the rows of `X_new` from a fitted `Result` (or a `Gaussian`) on `prior`'s inputs.
 
     `likelihood` (optional) is a potential holding the test targets, e.g. `potentials.StudentT(y_test, 3,
     scale)` or `potentials.Probit(y_test)`; it adds `log_density` (and `probability` for binary likelihoods,
-    `y_mean`/`y_variance` for regression ones). `mean_new` is the prior mean at X_new when the prior's mean is
-    not a constant.
+    `y_mean`/`y_variance` for regression ones). For unlabelled test points pass `family` instead: the training
+    likelihood (its targets are ignored, its parameters used) or a name ("logistic", "probit", "poisson"); it
+    gives `probability` / `y_mean` / `y_variance` without `log_density`. `mean_new` is the prior mean at X_new
+    when the prior's mean is not a constant.
     """
     q = result.q if isinstance(result, Result) else result
     if not isinstance(q, Gaussian):
         raise ValueError(f"result must be a gkl_jax.Result or Gaussian, got {type(result).__name__}")
     X_new = _check_inputs(q, prior, X_new)
     mu_new = _mean_at(prior, X_new.shape[0], mean_new, X_new.dtype)
+    if likelihood is not None and family is not None:
+        raise ValueError("pass either likelihood (with test targets) or family (without), not both")
+    if family is not None:
+        likelihood, labelled = with_targets(family, None, X_new.shape[0]), False
+    else:
+        labelled = True
     if likelihood is not None:
         check_likelihood(likelihood, X_new.shape[0], "X_new")
-    return _predict_jit(q, prior, X_new, mu_new, likelihood, int(num_points))
+    out = _predict_jit(q, prior, X_new, mu_new, likelihood, int(num_points))
+    return out if labelled else eqx.tree_at(lambda p: p.log_density, out, None, is_leaf=lambda x: x is None)
 
 
 @eqx.filter_jit
@@ -127,9 +138,64 @@ def _predict_jit(q, prior, X_new, mu_new, likelihood, num_points):
         return Prediction(mean, variance)
     log_density = log_predictive_density(likelihood, mean, variance, num_points=num_points)
     probability = class_probability(likelihood, mean, variance, num_points=num_points)
-    y_variance = _y_variance(likelihood, variance)
-    y_mean = None if y_variance is None else mean
+    y_mean, y_variance = observation_moments(likelihood, mean, variance)
     return Prediction(mean, variance, log_density, probability, y_mean, y_variance)
+
+
+FAMILIES = {"logistic": Logistic, "probit": Probit, "poisson": Poisson}
+"""Likelihood families without parameters, by name (`with_targets`)."""
+
+
+def with_targets(family, y, num: int):
+    """The likelihood `family` holding the targets `y` (None: placeholder targets, +1 or 0, for predictions that do
+    not use them) for `num` test points.
+
+    Args:
+        family: a `gkl_jax.potentials` potential with a `y` field (its other parameters, scalars or per-site
+            arrays of length `num`, are kept) or a name in `FAMILIES`.
+        y: test targets of shape (num,) or None.
+        num: the number of test points.
+    Returns:
+        The potential with `y` replaced; ValueError for an unknown family or per-site parameters of another length.
+    """
+    if isinstance(family, str):
+        if family not in FAMILIES:
+            raise ValueError(f"family must be a potential or one of {sorted(FAMILIES)}, got {family!r}")
+        family = FAMILIES[family](jnp.ones((num,)) if family != "poisson" else jnp.zeros((num,)))
+    if not isinstance(family, AbstractPotential) or not hasattr(family, "y"):
+        raise ValueError(f"family must be a gkl_jax.potentials potential with targets y (Gaussian, Laplace, StudentT, "
+                         f"Cauchy, Logistic, Probit, Poisson) or a name, got {type(family).__name__}")
+    if y is None:
+        y = jnp.ones((num,), family.y.dtype) if isinstance(family, (Logistic, Probit)) else jnp.zeros((num,),
+                                                                                                   family.y.dtype)
+    else:
+        y = as_float_array(y, "y")
+        check_ndim(y, 1, "y")
+        if y.shape[0] != num:
+            raise ValueError(f"y has {y.shape[0]} targets but there are {num} test points")
+        check_finite(y, "y")
+        if isinstance(family, (Logistic, Probit)) and is_concrete(y) and not bool(jnp.all(jnp.abs(y) == 1)):
+            raise ValueError("y must hold labels in {-1, +1} for a binary likelihood")
+        if isinstance(family, Poisson) and is_concrete(y) and not bool(jnp.all((y >= 0) & (y == jnp.round(y)))):
+            raise ValueError("y must hold non-negative integer counts for a Poisson likelihood")
+    for name in ("variance", "scale", "dof"):
+        value = getattr(family, name, None)
+        if value is not None and jnp.ndim(value) == 1 and value.shape[0] != num:
+            raise ValueError(f"the family's {name} is per site (length {value.shape[0]}); predictions at {num} "
+                             "points need a scalar or one value per test point")
+    return eqx.tree_at(lambda p: p.y, family, jnp.asarray(y, family.y.dtype))
+
+
+def observation_moments(likelihood, mean, variance):
+    """(E[y_*], Var[y_*]) under the latent predictive N(mean, variance) for regression and count likelihoods
+    (see `Prediction`); (None, None) for binary ones."""
+    if isinstance(likelihood, Poisson):
+        y_mean = jnp.exp(mean + 0.5 * variance)
+        return y_mean, y_mean + jnp.square(y_mean) * jnp.expm1(variance)
+    if isinstance(likelihood, Cauchy):
+        return mean, jnp.full_like(variance, jnp.inf)
+    y_variance = _y_variance(likelihood, variance)
+    return (None, None) if y_variance is None else (mean, y_variance)
 
 
 def _check_moments(likelihood, mean, variance):

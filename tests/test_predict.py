@@ -1,0 +1,110 @@
+"""gkl_jax._predict.predict (the core predictive API), gp.predict(family=...) and reverse-mode EP log_z."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import integrate, special
+
+import gkl_jax as gk
+from gkl_jax._predict import predict
+from gkl_jax import potentials as P
+
+
+@pytest.fixture(scope="module")
+def logistic_fit():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(25, 3))
+    y = np.where(X[:, 0] + 0.5 * rng.normal(size=25) > 0, 1.0, -1.0)
+    model = gk.Model(gk.priors.Isotropic(3, 2.0), gk.Sites(X, P.Logistic(y)))
+    return gk.fit(model), rng.normal(size=(4, 3))
+
+
+def test_latent_moments_equal_dense_projection(logistic_fit):
+    res, Xn = logistic_fit
+    pred = predict(res, Xn, offset=0.5)
+    S = np.asarray(res.q.covariance())
+    np.testing.assert_allclose(pred.mean, Xn @ np.asarray(res.q.mean) + 0.5, rtol=1e-12)
+    np.testing.assert_allclose(pred.variance, np.einsum("nd,de,ne->n", Xn, S, Xn), rtol=1e-10)
+    assert pred.probability is None and pred.log_density is None
+
+
+def test_logistic_probability_is_the_predictive_integral(logistic_fit):
+    res, Xn = logistic_fit
+    pred = predict(res, Xn, "logistic", y=np.array([1.0, -1.0, 1.0, -1.0]))
+    for mu, s2, p, ld, yy in zip(pred.mean, pred.variance, pred.probability, pred.log_density, [1, -1, 1, -1]):
+        f = lambda x, mu=float(mu), s=float(np.sqrt(s2)): special.expit(x) * np.exp(-0.5 * ((x - mu) / s) ** 2) / (
+            s * np.sqrt(2 * np.pi))
+        exact = integrate.quad(f, mu - 12 * np.sqrt(s2), mu + 12 * np.sqrt(s2), epsabs=1e-13)[0]
+        assert abs(float(p) - exact) < 1e-9
+        assert abs(float(ld) - np.log(exact if yy == 1 else 1 - exact)) < 1e-8
+    # not the plug-in sigmoid(mean): the predictive is pulled towards 1/2
+    assert np.all(np.abs(np.asarray(pred.probability) - 0.5) < np.abs(special.expit(np.asarray(pred.mean)) - 0.5))
+
+
+def test_regression_and_poisson_families(logistic_fit):
+    res, Xn = logistic_fit
+    lat = predict(res, Xn)
+    g = predict(res, Xn, P.Gaussian(np.zeros(25), 0.3))            # the training likelihood: targets ignored
+    np.testing.assert_allclose(g.y_variance, np.asarray(lat.variance) + 0.3, rtol=1e-12)
+    np.testing.assert_allclose(g.y_mean, lat.mean, rtol=1e-12)
+    t = predict(res, Xn, P.StudentT(np.zeros(25), 5.0, 0.5))
+    np.testing.assert_allclose(t.y_variance, np.asarray(lat.variance) + 0.25 * 5 / 3, rtol=1e-12)
+    p = predict(res, Xn, "poisson", y=np.array([0.0, 1.0, 2.0, 5.0]))
+    mu, s2 = np.asarray(lat.mean), np.asarray(lat.variance)
+    np.testing.assert_allclose(p.y_mean, np.exp(mu + s2 / 2), rtol=1e-12)
+    # log p(y = 2) by quadrature of the Poisson pmf under the latent Gaussian
+    f = lambda x: np.exp(2 * x - np.exp(x) - np.log(2.0)) * np.exp(-0.5 * (x - mu[2]) ** 2 / s2[2]) / np.sqrt(
+        2 * np.pi * s2[2])
+    exact = integrate.quad(f, mu[2] - 12 * np.sqrt(s2[2]), mu[2] + 12 * np.sqrt(s2[2]), epsabs=1e-14)[0]
+    assert abs(float(p.log_density[2]) - np.log(exact)) < 1e-8
+
+
+def test_predict_bad_input(logistic_fit):
+    res, Xn = logistic_fit
+    with pytest.raises(ValueError, match="H_new"):
+        predict(res, np.ones((2, 4)))
+    with pytest.raises(ValueError, match="H_new"):
+        predict(res, np.array([[np.nan, 0.0, 0.0]]))
+    with pytest.raises(ValueError, match="family"):
+        predict(res, Xn, "gamma")
+    with pytest.raises(ValueError, match="y"):
+        predict(res, Xn, y=np.ones(4))
+    with pytest.raises(ValueError, match=r"\{-1, \+1\}"):
+        predict(res, Xn, "probit", y=np.array([0.0, 1.0, 1.0, 1.0]))
+    with pytest.raises(ValueError, match="per site"):
+        predict(res, Xn, P.Gaussian(np.zeros(25), np.ones(25)))
+
+
+def test_gp_predict_family_gives_unlabelled_probabilities():
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(12, 1))
+    y = np.where(X[:, 0] > 0, 1.0, -1.0)
+    model = gk.gp.model(gk.kernels.SquaredExponential(1.0, 1.0), X, P.Probit(y))
+    res = gk.fit(model)
+    Xn = np.linspace(-2, 2, 5)[:, None]
+    unlabelled = gk.gp.predict(res, model.prior, Xn, family="probit")
+    labelled = gk.gp.predict(res, model.prior, Xn, P.Probit(np.ones(5)))
+    np.testing.assert_allclose(unlabelled.probability, labelled.probability, rtol=1e-14)
+    np.testing.assert_allclose(unlabelled.probability, special.ndtr(np.asarray(unlabelled.mean) / np.sqrt(
+        1 + np.asarray(unlabelled.variance))), rtol=1e-12)
+    assert unlabelled.log_density is None
+    with pytest.raises(ValueError, match="not both"):
+        gk.gp.predict(res, model.prior, Xn, P.Probit(np.ones(5)), family="probit")
+
+
+@pytest.mark.parametrize("power", [1.0, 0.7])
+def test_ep_log_z_reverse_mode_matches_central_differences(power):
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(15, 3))
+    y = np.sign(X[:, 0] + rng.normal(size=15))
+
+    def log_z(lv):
+        model = gk.Model(gk.priors.Isotropic(3, jnp.exp(lv)), gk.Sites(X, P.Logistic(y)))
+        return gk.ep(model, power=power, tol=1e-12).log_z
+
+    grad = jax.grad(log_z)(0.3)
+    h = 1e-5
+    fd = (log_z(0.3 + h) - log_z(0.3 - h)) / (2 * h)
+    assert abs(float(grad) - float(fd)) < 1e-7
+    assert abs(float(grad) - float(jax.jacfwd(log_z)(0.3))) < 1e-10

@@ -1,0 +1,216 @@
+"""gkl_jax.sklearn: scikit-learn's estimator checks, closed-form oracles and bad input.
+
+check_estimator runs ~40 checks of many data shapes; each new shape compiles a fit (5-30 s on the shared 2-core
+machine). The linear estimators pad their designs to power-of-two buckets (at least 256 x 16), so the checks of
+BayesianLogisticRegression share two compilations and run in the suite; the other configurations (the regression
+likelihoods, ML-II, which compiles its own loop) and the GP estimators compile per training size (about 40
+compilations of the checks' data sets, 10-20 min here), so their checks run only with GKL_SKLEARN_CHECKS=1.
+"""
+
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import special
+from sklearn.exceptions import NotFittedError
+from sklearn.utils.estimator_checks import parametrize_with_checks
+
+import gkl_jax as gk
+from gkl_jax.sklearn import (BayesianLogisticRegression, BayesianRegression, GPClassifier, GPRegressor,
+                             MulticlassGPClassifier)
+from gkl_jax.sklearn._common import bucket
+
+QUICK = [BayesianLogisticRegression()]
+SLOW = [BayesianRegression(learn_prior_variance=False, learn_noise=False),
+        BayesianRegression("laplace", learn_prior_variance=False, learn_noise=False),
+        BayesianLogisticRegression(learn_prior_variance=True), BayesianRegression("student-t"),
+        GPClassifier(learn_hyperparameters=False), GPRegressor(learn_hyperparameters=False),
+        GPRegressor(likelihood="student-t", learn_hyperparameters=False),
+        MulticlassGPClassifier(learn_hyperparameters=False), GPClassifier(max_steps=5)]
+
+
+@pytest.mark.slow
+@parametrize_with_checks(QUICK)
+def test_sklearn_checks_linear(estimator, check):
+    check(estimator)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("GKL_SKLEARN_CHECKS") != "1", reason="compiles per data shape (10-20 min); "
+                    "set GKL_SKLEARN_CHECKS=1")
+@parametrize_with_checks(SLOW)
+def test_sklearn_checks_slow(estimator, check):
+    check(estimator)
+
+
+@pytest.fixture(scope="module")
+def logistic_data():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(40, 3))
+    y = np.where(X @ np.array([1.5, -1.0, 0.0]) + 0.5 + rng.normal(size=40) > 0, "yes", "no")
+    return X, y
+
+
+@pytest.mark.slow
+def test_logistic_matches_the_unpadded_fit_and_the_predictive_integral(logistic_data):
+    X, y = logistic_data
+    clf = BayesianLogisticRegression(prior_variance=2.0, intercept_variance=10.0).fit(X, y)
+    assert list(clf.classes_) == ["no", "yes"] and clf.converged_
+    H = np.hstack([X, np.ones((40, 1))])
+    model = gk.Model(gk.priors.Diagonal(np.array([2.0, 2.0, 2.0, 10.0])),
+                     gk.Sites(H, gk.potentials.Logistic(np.where(y == "yes", 1.0, -1.0))))
+    ref = gk.fit(model)
+    assert abs(clf.log_evidence_ - float(ref.log_z)) < 1e-6       # zero-row / zero-column padding is exact
+    np.testing.assert_allclose(clf.coef_[0], ref.q.mean[:3], atol=1e-5)
+    np.testing.assert_allclose(clf.coef_std_[0], np.sqrt(np.diag(ref.q.covariance()))[:3], atol=1e-5)
+    # predict_proba = E[sigmoid(f)], f ~ N(h^T m, h^T S h), by dense Gauss-Hermite here
+    Xt = np.random.default_rng(1).normal(size=(5, 3))
+    Ht = np.hstack([Xt, np.ones((5, 1))])
+    mu = Ht @ np.r_[clf.coef_[0], clf.intercept_]
+    sd = np.sqrt(np.einsum("nd,de,ne->n", Ht, clf.covariance_[0], Ht))
+    z, w = np.polynomial.hermite_e.hermegauss(80)
+    p = special.expit(mu[:, None] + sd[:, None] * z) @ w / np.sqrt(2 * np.pi)
+    np.testing.assert_allclose(clf.predict_proba(Xt)[:, 1], p, atol=1e-8)
+    assert np.array_equal(clf.decision_function(Xt) > 0, clf.predict(Xt) == "yes")
+
+
+@pytest.mark.slow
+def test_logistic_learned_prior_variance_maximises_the_bound(logistic_data):
+    X, y = logistic_data
+    clf = BayesianLogisticRegression(learn_prior_variance=True).fit(X, y)
+    v = clf.prior_variance_
+    for factor in (0.7, 1.4):
+        other = BayesianLogisticRegression(prior_variance=v * factor).fit(X, y)
+        assert other.log_evidence_ < clf.log_evidence_
+
+
+def test_one_vs_rest_probabilities(logistic_data):
+    X, _ = logistic_data
+    y = np.argmax(X @ np.array([[3.0, -3.0, 0.0], [0.0, 3.0, -3.0], [0.0, 0.0, 0.0]]), axis=1)
+    clf = BayesianLogisticRegression().fit(X, y)
+    p = clf.predict_proba(X)
+    assert p.shape == (40, 3) and clf.coef_.shape == (3, 3) and clf.log_evidence_.shape == (3,)
+    np.testing.assert_allclose(p.sum(axis=1), 1.0, rtol=1e-12)
+    assert clf.score(X, y) > 0.85
+
+
+def _gaussian_evidence(H, z, prior_var, noise):
+    K = H @ np.diag(prior_var) @ H.T + noise * np.eye(len(z))
+    sign, logdet = np.linalg.slogdet(K)
+    return -0.5 * (logdet + z @ np.linalg.solve(K, z) + len(z) * np.log(2 * np.pi))
+
+
+@pytest.mark.slow
+def test_gaussian_regression_evidence_and_predictive_are_closed_form():
+    rng = np.random.default_rng(2)
+    X = rng.normal(size=(30, 2))
+    y = 3.0 + X @ np.array([2.0, -1.0]) + 0.5 * rng.normal(size=30)
+    reg = BayesianRegression(learn_prior_variance=False, learn_noise=False, prior_variance=0.5, noise=0.2).fit(X, y)
+    shift, scale = np.median(y), np.std(y)
+    H = np.hstack([X, np.ones((30, 1))])
+    prior = np.array([0.5, 0.5, 100.0])
+    expected = _gaussian_evidence(H, (y - shift) / scale, prior, 0.2) - 30 * np.log(scale)
+    assert abs(reg.log_evidence_ - expected) < 1e-8
+    A = H.T @ H / 0.2 + np.diag(1 / prior)
+    S = np.linalg.inv(A)
+    m = S @ H.T @ ((y - shift) / scale) / 0.2
+    np.testing.assert_allclose(reg.coef_, m[:2] * scale, rtol=1e-8)
+    Xt = rng.normal(size=(4, 2))
+    Ht = np.hstack([Xt, np.ones((4, 1))])
+    mean, sd = reg.predict(Xt, return_std=True)
+    np.testing.assert_allclose(mean, (Ht @ m) * scale + shift, rtol=1e-8)
+    np.testing.assert_allclose(sd, np.sqrt(np.einsum("nd,de,ne->n", Ht, S, Ht) + 0.2) * scale, rtol=1e-8)
+    # learning: the evidence at the learned (prior variance, noise) beats the starting values
+    learned = BayesianRegression().fit(X, y)
+    assert learned.log_evidence_ > reg.log_evidence_ and learned.converged_
+
+
+@pytest.mark.slow
+def test_robust_regression_resists_outliers():
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(60, 1))
+    y = 1.0 + 2.0 * X[:, 0] + 0.1 * rng.normal(size=60)
+    y[:6] += 30.0                                                  # gross outliers
+    gauss = BayesianRegression().fit(X, y)
+    robust = BayesianRegression("student-t", dof=3.0).fit(X, y)
+    assert abs(robust.coef_[0] - 2.0) < 0.1 < abs(gauss.coef_[0] - 2.0) or abs(robust.intercept_ - 1.0) < abs(
+        gauss.intercept_ - 1.0)
+    assert abs(robust.coef_[0] - 2.0) < 0.1
+
+
+def test_estimators_compute_in_float64_without_global_x64(logistic_data):
+    X, y = logistic_data
+    with jax.enable_x64(False):
+        clf = BayesianLogisticRegression().fit(X, y)
+        p = clf.predict_proba(X)
+        assert jnp.zeros(1).dtype == jnp.float32                   # the caller's setting is untouched
+    ref = BayesianLogisticRegression().fit(X, y)
+    assert p.dtype == np.float64 and clf.coef_.dtype == np.float64
+    np.testing.assert_allclose(p, ref.predict_proba(X), rtol=1e-12)
+
+
+@pytest.mark.parametrize("est", [BayesianLogisticRegression(), BayesianRegression(learn_noise=False)])
+def test_bad_input(est, logistic_data):
+    X, y = logistic_data
+    y = (y == "yes").astype(float)
+    with pytest.raises(NotFittedError):
+        est.predict(X)
+    bad = X.copy()
+    bad[0, 0] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        est.fit(bad, y)
+    with pytest.raises(ValueError):
+        est.fit(X, y[:-1])
+    with pytest.raises(ValueError):
+        est.fit(X[:, 0], y)
+    est.fit(X, y)
+    with pytest.raises(ValueError, match="features"):
+        est.predict(X[:, :2])
+
+
+def test_bad_parameters_and_one_class(logistic_data):
+    X, _ = logistic_data
+    with pytest.raises(ValueError, match="class"):
+        BayesianLogisticRegression().fit(X, np.ones(40))
+    with pytest.raises(ValueError, match="likelihood"):
+        BayesianRegression("cauchy").fit(X, X[:, 0])
+    with pytest.raises(ValueError, match="prior_variance"):
+        BayesianLogisticRegression(prior_variance=-1.0).fit(X, X[:, 0] > 0)
+    with pytest.raises(ValueError, match="factor"):
+        BayesianLogisticRegression(factor="banded").fit(X, X[:, 0] > 0)
+
+
+@pytest.mark.slow
+def test_gp_classifier_and_regressor_small():
+    rng = np.random.default_rng(4)
+    X = rng.uniform(-2, 2, size=(24, 1))
+    y = np.where(np.sin(2 * X[:, 0]) > 0, 1, 0)
+    clf = GPClassifier().fit(X, y)
+    assert clf.score(X, y) > 0.9 and np.isfinite(clf.log_evidence_)
+    fixed = GPClassifier(kernel=clf.kernel_, learn_hyperparameters=False).fit(X, y)
+    assert abs(fixed.log_evidence_ - clf.log_evidence_) < 1e-6
+    yr = np.sin(2 * X[:, 0]) + 0.1 * rng.normal(size=24)
+    reg = GPRegressor().fit(X, yr)
+    # Gaussian likelihood: the exact log marginal likelihood of the learned kernel (original units)
+    z = (yr - yr.mean()) / yr.std()
+    K = np.asarray(reg.kernel_.gram(X)) + (reg.noise_ + 1e-6) * np.eye(24)
+    sign, logdet = np.linalg.slogdet(K)
+    lml = -0.5 * (logdet + z @ np.linalg.solve(K, z) + 24 * np.log(2 * np.pi)) - 24 * np.log(yr.std())
+    assert abs(reg.log_evidence_ - lml) < 1e-5
+    mean, sd = reg.predict(X[:3], return_std=True)
+    assert np.all(sd > np.sqrt(reg.noise_) * yr.std() - 1e-9)
+
+
+def test_import_without_sklearn_is_a_clear_error():
+    code = ("import sys; sys.modules['sklearn'] = None\n"
+            "try:\n    import gkl_jax.sklearn\nexcept ImportError as e:\n    print(e)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "pip install 'gkl-jax[sklearn]'" in out.stdout
+
+
+def test_bucket():
+    assert [bucket(n) for n in (1, 16, 17, 100, 128, 129)] == [16, 16, 32, 128, 128, 256]
