@@ -20,6 +20,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 MODELS = ["logistic-full", "logistic-diagonal", "logistic-chevron", "gp-classification", "student-t-gp",
@@ -110,7 +111,9 @@ def run(name, tree):
     env.pop("XLA_FLAGS", None)
     if tree:
         env["PYTHONPATH"] = os.path.abspath(tree)
-    proc = subprocess.run([sys.executable, "-c", _CHILD, name], capture_output=True, text=True, env=env)
+    # run outside the repository: `python -c` puts the working directory first on sys.path, ahead of PYTHONPATH
+    proc = subprocess.run([sys.executable, "-c", _CHILD, name], capture_output=True, text=True, env=env,
+                          cwd=tempfile.gettempdir())
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[7:])
