@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .._fit import _filtered_jvp
+from .._adjoint import filtered_jvp as _filtered_jvp
 from .._linalg import full_precision
 from .._validate import check_max_steps, check_tol
 from .. import potentials as P

@@ -27,11 +27,12 @@ import numpy as np
 
 from .._linalg import full_precision
 from .._fit import fit
+from .._start import initial_q
 from .._gaussian import Gaussian
 from .._model import Model, Sites
 from .._result import Result
 from .._validate import as_float_array, check_finite, check_int, check_key, check_ndim
-from ..factors import AbstractFactor
+from ..factors import AbstractFactor, Full
 from ..operators import AbstractOperator
 from ..potentials import Gaussian as GaussianPotential
 from ._scores import _candidate_operator, check_noise_variance, greedy_selection, optimal_directions
@@ -85,7 +86,9 @@ def padded_measurement_sites(M, y, noise_variance, capacity: int) -> Sites:
 
 def _default_infer(factor):
     def infer(model, q0):
-        return fit(model, factor=factor, q0=q0) if q0 is not None else fit(model, factor=factor)
+        # step 0 starts where fit would, passed as q0 so that every step runs the same compiled program
+        q0 = initial_q(model, factor if factor is not None else Full(), None) if q0 is None else q0
+        return fit(model, factor=factor, q0=q0)
     return infer
 
 
