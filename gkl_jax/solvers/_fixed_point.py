@@ -3,7 +3,7 @@
 Alternating maximisation of the G-KL bound B(m, C) (Challis & Barber 2013, eq. 7), one outer step:
 
 1. **Factor step.** With Gamma_nn = -E[(log phi_n)''(m_n + z s_n)] = -2 dI_n/d(s_n^2) at the current (m, C), the
-   stationary covariance of eq. 10 (with the sign erratum of the notes, A0 item 1) is
+   stationary covariance of eq. 10 (Challis & Barber 2013, with Gamma >= 0 for log-concave sites) is
 
        S* = (Sigma^{-1} + sum_groups H^T diag(Gamma) H)^{-1},     C* = factor.fixed_point(prior, H, Gamma),
 
