@@ -23,7 +23,7 @@ from ._bound import bound
 from ._gaussian import Gaussian
 from ._linalg import full_precision, reduced_matmul_precision, reduced_precision_hint
 from ._model import Model, check_fittable, separated
-from ._optim import default_tol, max_abs
+from ._optim import default_tol, stationary
 from ._result import Result
 from ._start import initial_q, model_dtype, start_error
 from ._validate import check_max_steps, check_tol, is_concrete
@@ -83,9 +83,13 @@ def fit(model: Model, factor: AbstractFactor | None = None, *, solver=None, q0: 
         solver: a `gkl_jax.solvers` solver (e.g. `solvers.LBFGS(memory=20)`) or an `optax.GradientTransformation`;
             None for `solvers.default_solver(model, factor)`.
         q0: a `Gaussian` or `Result` to start from (with `whiten`, an initialised Full factor).
-        tol: gradient tolerance max |dB/d(m, C)| <= tol, overriding the solver's; default 1e-6 for float64 and
-            1e-3 for float32. May be a traced scalar inside a transformation (then not checked); every value
-            shares one compilation.
+        tol: tolerance of the scale-aware stopping test, overriding the solver's; default 1e-6 for float64 and
+            1e-3 for float32. The fit stops where max_i |dB/dx_i| max(|x_i|, sigma0) <= max(tol, 8 eps |B|) over
+            the solver's variables x (m and the factor's entries), sigma0 = sqrt(v0) the starting standard
+            deviation (`_start.initial_variance`; 1 when whitened): the gradient measured on the variables' own
+            scale, so that the test does not change when the inputs are rescaled, and capped below by the
+            resolution of B itself, so that float32 fits with many sites can meet it. May be a traced scalar
+            inside a transformation (then not checked); every value shares one compilation.
         max_steps: step limit, overriding the solver's (default: the solver's `default_max_steps`).
         whiten: fit in the whitened basis; None (default) whitens where `solvers.default_whiten` says so (the
             default solver on non-log-concave sites under a GP or dense prior with the Full factor).
@@ -152,8 +156,8 @@ def _not_converged_message(solver, num_steps, tol, log_z, whiten, model, imprope
         valid = f"the bound there is {float(log_z)} (numerical failure: check the data's scales)"
     steps = int(num_steps) if is_concrete(num_steps) else "?"
     tol = f"{float(tol):g}" if is_concrete(tol) else "tol"
-    return (f"gkl_jax.fit: the {name} solver stopped after {steps} steps without reaching max|grad| <= {tol}; "
-            f"{valid}{hint}")
+    return (f"gkl_jax.fit: the {name} solver stopped after {steps} steps without meeting its stopping test "
+            f"(tol {tol}); {valid}{hint}")
 
 
 @eqx.filter_jit
@@ -163,13 +167,14 @@ def _fit_jit(model, factor, q0, solver, tol, max_steps, whiten):
     work, q0, back = whitening(model, q0, whiten, "fit")
     q_init = initial_q(work, factor, q0)
     start_logdet = q_init.factor.logdet()
+    scale = jnp.sqrt(_start.initial_variance(work))     # sigma0 of the stopping test
     if _start.applies(work, q_init, q0 is None and not factor.is_initialised):
-        q_init = _mean_field_start(work, q_init, solver, tol)
+        q_init = _mean_field_start(work, q_init, solver, tol, scale)
     if isinstance(q_init.factor, AbstractRefinableFactor) and q_init.factor.num_refinements > 0:
-        q, k, ok, hist = _refine_and_solve(work, q_init, solver, tol, max_steps)
+        q, k, ok, hist = _refine_and_solve(work, q_init, solver, tol, max_steps, scale)
         solution_status, extras = status(ok, jnp.nanmax(hist), k, max_steps), None
     else:
-        solution = _solve(work, q_init, solver, tol, max_steps)
+        solution = _solve(work, q_init, solver, tol, max_steps, scale)
         q, k, hist, solution_status, extras = (implicit(work, solution.q), solution.num_steps, solution.history,
                                                solution.status, solution.extras)
     q = back(q)
@@ -192,31 +197,31 @@ class _Solved(eqx.Module):
     extras: object = None
 
 
-def _solve(model, q_init, solver, tol, max_steps):
+def _solve(model, q_init, solver, tol, max_steps, scale):
     """The solver's optimum over the solver leaves of q_init (without derivatives: `implicit` attaches them)."""
-    problem = Problem(frozen(model), stop_gradients(q_init), solver_mask(q_init))
+    problem = Problem(frozen(model), stop_gradients(q_init), solver_mask(q_init), scale)
     solution = solver.solve(problem, tol, max_steps)
     return _Solved(problem.to_q(solution.x), solution.num_steps, solution.history, solution.status,
                    solution.extras)
 
 
-def _mean_field_start(model, q_init, solver, tol):
+def _mean_field_start(model, q_init, solver, tol, scale):
     """The template's start from the mean-field fit (`gkl_jax._start`)."""
     work = frozen(model)
     diagonal = initial_q(work, Diagonal(), None)
     diagonal_solver = default_solver(work, diagonal.factor)
-    mean_field = _solve(work, diagonal, diagonal_solver, tol, diagonal_solver.default_max_steps).q
+    mean_field = _solve(work, diagonal, diagonal_solver, tol, diagonal_solver.default_max_steps, scale).q
     return _start.mean_field_start(work, stop_gradients(q_init), mean_field)
 
 
-def _refine_and_solve(model, q_init, solver, tol, max_steps):
+def _refine_and_solve(model, q_init, solver, tol, max_steps, scale):
     """For an `AbstractRefinableFactor` (the subspace basis, Challis & Barber 2013, App. B.4): q <- refine(q),
     then solve over the solver leaves, `num_refinements` times in a `lax.fori_loop`, keeping the q with the best
     bound (the basis update is not guaranteed to increase it).
 
     The rounds before the last only choose the next basis, so they stop at the looser tolerance sqrt(tol) (for
-    tol < 1); the last round solves to `tol`. `converged` is checked on the returned q itself: max |dB| <= tol
-    over the solver leaves."""
+    tol < 1); the last round solves to `tol`. `converged` is the stopping test on the returned q itself, over
+    the solver leaves."""
     rounds = q_init.factor.num_refinements
     work = frozen(model)
     loose = jnp.maximum(tol, jnp.sqrt(tol))
@@ -225,7 +230,7 @@ def _refine_and_solve(model, q_init, solver, tol, max_steps):
         q, k, hist, best = carry
         factor = lax.stop_gradient(q.factor.refine(work, lax.stop_gradient(q), best))
         solved = _solve(work, eqx.tree_at(lambda g: g.factor, q, factor), solver,
-                        jnp.where(i == rounds - 1, tol, loose), max_steps)
+                        jnp.where(i == rounds - 1, tol, loose), max_steps, scale)
         value = bound(work, lax.stop_gradient(solved.q))
         better = jnp.isfinite(value) & (value >= best)
         q = jax.tree.map(lambda a, b: jnp.where(better, a, b), solved.q, q)
@@ -238,7 +243,7 @@ def _refine_and_solve(model, q_init, solver, tol, max_steps):
     q, k, hist, best = lax.fori_loop(0, rounds, round_, init)
     params, static = eqx.partition(lax.stop_gradient(q), solver_mask(q))
     grad = jax.grad(lambda p: bound(work, eqx.combine(p, static)))(params)
-    ok = jnp.isfinite(best) & (max_abs(ravel_pytree(grad)[0]) <= tol)
+    ok = jnp.isfinite(best) & stationary(ravel_pytree(grad)[0], ravel_pytree(params)[0], best, tol, scale)
     return implicit(model, q), k, ok, hist
 
 

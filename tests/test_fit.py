@@ -236,7 +236,9 @@ def test_mean_jacobian_is_the_implicit_derivative():
         return gk.fit(_logistic_model(H, y, variance=theta[0]), tol=tol).q.mean
 
     theta = np.concatenate([[2.0], X[0]])
-    jac = np.asarray(jax.jit(jax.jacfwd(lambda t: mean(t, tol=1e-6)))(jnp.asarray(theta)))
+    # tol 1e-7 on the scale-aware test: the implicit derivative is exact at the optimum only; at tol 1e-6 (where
+    # sigma0 = 0.29 lets max|grad| reach ~3e-6) d m_0 / d theta_0 was 1.9e-6 off on an H200
+    jac = np.asarray(jax.jit(jax.jacfwd(lambda t: mean(t, tol=1e-7)))(jnp.asarray(theta)))
     for i in range(2):
         fd = central_difference(lambda t: mean(jnp.asarray(t))[i], theta, eps=1e-5)
         np.testing.assert_allclose(jac[i], fd, rtol=1e-5, atol=1e-6)
@@ -371,7 +373,7 @@ def test_other_verbs_run_float32_products_in_full_precision(verb):
 def test_too_few_steps_reports_not_converged_with_a_warning_and_no_nan():
     X, y = _logistic()
     model = _logistic_model(X, y)
-    with pytest.warns(UserWarning, match="without reaching"):
+    with pytest.warns(UserWarning, match="without meeting its stopping test"):
         res = gk.fit(model, max_steps=1)
     assert not bool(res.converged) and int(res.num_steps) == 1
     assert np.isfinite(float(res.log_z)) and np.all(np.isfinite(np.asarray(res.q.mean)))

@@ -11,7 +11,7 @@ from scipy import integrate, special, stats
 
 import gkl_jax as gk
 from gkl_jax import kernels as K
-from gkl_jax.gp import _hyper
+from gkl_jax.gp import _hyper_loop
 
 NOISE = 0.05
 
@@ -240,11 +240,11 @@ def test_ml2_inner_tolerance_follows_gtol_without_changing_the_result():
     argument of the compiled objective: the first run compiles it once (its weakly typed start included), the
     second run not at all."""
     build, k0 = _logistic_ml2(30)
-    traces = _hyper.TRACE_COUNT["objective"]
+    traces = _hyper_loop.TRACE_COUNT["objective"]
     loose = gk.gp.fit_hyperparameters(build, k0, gtol=1e-3)
-    assert _hyper.TRACE_COUNT["objective"] == traces + 1
+    assert _hyper_loop.TRACE_COUNT["objective"] == traces + 1
     tight = gk.gp.fit_hyperparameters(build, k0, gtol=1e-3, method_kwargs={"tol": 1e-7})
-    assert _hyper.TRACE_COUNT["objective"] == traces + 1
+    assert _hyper_loop.TRACE_COUNT["objective"] == traces + 1
     assert loose.converged and tight.converged
     np.testing.assert_allclose(loose.log_z, tight.log_z, rtol=1e-6)
     np.testing.assert_allclose(loose.params.lengthscale, tight.params.lengthscale, rtol=1e-2)
@@ -259,10 +259,10 @@ def test_ml2_outer_loop_compiled_equals_host_loop():
     gtol = 1e-5). The host loop's evaluations cost 16 ms each after the first (they compiled the inner solver
     again every time, 2 s each, until `fit_warm` jitted it)."""
     build, k0 = _logistic_ml2(20)
-    traces = _hyper.TRACE_COUNT["objective"]
+    traces = _hyper_loop.TRACE_COUNT["objective"]
     with pytest.warns(UserWarning, match="without meeting gtol"):
         compiled = gk.gp.fit_hyperparameters(build, k0, gtol=1e-5, max_steps=2)
-    assert _hyper.TRACE_COUNT["objective"] == traces + 1
+    assert _hyper_loop.TRACE_COUNT["objective"] == traces + 1
     with pytest.warns(UserWarning, match="without meeting gtol"):
         host = gk.gp.fit_hyperparameters(build, k0, gtol=1e-5, max_steps=2, jit=False)
     assert not compiled.converged and not host.converged
@@ -277,14 +277,14 @@ def test_ml2_stops_when_the_next_step_cannot_beat_ftol():
     run as converged, although that step itself lowered -log_z by far more than ftol and max|g| > gtol: further
     trial points would sit at the objective's noise floor (sonar, split 8: 26 step halvings)."""
     x = {"a": jnp.asarray([0.3, -0.2])}
-    settings = _hyper._Settings(_hyper._LBFGS, True, 50, jnp.asarray(1e-12), jnp.asarray(1e-9))
-    state = _hyper._State(x=x, f=jnp.asarray(10.0), g=x, res=None, q=None, opt_state=_hyper._LBFGS.init(x),
+    settings = _hyper_loop._Settings(_hyper_loop._LBFGS, True, 50, jnp.asarray(1e-12), jnp.asarray(1e-9))
+    state = _hyper_loop._State(x=x, f=jnp.asarray(10.0), g=x, res=None, q=None, opt_state=_hyper_loop._LBFGS.init(x),
                           direction={"a": -x["a"]}, slope=jnp.asarray(-0.13), t=jnp.asarray(1.0), trial=x,
                           halvings=jnp.asarray(0), k=jnp.asarray(3), hist=jnp.zeros(51), inner_bad=jnp.asarray(0),
                           status=jnp.asarray(0))
-    for g, expected in ((1e-6, _hyper._CONVERGED), (1e-3, _hyper._RUNNING)):
+    for g, expected in ((1e-6, _hyper_loop._CONVERGED), (1e-3, _hyper_loop._RUNNING)):
         grad = {"a": jnp.asarray([g, -g])}     # the first L-BFGS direction is -g: predicted change 2 g^2
-        new = _hyper._advance(state, jnp.asarray(9.9), grad, types.SimpleNamespace(converged=True), settings)
+        new = _hyper_loop._advance(state, jnp.asarray(9.9), grad, types.SimpleNamespace(converged=True), settings)
         assert int(new.k) == 4 and int(new.status) == expected
 
 
@@ -294,19 +294,19 @@ def test_ml2_inner_tolerance_follows_the_outer_gradient():
     gradient: the stopping tests need an inner optimum at `tol`."""
     x = {"a": jnp.asarray([0.3, -0.2])}
     tol = jnp.asarray(1e-4)
-    state = _hyper._State(x=x, f=jnp.asarray(10.0), g={"a": jnp.asarray([2.0, -5.0])}, res=None, q=None,
-                          opt_state=_hyper._LBFGS.init(x), direction={"a": -x["a"]}, slope=jnp.asarray(-0.13),
+    state = _hyper_loop._State(x=x, f=jnp.asarray(10.0), g={"a": jnp.asarray([2.0, -5.0])}, res=None, q=None,
+                          opt_state=_hyper_loop._LBFGS.init(x), direction={"a": -x["a"]}, slope=jnp.asarray(-0.13),
                           t=jnp.asarray(1.0), trial=x, halvings=jnp.asarray(0), k=jnp.asarray(3),
                           hist=jnp.zeros(51), inner_bad=jnp.asarray(0), status=jnp.asarray(0))
-    assert float(_hyper._inner_tol(state, tol)) == pytest.approx(5e-3)
-    assert float(_hyper._inner_tol(state._replace(g={"a": jnp.asarray([0.01, 0.0])}), tol)) == pytest.approx(1e-4)
-    assert float(_hyper._inner_tol(state._replace(g={"a": jnp.asarray([50.0, 0.0])}), tol)) == pytest.approx(1e-2)
-    assert float(_hyper._inner_tol(state._replace(f=jnp.asarray(jnp.inf)), tol)) == pytest.approx(1e-2)
-    assert float(_hyper._inner_tol(state, jnp.asarray(0.1))) == pytest.approx(0.1)   # never below tol itself
-    settings = _hyper._Settings(_hyper._LBFGS, True, 50, jnp.asarray(1e-3), jnp.asarray(1e-9), True)
+    assert float(_hyper_loop._inner_tol(state, tol)) == pytest.approx(5e-3)
+    assert float(_hyper_loop._inner_tol(state._replace(g={"a": jnp.asarray([0.01, 0.0])}), tol)) == pytest.approx(1e-4)
+    assert float(_hyper_loop._inner_tol(state._replace(g={"a": jnp.asarray([50.0, 0.0])}), tol)) == pytest.approx(1e-2)
+    assert float(_hyper_loop._inner_tol(state._replace(f=jnp.asarray(jnp.inf)), tol)) == pytest.approx(1e-2)
+    assert float(_hyper_loop._inner_tol(state, jnp.asarray(0.1))) == pytest.approx(0.1)   # never below tol itself
+    settings = _hyper_loop._Settings(_hyper_loop._LBFGS, True, 50, jnp.asarray(1e-3), jnp.asarray(1e-9), True)
     tiny = {"a": jnp.asarray([1e-5, 0.0])}
-    for exact, expected in ((True, _hyper._CONVERGED), (False, _hyper._RUNNING)):
-        new = _hyper._advance(state, jnp.asarray(9.9), tiny, types.SimpleNamespace(converged=True), settings,
+    for exact, expected in ((True, _hyper_loop._CONVERGED), (False, _hyper_loop._RUNNING)):
+        new = _hyper_loop._advance(state, jnp.asarray(9.9), tiny, types.SimpleNamespace(converged=True), settings,
                               exact=jnp.asarray(exact))
         assert int(new.k) == 4 and int(new.status) == expected
 
@@ -315,7 +315,7 @@ def test_ml2_first_trial_of_a_line_search_moves_no_parameter_by_more_than_max_st
     """After an accepted point the next trial is x + t d with t = min(1, max_step / max|d|); a rejected trial
     halves t; max_step=None (inf) leaves t = 1. A non-positive max_step is refused."""
     x = {"a": jnp.asarray([0.3, -0.2]), "b": jnp.asarray(1.0)}
-    state = _hyper._State(x=x, f=jnp.asarray(10.0), g=x, res=None, q=None, opt_state=_hyper._LBFGS.init(x),
+    state = _hyper_loop._State(x=x, f=jnp.asarray(10.0), g=x, res=None, q=None, opt_state=_hyper_loop._LBFGS.init(x),
                           direction=x, slope=jnp.asarray(-0.13), t=jnp.asarray(1.0), trial=x,
                           halvings=jnp.asarray(0), k=jnp.asarray(3), hist=jnp.zeros(51), inner_bad=jnp.asarray(0),
                           status=jnp.asarray(0))
@@ -323,13 +323,13 @@ def test_ml2_first_trial_of_a_line_search_moves_no_parameter_by_more_than_max_st
     d = np.array([-8.0, 2.0, -0.5]) / np.linalg.norm([8.0, 2.0, 0.5])
     r = types.SimpleNamespace(converged=True)
     for max_step, t in ((0.5, 0.5 / abs(d[0])), (np.inf, 1.0)):
-        settings = _hyper._Settings(_hyper._LBFGS, True, 50, jnp.asarray(1e-12), jnp.asarray(1e-12), False,
+        settings = _hyper_loop._Settings(_hyper_loop._LBFGS, True, 50, jnp.asarray(1e-12), jnp.asarray(1e-12), False,
                                     jnp.asarray(max_step))
-        new = _hyper._advance(state, jnp.asarray(9.9), grad, r, settings)
+        new = _hyper_loop._advance(state, jnp.asarray(9.9), grad, r, settings)
         assert int(new.k) == 4 and float(new.t) == pytest.approx(t)
         step = np.concatenate([np.asarray(new.trial["a"] - x["a"]), [float(new.trial["b"] - x["b"])]])
         np.testing.assert_allclose(step, t * d, rtol=1e-6)
-        rejected = _hyper._advance(new._replace(res=None), jnp.asarray(20.0), grad, r, settings)   # worse: halve
+        rejected = _hyper_loop._advance(new._replace(res=None), jnp.asarray(20.0), grad, r, settings)   # worse: halve
         assert float(rejected.t) == pytest.approx(0.5 * t)
     build, k0 = _logistic_ml2(10)
     with pytest.raises(ValueError, match="max_step"):

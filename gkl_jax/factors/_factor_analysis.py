@@ -214,10 +214,13 @@ class FactorAnalysis(AbstractFactor):
 
     def _root(self):
         """(sqrt(psi), Q, sqrt(1 + sigma^2) - 1) of the symmetric square root of I + U U^T,
-        U = diag(psi^{-1/2}) Theta = Q diag(sigma) V^T. A psi_i = 0 (`floor=0`) is raised to eps^2 ||theta_i||^2 (or
-        the smallest normal number), which changes C^T C by less than round-off instead of dividing by zero."""
+        U = diag(psi^{-1/2}) Theta = Q diag(sigma) V^T. A psi_i below eps ||theta_i||^2 (a Heywood row, `floor=0`)
+        is raised to it (or to the smallest normal number): that changes S_ii = ||theta_i||^2 + psi_i by round-off,
+        and keeps the rows of U within 1/sqrt(eps) of each other in scale. A normwise backward-stable SVD of U
+        (what GPU solvers give) then loses about sqrt(eps) in C^T C instead of O(1): emulated with an SVD error of
+        eps ||U||, 1e-4 -> 5e-8 at psi_i = 1e-22 and 5.6 -> 8e-8 at psi_i = 0."""
         info = jnp.finfo(self.theta.dtype)
-        least = jnp.maximum(info.eps ** 2 * jnp.sum(jnp.square(self.theta), axis=1), info.tiny)
+        least = jnp.maximum(info.eps * jnp.sum(jnp.square(self.theta), axis=1), info.tiny)
         r = jnp.sqrt(jnp.maximum(self.uniquenesses(), least))
         Q, sigma, _ = jnp.linalg.svd(self.theta / r[:, None], full_matrices=False)
         return r, Q, jnp.sqrt(1 + jnp.square(sigma)) - 1

@@ -32,7 +32,7 @@ would recompute W (sonar's ML-II: 79 -> 72 quadratures, 13.5 -> 13.1 ms).
 import inspect
 import time
 import warnings
-from typing import Any, Callable, NamedTuple, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import equinox as eqx
 import jax
@@ -40,19 +40,17 @@ import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax import lax
 
-from .._linalg import full_precision
 from .._fit import fit
-from .._optim import default_tol
-from .._start import initial_q as _initial_q, model_dtype
-from .._warm import WarmPoint, WarmStart, fit_warm, warm_fit_applies, warm_result
-from .._site_precision import initial_point as site_precision_start
+from .._linalg import full_precision
 from .._model import Model
+from .._optim import default_tol
 from .._result import Result
+from .._start import model_dtype
 from .._validate import check_int, check_max_steps, check_nonnegative, strongly_typed
-from ..factors import Full
+from .._warm import fit_warm, warm_fit_applies, warm_result
 from ..potentials import AbstractPotential
+from ._hyper_loop import _CONVERGED, _LBFGS, _NOT_FINITE, _Objective, _run, _run_jit, _Settings
 
 
 class HyperResult(eqx.Module):
@@ -259,14 +257,6 @@ def fit_hyperparameters(build: Callable[[Any], Model], params, *, method: Union[
                        num_inner_unconverged=int(best.inner_bad), wall_time=time.perf_counter() - start)
 
 
-_LBFGS = optax.scale_by_lbfgs(memory_size=10)
-C1, MAX_HALVINGS = 1e-4, 30
-"""Armijo constant and the most step halvings of one line search."""
-_RUNNING, _CONVERGED, _STOPPED, _NOT_FINITE = 0, 1, 2, 3
-"""Outer-loop status: running; a stopping rule met; stopped without (step limit, failed line search, a non-finite
-optimiser step); the objective not finite at the starting parameters."""
-
-
 def default_filter_spec(params):
     """`eqx.is_inexact_array` on every leaf, except the targets `y` of the likelihoods in `params` (data)."""
     def spec(node):
@@ -277,254 +267,8 @@ def default_filter_spec(params):
     return jax.tree.map(spec, params, is_leaf=lambda x: isinstance(x, AbstractPotential))
 
 
-_POSITIVE = ("variance", "scale", "dof")
-
-
-def _likelihoods_valid(model):
-    """Whether every likelihood parameter that must be positive is (the constructors' checks skip traced values)."""
-    ok = jnp.array(True)
-    for s in model.sites:
-        for name in _POSITIVE:
-            value = getattr(s.potential, name, None)
-            if eqx.is_inexact_array(value):
-                ok = ok & jnp.all(value > 0)
-    return ok
-
-
-def _run_method(build, fn, kwargs, use_q0, static, dyn, q0):
-    model = build(eqx.combine(dyn, static))
-    res = fn(model, q0=q0, **kwargs) if use_q0 else fn(model, **kwargs)
-    return eqx.tree_at(lambda r: r.log_z, res, jnp.where(_likelihoods_valid(model), res.log_z, jnp.nan))
-
-
-TRACE_COUNT = {"objective": 0}
-"""Traces of the ML-II objective (calls, when it runs eagerly with jit=False); the tests read it."""
-
-
-def _value_and_grad_eager(build, fn, kwargs, use_q0, static, dyn, q0, dynamic_kwargs, forward=False):
-    """(-log_z, its gradient in dyn, the inner Result). `dynamic_kwargs` (arrays, not differentiated) join the
-    static `kwargs` of the method."""
-    TRACE_COUNT["objective"] += 1
-
-    def objective(d):
-        res = _run_method(build, fn, {**kwargs, **dynamic_kwargs}, use_q0, static, d, q0)
-        return -res.log_z, res
-
-    if forward:
-        flat, unravel = jax.flatten_util.ravel_pytree(dyn)
-
-        def with_aux(f):
-            value, res = objective(unravel(f))
-            return value, (value, res)
-
-        jac, (value, res) = jax.jacfwd(with_aux, has_aux=True)(flat)
-        return value, unravel(jac), res
-    (value, res), grad = jax.value_and_grad(objective, has_aux=True)(dyn)
-    return value, grad, res
-
-
-# Jitted on its own so that the outer loop's shape query (`filter_eval_shape`) and its one call site share a trace.
-_value_and_grad = eqx.filter_jit(_value_and_grad_eager)
-
-
-class _Objective(eqx.Module):
-    """theta -> (-log_z, d(-log_z)/dtheta, the inner result) of `fn` on `build(theta)`, warm-started at q. Arrays
-    in `build` (the data) are traced by the compiled loop, everything else is part of its key."""
-
-    build: Any
-    fn: Callable
-    kwargs: dict
-    use_q0: bool
-    static: Any
-    forward: bool
-    jit: bool
-
-    def start(self, dyn):
-        """The first inner fit's warm start (None without warm starts): the method's own initial q, or for
-        `fit_warm` its `WarmPoint` (the initial q's mean and W = Gamma there)."""
-        if not self.use_q0:
-            return None
-        model = self.build(eqx.combine(dyn, self.static))
-        q = _initial_q(model, self.kwargs.get("factor") or Full(), None)
-        if self.fn is fit_warm:
-            m, _, W = site_precision_start(model, q)
-            return WarmPoint(m, W)
-        return q
-
-    def __call__(self, dyn, q, dynamic_kwargs):
-        vg = _value_and_grad if self.jit else _value_and_grad_eager
-        return vg(self.build, self.fn, self.kwargs, self.use_q0, self.static, dyn, q, dynamic_kwargs, self.forward)
-
-
-class _Settings(eqx.Module):
-    opt: optax.GradientTransformation
-    linesearch: bool
-    max_steps: int
-    gtol: jax.Array
-    ftol: jax.Array
-    adaptive: bool = False  # the inner tolerance follows the outer gradient (`_inner_tol`)
-    max_step: Any = np.inf  # the largest |change| of a parameter at a line search's first trial
-
-
-class _State(NamedTuple):
-    x: Any              # the accepted parameters, their -log_z, gradient and inner result
-    f: jax.Array
-    g: Any
-    res: Any
-    q: Any              # the next inner fit's warm start
-    opt_state: Any
-    direction: Any      # the line search's direction, its slope <g, d> and current step t
-    slope: jax.Array
-    t: jax.Array
-    trial: Any          # the parameters the next iteration evaluates
-    halvings: jax.Array
-    k: jax.Array        # accepted steps
-    hist: jax.Array     # log_z at the start and after each accepted step (NaN beyond k)
-    inner_bad: jax.Array
-    status: jax.Array
-
-
-def _select(p, new, old):
-    if old is None:     # the eager loop's first result has no placeholder
-        return new
-    return jax.tree.map(lambda a, b: jnp.where(p, a, b), new, old)
-
-
-def _max_abs(tree):
-    """max |x| over every leaf of a pytree (0 for none)."""
-    return jnp.max(jnp.stack([jnp.max(jnp.abs(leaf)) for leaf in jax.tree.leaves(tree)] or [jnp.zeros(())]))
-
-
-def _dot(a, b):
-    return sum(jnp.vdot(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
-
-
-def _advance(s: _State, v, g, r, settings: _Settings, exact=True) -> _State:
-    """One outer iteration after evaluating the objective at `s.trial`: (v, g, r) = (-log_z, gradient, result).
-
-    The first evaluation (the starting point) is accepted if finite. After that, with `linesearch` (L-BFGS) a
-    trial x + t d, first t = min(1, max_step / max|d|), is accepted on the Armijo condition
-    v <= f + C1 t <g, d> and otherwise the step is halved; a
-    non-finite objective (a failed inner fit at an extreme hyperparameter) counts as a rejected step. Without it
-    every finite optimiser update is taken. After an acceptance the next direction is d = -H g from the
-    optimiser (steepest descent where that is not a descent direction). Stops when max |g| <= gtol, when an
-    accepted step changes log_z by at most the resolution or the next direction predicts no larger change
-    (|<g, d>| <= resolution), or when a rejected trial's predicted change t |<g, d>| was within it (line search
-    only; resolution = max(ftol (1 + |log_z|), the inner fits' estimated gaps at both points)), after
-    `max_steps` accepted steps, or when a line search has halved MAX_HALVINGS times. The stopping rules apply
-    only to an evaluation whose inner fit ran at the given tolerance (`exact`; see `_inner_tol`)."""
-    first = jnp.isinf(s.f)  # f starts at +inf; the starting point is accepted only if finite
-    finite = jnp.isfinite(v)
-    sufficient = (v <= s.f + C1 * s.t * s.slope) if settings.linesearch else True
-    accept = finite & (first | sufficient)
-    step = accept & ~first
-    pick = lambda new, old: _select(accept, new, old)
-    x, f, g, res = pick(s.trial, s.x), jnp.where(accept, v, s.f), pick(g, s.g), pick(r, s.res)
-    q = None if s.q is None else pick(r.point if isinstance(r, WarmStart) else r.q, s.q)
-    k = s.k + step.astype(s.k.dtype)
-    hist = jnp.where(accept, s.hist.at[k].set(-v), s.hist)
-    inner_bad = s.inner_bad + (accept & ~jnp.asarray(r.converged)).astype(s.inner_bad.dtype)
-
-    updates, opt_state = settings.opt.update(g, s.opt_state, x)
-    opt_state = pick(opt_state, s.opt_state)
-    if settings.linesearch:
-        d = jax.tree.map(jnp.negative, updates)
-        slope = _dot(g, d)
-        descent = slope < 0
-        d = _select(descent, d, jax.tree.map(jnp.negative, g))
-        slope = jnp.where(descent, slope, -_dot(g, g))
-        direction, slope = pick(d, s.direction), jnp.where(accept, slope, s.slope)
-        first_t = jnp.minimum(1.0, settings.max_step / jnp.maximum(_max_abs(direction), jnp.finfo(s.t.dtype).tiny))
-        t = jnp.where(accept, first_t, 0.5 * s.t).astype(s.t.dtype)
-        trial = jax.tree.map(lambda a, b: a + t * b, x, direction)
-        halvings = jnp.where(accept, 0, s.halvings + 1)
-    else:
-        direction, slope, t, halvings = s.direction, s.slope, s.t, s.halvings
-        trial = optax.apply_updates(x, updates)
-
-    max_grad = _max_abs(g)
-    if settings.linesearch:
-        # an accepted step changed log_z by at most the resolution, or the next step cannot change it by more:
-        # its predicted change <g, d> is below that (sonar split 8: 26 halvings at the objective's noise floor);
-        # or a rejected trial's predicted change t <g, d> was (a line search cannot resolve it). The resolution
-        # is ftol (1 + |log_z|) or, if larger, the inner fits' own accuracy (`_gap`) at both points.
-        resolution = jnp.maximum(settings.ftol * (1 + jnp.abs(v)), _gap(r) + _gap(s.res))
-        settled = (step & ((jnp.abs(s.f - v) <= resolution) | (-slope <= resolution))
-                   | (~accept & ~first & (-s.t * s.slope <= resolution)))
-        failed = ~accept & ~settled & (first | (s.halvings + 1 >= MAX_HALVINGS))
-    else:
-        settled, failed = False, ~accept
-    converged = exact & ((accept & (max_grad <= settings.gtol)) | settled)
-    stopped = (accept & (k >= settings.max_steps)) | failed
-    status = jnp.where(first & ~finite, _NOT_FINITE,
-                       jnp.where(converged, _CONVERGED, jnp.where(stopped, _STOPPED, _RUNNING)))
-    return _State(x, f, g, res, q, opt_state, direction, slope, t, trial, halvings, k, hist, inner_bad, status)
-
-
-def _gap(r):
-    """How far below its optimum an evaluation's log_z may lie: the estimated gap of a `fit_warm` inner fit
-    (`WarmStart.gap`), 0 for other methods (and for the eager loop's missing first result)."""
-    return r.gap if isinstance(r, WarmStart) else 0.0
-
-
-def _run(objective: _Objective, settings: _Settings, dyn, dynamic_kwargs) -> _State:
-    """One ML-II run from `dyn`: a `lax.while_loop` over `_advance` when `objective.jit` (this function is then
-    called through `_run_jit`, so the whole run is one compiled program with one call site of the objective),
-    else the same iterations as a host loop (methods that must see concrete model values)."""
-    q = objective.start(dyn)
-    dtype = settings.gtol.dtype
-    g0 = jax.tree.map(jnp.zeros_like, dyn)
-    res0 = None
-    if objective.jit:
-        shapes = eqx.filter_eval_shape(objective, dyn, q, dynamic_kwargs)[2]
-        res0 = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype) if isinstance(a, jax.ShapeDtypeStruct) else a,
-                            shapes)
-    zero, int0 = jnp.zeros((), dtype), jnp.zeros((), int)
-    state = _State(x=dyn, f=jnp.asarray(jnp.inf, dtype), g=g0, res=res0, q=q,
-                   opt_state=_strong(settings.opt.init(dyn)), direction=g0, slope=zero, t=jnp.ones((), dtype),
-                   trial=dyn, halvings=int0, k=int0, hist=jnp.full((settings.max_steps + 1,), jnp.nan, dtype),
-                   inner_bad=int0, status=int0)
-    cond = lambda s: s.status == _RUNNING
-
-    def body(s):
-        if not settings.adaptive:
-            return _advance(s, *objective(s.trial, s.q, dynamic_kwargs), settings)
-        tol = _inner_tol(s, dynamic_kwargs["tol"])
-        return _advance(s, *objective(s.trial, s.q, {**dynamic_kwargs, "tol": tol}), settings,
-                        exact=tol <= dynamic_kwargs["tol"])
-
-    if objective.jit:
-        return lax.while_loop(cond, body, state)
-    while bool(cond(state)):
-        state = body(state)
-    return state
-
-
-_run_jit = eqx.filter_jit(_run)
-
-INNER_TOL_SCALE, INNER_TOL_MAX = 1e-3, 1e-2
-"""The inner tolerance of a G-KL ML-II evaluation: clip(INNER_TOL_SCALE max|g|, tol, max(tol, INNER_TOL_MAX))."""
-
-
-def _inner_tol(s: _State, tol):
-    """The inner fits' tolerance for the next evaluation: loose while the outer gradient g at the current point
-    is large, `tol` (gtol / 10) from max|g| <= tol / INNER_TOL_SCALE = 100 gtol on; the first evaluation at the
-    loosest. An inexact inner optimum perturbs the envelope gradient at first order, so the outer direction
-    needs the inner residual small only relative to g (on sonar the gradient moved ~50x the inner residual).
-    Sonar's ML-II, 10 splits: inner steps 383 -> 277 (outer evaluations 105 -> 108), median time 27.9 -> 23.3
-    ms, the learned log Z equal to 1e-6 and the mean test log-likelihood to 1e-5. The stopping tests only count
-    evaluations at `tol` itself."""
-    cap = jnp.maximum(tol, INNER_TOL_MAX)
-    return jnp.where(jnp.isinf(s.f), cap, jnp.clip(INNER_TOL_SCALE * _max_abs(s.g), tol, cap)).astype(tol.dtype)
-
-
 @eqx.filter_jit
 def _warm_result(build, params, warm):
     """(build(params), the `Result` that `warm` summarises) in one compiled call."""
     model = build(params)
     return model, warm_result(model, warm)
-
-
-def _strong(tree):
-    """Drop weak types from an optimiser state, so that the loop carry keeps one type."""
-    return jax.tree.map(lambda x: jnp.array(x, dtype=jnp.result_type(x)) if eqx.is_array_like(x) else x, tree)

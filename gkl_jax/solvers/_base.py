@@ -73,11 +73,14 @@ class Problem(eqx.Module):
         model: the `Model` (its arrays behind `lax.stop_gradient`).
         q0: the starting `Gaussian`.
         mask: a pytree of bools over q0, True at the leaves the solver optimises.
+        scale: sigma0, the variables' typical scale for the stopping test (`gkl_jax._optim.stationary`): the
+            fit's starting standard deviation sqrt(v0) (scalar array, or 1.0).
     """
 
     model: Any
     q0: Any
     mask: Any
+    scale: Any = 1.0
 
     @property
     def x0(self):
@@ -98,7 +101,8 @@ class Problem(eqx.Module):
 class AbstractSolver(eqx.Module):
     """A maximiser of the G-KL bound over q = N(m, C^T C).
 
-    Every solver has a gradient tolerance `tol` (None: `default_tol` of the model's dtype) and a step limit
+    Every solver has a tolerance `tol` (None: `default_tol` of the model's dtype) on the scale-aware stopping
+    statistic max_i |dB/dx_i| max(|x_i|, sigma0) <= max(tol, 8 eps |B|) (`gkl_jax._optim.stationary`) and a step limit
     `max_steps` (None: the solver's `default_max_steps`); subclasses add their own settings as fields.
     `check(model, factor)` raises a ValueError where the solver cannot apply, `solve(problem, tol, max_steps)`
     runs it. Adding a solver is one new subclass (and one export in `gkl_jax.solvers`).

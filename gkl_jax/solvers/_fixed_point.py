@@ -13,9 +13,10 @@ Alternating maximisation of the G-KL bound B(m, C) (Challis & Barber 2013, eq. 7
    alone, B(m) = -1/2 (m - mu)^T Sigma^{-1} (m - mu) + sum_n I_n(h_n^T m, s_n^2) + const, evaluated in O(N D).
    It is maximised by Newton-CG with Hessian-vector products -Sigma^{-1} v + H^T (E[log phi''] . H v) and the
    preconditioner S = C^T C of the new factor (the inverse Hessian up to the change of Gamma), with Armijo
-   backtracking, to max|dB/dm| <= tol / 10.
+   backtracking, to the stopping test at tol / 10.
 
-Stops when max |dB/d(m, C)| <= tol, or after three consecutive steps that neither raise the bound nor lower
+Stops at the scale-aware test max_i |dB/dx_i| max(|x_i|, sigma0) <= max(tol, 8 eps |B|) over x = (m, C)
+(`gkl_jax._optim.stationary`), or after three consecutive steps that neither raise the bound nor lower
 the gradient (round-off), reporting converged=False then.
 
 Optimising m to convergence for each factor (cheap: no O(N D^2) products) is what makes the outer iteration
@@ -34,7 +35,7 @@ from jax.flatten_util import ravel_pytree
 
 from .._optim import MAX_HALVINGS as _MAX_HALVINGS
 from .._optim import MAX_STALLS as _MAX_STALLS
-from .._optim import backtrack, conjugate_gradient, max_abs, roundoff
+from .._optim import backtrack, conjugate_gradient, max_abs, roundoff, stationary
 from ..factors import AbstractFixedPointFactor
 from ._base import AbstractSolver, Problem, Solution, check_setting, status
 
@@ -53,7 +54,7 @@ def _prior_mean_terms(prior, m):
     return -0.5 * (m - prior.mean) @ p, -p
 
 
-def fixed_point(model, to_q, flat0, tol, max_steps, max_cg=100):
+def fixed_point(model, to_q, flat0, tol, max_steps, max_cg=100, scale=1.0):
     """Alternating factor fixed point / mean Newton-CG (module doc) from the flat parameters `flat0`.
 
     Every site quantity comes from `expected_log_phi_moments` (E[log phi], E[log phi'], E[log phi''] from one
@@ -67,9 +68,10 @@ def fixed_point(model, to_q, flat0, tol, max_steps, max_cg=100):
         model: the (gradient-free) `Model`.
         to_q: the map from flat parameters (P,) to the Gaussian q.
         flat0: (P,) the start.
-        tol: stop at max |dB/d(m, C)| <= tol.
+        tol: the tolerance of the stopping test (`gkl_jax._optim.stationary`).
         max_steps: the most outer steps.
         max_cg: the most CG iterations per mean Newton step.
+        scale: sigma0, the variables' typical scale (scalar).
 
     Returns:
         (x, num_steps, converged, history), history[k] the bound after step k (NaN past the last).
@@ -111,7 +113,7 @@ def fixed_point(model, to_q, flat0, tol, max_steps, max_cg=100):
 
     def maximise_mean(m0, moms0, s2s, precond, tol):
         """Preconditioned Newton-CG with Armijo backtracking on the concave m -> B(m) at fixed s_n^2; stops without
-        stepping at max|dB/dm| <= tol. Returns the last accepted m and the site moments there."""
+        stepping where the stopping test holds at tol. Returns the last accepted m and the site moments there."""
 
         def terms(m, moms):
             prior_value, prior_grad = _prior_mean_terms(model.prior, m)
@@ -144,7 +146,7 @@ def fixed_point(model, to_q, flat0, tol, max_steps, max_cg=100):
             accept = lambda t, aux: jnp.isfinite(aux[0]) & ((aux[0] >= f + 1e-4 * t * slope) |
                                                              ((slope <= noise) & (aux[0] >= f)))
             t, (f_new, moms_new), _ = backtrack(trial, accept, (f, moms), dtype=m.dtype, max_halvings=_MAX_HALVINGS)
-            done = max_abs(g) <= tol
+            done = stationary(g, m, f, tol, scale)
             ok = ~done & jnp.isfinite(f_new) & (f_new >= f)
             keep = lambda a, b: jax.tree.map(lambda u, w: jnp.where(ok, u, w), a, b)
             return keep(m + t * p, m), keep(moms_new, moms), k + 1, ok & (f_new > f)
@@ -154,7 +156,7 @@ def fixed_point(model, to_q, flat0, tol, max_steps, max_cg=100):
 
     def cond(state):
         x, f, g, moms, k, hist, stalls = state
-        return (stalls < _MAX_STALLS) & (k < max_steps) & (max_abs(g) > tol)
+        return (stalls < _MAX_STALLS) & (k < max_steps) & ~stationary(g, x, f, tol, scale)
 
     def body(state):
         x, f, g, moms, k, hist, stalls = state
@@ -195,7 +197,7 @@ def fixed_point(model, to_q, flat0, tol, max_steps, max_cg=100):
     f0, g0 = evaluate(q0.mean, q0.factor, moms0)
     hist0 = jnp.full((max_steps + 1,), jnp.nan, dtype=f0.dtype).at[0].set(f0)
     x, f, g, _, k, hist, _ = lax.while_loop(cond, body, (flat0, f0, g0, moms0, 0, hist0, 0))
-    converged = (max_abs(g) <= tol) & jnp.isfinite(f)
+    converged = stationary(g, x, f, tol, scale)
     return x, k, converged, hist
 
 
@@ -223,5 +225,6 @@ class FixedPoint(AbstractSolver):
             raise ValueError("solver FixedPoint() needs log-concave potentials (Gamma_nn >= 0)")
 
     def solve(self, problem: Problem, tol, max_steps: int) -> Solution:
-        x, k, ok, hist = fixed_point(problem.model, problem.to_q, problem.x0, tol, max_steps, max_cg=self.max_cg)
+        x, k, ok, hist = fixed_point(problem.model, problem.to_q, problem.x0, tol, max_steps, max_cg=self.max_cg,
+                                     scale=problem.scale)
         return Solution(x, k, ok, hist, status(ok, hist[k], k, max_steps))

@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .._optim import backtrack, conjugate_gradient, max_abs, roundoff
+from .._optim import backtrack, conjugate_gradient, roundoff, stationary
 from ._base import AbstractSolver, Problem, Solution, check_setting, status
 
 
@@ -40,7 +40,7 @@ def armijo_search(f, x, fx, g, p, *, max_halvings=40, c=1e-4, skip=False):
     return backtrack(lambda t: f(x + t * p), accept, fx, dtype=x.dtype, max_halvings=max_halvings, skip=skip)
 
 
-def newton_cg(f, x0, *, tol, max_steps, max_cg=100):
+def newton_cg(f, x0, *, tol, max_steps, max_cg=100, scale=1.0):
     """Maximise f by truncated Newton-CG with Hessian-vector products (forward-over-reverse, linearised once per
     step so the CG iterations reuse the primal computation) and an Armijo line search.
 
@@ -51,9 +51,11 @@ def newton_cg(f, x0, *, tol, max_steps, max_cg=100):
     Args:
         f: the objective, (P,) -> scalar.
         x0: (P,) the start.
-        tol: stop at max |grad f| <= tol.
+        tol: stop where `gkl_jax._optim.stationary(grad f, x, f, tol, scale)`: max_i |g_i| max(|x_i|, scale)
+            <= max(tol, 8 eps |f|).
         max_steps: the most Newton steps.
         max_cg: the most CG iterations per step.
+        scale: sigma0, the variables' typical scale (scalar).
 
     Returns:
         (x, num_steps, converged, history), history[k] the objective after step k (NaN past the last).
@@ -64,7 +66,7 @@ def newton_cg(f, x0, *, tol, max_steps, max_cg=100):
     def body(state):
         x, fx, _, k, hist, _ = state
         g, hvp = jax.linearize(grad, x)
-        done = (max_abs(g) <= tol) | (k >= max_steps)
+        done = stationary(g, x, fx, tol, scale) | (k >= max_steps)
         forcing = jnp.minimum(0.5, jnp.sqrt(jnp.linalg.norm(g)))
         p = lax.cond(done, lambda: jnp.zeros_like(x),
                      lambda: conjugate_gradient(lambda v: -hvp(v), g, max_iters=max_cg, rtol=forcing))
@@ -78,7 +80,7 @@ def newton_cg(f, x0, *, tol, max_steps, max_cg=100):
 
     init = (x0, f0, jnp.zeros_like(x0), jnp.zeros((), jnp.int32), _history(max_steps, f0), jnp.array(True))
     x, fx, g, k, hist, _ = lax.while_loop(lambda state: state[-1], body, init)
-    converged = (max_abs(g) <= tol) & jnp.isfinite(fx)
+    converged = stationary(g, x, fx, tol, scale)
     return x, k, converged, hist
 
 
@@ -103,5 +105,5 @@ class Newton(AbstractSolver):
 
     def solve(self, problem: Problem, tol, max_steps: int) -> Solution:
         x, k, ok, hist = newton_cg(problem.objective, problem.x0, tol=tol, max_steps=max_steps,
-                                   max_cg=self.max_cg)
+                                   max_cg=self.max_cg, scale=problem.scale)
         return Solution(x, k, ok, hist, status(ok, hist[k], k, max_steps))

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
-from .._optim import max_abs
+from .._optim import max_abs, stationary
 from ._base import AbstractSolver, Problem, Solution, check_setting, status
 
 LINESEARCH_MAX_STALLS = 10
@@ -19,7 +19,7 @@ def _history(max_steps, f0):
     return jnp.full((max_steps + 1,), jnp.nan, dtype=f0.dtype).at[0].set(f0)
 
 
-def optax_solver(f, x0, optimizer, *, tol, max_steps):
+def optax_solver(f, x0, optimizer, *, tol, max_steps, scale=1.0):
     """Maximise f with an `optax.GradientTransformation` minimising -f.
 
     Every update is given the value, the gradient and the value function (`value`, `grad`, `value_fn`: what
@@ -32,8 +32,10 @@ def optax_solver(f, x0, optimizer, *, tol, max_steps):
         f: the objective, (P,) -> scalar.
         x0: (P,) the start.
         optimizer: an `optax.GradientTransformation`.
-        tol: stop at max |grad f| <= tol.
+        tol: stop where `gkl_jax._optim.stationary(grad f, x, f, tol, scale)`: max_i |g_i| max(|x_i|, scale)
+            <= max(tol, 8 eps |f|).
         max_steps: the most updates.
+        scale: sigma0, the variables' typical scale (scalar).
 
     Returns:
         (x, num_steps, converged, history), history[k] the objective after step k (NaN past the last).
@@ -46,7 +48,8 @@ def optax_solver(f, x0, optimizer, *, tol, max_steps):
 
     def cond(carry):
         (x, state, v, g), best, k, hist, stalls = carry
-        return (k < max_steps) & (max_abs(g) > tol) & jnp.isfinite(v) & (stalls < LINESEARCH_MAX_STALLS)
+        going = (k < max_steps) & jnp.isfinite(v) & (stalls < LINESEARCH_MAX_STALLS)
+        return going & ~stationary(g, x, v, tol, scale)
 
     def body(carry):
         (x, state, v, g), best, k, hist, stalls = carry
@@ -60,16 +63,17 @@ def optax_solver(f, x0, optimizer, *, tol, max_steps):
 
     init = ((x0, state0, v0, g0), (x0, v0, g0), 0, _history(max_steps, -v0), 0)
     (x, _, v, g), best, k, hist, _ = lax.while_loop(cond, body, init)
-    converged = (max_abs(g) <= tol) & jnp.isfinite(v)
+    converged = stationary(g, x, v, tol, scale)
     return _select(converged, x, best[0]), k, converged, hist
 
 
-def lbfgs(f, x0, *, tol, max_steps, memory_size=10):
+def lbfgs(f, x0, *, tol, max_steps, memory_size=10, scale=1.0):
     """L-BFGS (optax, zoom line search) maximising f; see `optax_solver` for the arguments and returns.
 
     Memory 10 (optax's and scipy's default): each step's two-loop recursion streams the 2 m stored vectors twice,
     which at FactorAnalysis sizes (10^4-10^5 parameters) costs more than the extra steps a longer memory saves."""
-    return optax_solver(f, x0, optax.lbfgs(memory_size=memory_size), tol=tol, max_steps=max_steps)
+    return optax_solver(f, x0, optax.lbfgs(memory_size=memory_size), tol=tol, max_steps=max_steps,
+                        scale=scale)
 
 
 def _state_leaf(state, key):
@@ -116,7 +120,7 @@ class LBFGS(AbstractSolver):
 
     def solve(self, problem: Problem, tol, max_steps: int) -> Solution:
         x, k, ok, hist = lbfgs(problem.objective, problem.x0, tol=tol, max_steps=max_steps,
-                               memory_size=self.memory)
+                               memory_size=self.memory, scale=problem.scale)
         return _finish(x, k, ok, hist, max_steps)
 
 
@@ -144,5 +148,6 @@ class Optax(AbstractSolver):
                              f"{type(self.optimizer).__name__}")
 
     def solve(self, problem: Problem, tol, max_steps: int) -> Solution:
-        x, k, ok, hist = optax_solver(problem.objective, problem.x0, self.optimizer, tol=tol, max_steps=max_steps)
+        x, k, ok, hist = optax_solver(problem.objective, problem.x0, self.optimizer, tol=tol, max_steps=max_steps,
+                                      scale=problem.scale)
         return _finish(x, k, ok, hist, max_steps)

@@ -29,7 +29,8 @@ class SitePrecision(AbstractSolver):
 
     def solve(self, problem: Problem, tol, max_steps: int) -> Solution:
         model, q0 = problem.model, problem.to_q(problem.x0)
-        m, k, ok, hist, parts, _ = sp.site_precision(model, sp.initial_point(model, q0), tol, max_steps)
+        m, k, ok, hist, parts, _ = sp.site_precision(model, sp.initial_point(model, q0), tol, max_steps,
+                                                      problem.scale)
         x = _to_flat(sp.posterior(model.prior, q0, m, parts[0]))
         return Solution(x, k, ok, hist, status(ok, hist[k], k, max_steps), extras=parts)
 
