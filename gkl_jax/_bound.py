@@ -1,4 +1,4 @@
-"""The G-KL lower bound (papers/000, eq. 7):
+"""The G-KL lower bound (Challis & Barber 2013, eq. 7):
 
     B(m, C) = H[q] + E_q[log N(w | mu, Sigma)] + sum_n E_{z~N(0,1)}[log phi_n(m_n + z s_n)] <= log Z,
 

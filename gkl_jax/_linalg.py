@@ -26,8 +26,8 @@ def full_precision(fn):
     user has set `jax_default_matmul_precision`. On the CPU this changes nothing; on GPU and TPU, JAX's default
     computes float32 products in TF32 or bfloat16 passes (about 1e-3 relative error).
 
-    Measured on an H200 (jax 0.11.2, 2026-11-26) before this was applied: float32 Chevron fits of papers/000
-    Tables 2-4 stopped at the step limit short of the float32 tolerance 1e-3 in 13 of 18 cells (on the CPU the
+    Measured on an H200 (jax 0.11.2, 2026-11-26) before this was applied: float32 Chevron fits of Challis & Barber
+    (2013) Tables 2-4 stopped at the step limit short of the float32 tolerance 1e-3 in 13 of 18 cells (on the CPU the
     same float32 fits converge in the float64 step counts), a float32 GP covariance of 30 points failed its
     Cholesky factorisation, and operator products differed from float64 by 1.3e-3. The context is read when a
     program is traced, so it reaches every product of `fn`, inside jit and in the transposes autodiff adds.

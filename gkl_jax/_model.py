@@ -1,4 +1,4 @@
-"""Model = a Gaussian prior (or none) and groups of site-projection potentials (papers/000, eq. 2)."""
+"""Model = a Gaussian prior (or none) and groups of site-projection potentials (Challis & Barber 2013, eq. 2)."""
 
 from typing import Optional, Sequence, Union
 
@@ -55,7 +55,7 @@ class Sites(eqx.Module):
         return m + self.offset, s2 + self.variance_offset
 
     def expected_log_phi(self, q):
-        """sum_n E_q[log phi_n(h_n^T w)] (papers/000 eq. 7, third term)."""
+        """sum_n E_q[log phi_n(h_n^T w)] (Challis & Barber 2013, eq. 7, third term)."""
         m, s2 = self.project(q)
         return jnp.sum(self.potential.expected_log_phi(m, s2))
 

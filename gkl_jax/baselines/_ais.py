@@ -26,12 +26,12 @@ import jax.numpy as jnp
 from jax import lax
 from jax.scipy.special import logsumexp
 
-from .._linalg import full_precision
-from .._validate import check_int, check_key, check_tol, is_concrete
 from .._fit import fit
-from .._start import check_start
 from .._gaussian import Gaussian
+from .._linalg import full_precision
 from .._result import Result
+from .._start import check_start
+from .._validate import check_int, check_key, check_tol, is_concrete
 from ..factors import Full
 from . import _common as C
 
@@ -54,10 +54,10 @@ def ais(model, key, *, q=None, num_chains: int = 256, num_temperatures: int = 20
         step_size: float | None = None, inflation: float = 1.2) -> AISResult:
     """Annealed importance sampling estimate of log Z with a standard error (module docstring).
 
-    `key`: a `jax.random` key. `q`: the Gaussian start (a `gkl_jax.Gaussian` or a `Result`; default
-    `gk.fit(model).q`), whose factor is scaled by `inflation` >= 1 so that the start covers the posterior's
-    tails (KL fits are under-dispersed, which would make the importance weights heavy-tailed). The estimate is reliable when the acceptance rate is moderate (0.5-0.95) and `ess` is a
-    sizeable fraction of `num_chains`.
+    `key`: a `jax.random` key. `q`: the Gaussian start (a `gkl_jax.Gaussian` or a `Result`; default `gk.fit(model).q`),
+    whose factor is scaled by `inflation` >= 1 so that the start covers the posterior's tails (KL fits are
+    under-dispersed, which would make the importance weights heavy-tailed). The estimate is reliable when the acceptance
+    rate is moderate (0.5-0.95) and `ess` is a sizeable fraction of `num_chains`.
     """
     C.check_model(model, "ais")
     key = check_key(key)

@@ -1,5 +1,5 @@
 """`double_loop`: the scalable double-loop algorithm for the local variational bound (glm-ie; thesis Ch. 3.5,
-Alg. 3.1 with bound (2); Nickisch & Seeger 2009; papers/000 Section 5.2.2).
+Alg. 3.1 with bound (2); Nickisch & Seeger 2009; Challis & Barber 2013, Section 5.2.2).
 
 The local bound of `local` (super-Gaussian site bounds t_n tangent at xi_n, A = Sigma^{-1} + H^T diag(tau) H,
 tau_n = -2 g'(xi_n) = 1 / gamma_n) needs log det A and the marginal variances z_n = h_n^T A^{-1} h_n, both cubic.
@@ -26,7 +26,7 @@ Returned evidence: the local bound's formula with the Lanczos estimates,
 where logdet_hat(A) is a stochastic Lanczos quadrature estimate (`num_probes` Rademacher probes of K steps;
 exact Ritz-value sum when K = D). The variances z are underestimated for K < D, so the fixed point differs from
 the exact local optimum, and logdet_hat is random: this is an estimate of log Z, NOT a bound (`is_bound=False`;
-papers/000 Section 5.2.2: "a lower-bound on log Z is no longer maintained"). The returned q is
+Challis & Barber 2013, Section 5.2.2: "a lower-bound on log Z is no longer maintained"). The returned q is
 N(u, W W^T + diag(r)) as a `FactorAnalysis` factor of rank K: W W^T = Q T^{-1} Q^T is the Lanczos approximation of
 A^{-1} that glm-ie also designs with, its diagonal nu_hat the marginal-variance estimates (underestimates for
 K < D), and r = eps^(2/3) nu_hat a relative ridge (3.7e-11 in float64) that only keeps S positive definite. So
@@ -39,12 +39,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .._linalg import full_precision
-from .._validate import as_int, check_int, check_key, check_tol
 from .. import _lanczos
 from .._gaussian import Gaussian
-from .._result import Result
+from .._linalg import full_precision
 from .._optim import conjugate_gradient
+from .._result import Result
+from .._validate import as_int, check_int, check_key, check_tol
 from ..factors import FactorAnalysis
 from . import _common as C
 from ._site_bounds import super_gaussian, tangent_coefficients

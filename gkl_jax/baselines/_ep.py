@@ -1,5 +1,5 @@
 """`ep`: Gaussian expectation propagation with site-projection potentials, and power (fractional) EP
-(papers/000 Section 5.2.3; thesis Ch. 2.5.10, 4.4 and 5.3.2; Minka 2001, 2004).
+(Challis & Barber 2013, Section 5.2.3; thesis Ch. 2.5.10, 4.4 and 5.3.2; Minka 2001, 2004).
 
 Each site n gets a Gaussian site t_n(x) = Z_n exp(-tau_n x^2 / 2 + nu_n x) in x = h_n^T w + o_n, giving
 q(w) = N(A^{-1} b, A^{-1}) (`_common`). One EP update of site n with power eta in (0, 1] (eta = 1: EP):
@@ -36,11 +36,11 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .. import potentials as P
 from .._adjoint import filtered_jvp as _filtered_jvp
 from .._linalg import full_precision
-from .._validate import check_max_steps, check_tol
-from .. import potentials as P
 from .._result import Result
+from .._validate import check_max_steps, check_tol
 from . import _common as C
 from ._tilted import tilted_moments
 

@@ -1,4 +1,4 @@
-"""`laplace`: the Laplace approximation (papers/000 Section 5.2.1; thesis Ch. 2.5.6 and 4.3).
+"""`laplace`: the Laplace approximation (Challis & Barber 2013, Section 5.2.1; thesis Ch. 2.5.6 and 4.3).
 
 The mode w* of log p(w) = log N(w | mu, Sigma) + sum_n log phi_n(h_n^T w + o_n) is found by Newton's method
 (IRLS, thesis Ch. 2.3.1) with a backtracking line search; the covariance is the inverse negative Hessian at the
@@ -6,7 +6,7 @@ mode,
 
     A = -grad^2 log p(w*) = Sigma^{-1} + H^T W H,   W_nn = -(log phi_n)''(h_n^T w* + o_n)
 
-(thesis Ch. 2.5.6 with the second-derivative erratum of the notes), and the evidence estimate is
+(Nickisch 2010, Ch. 2.5.6, with the second derivative taken afresh), and the evidence estimate is
 
     log Z_LA = log N(w* | mu, Sigma) + sum_n log phi_n(h_n^T w* + o_n) + (D/2) log 2 pi - log det A / 2
 
@@ -23,11 +23,11 @@ import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 from jax import lax
 
-from .._linalg import full_precision
-from .._validate import check_max_steps, check_tol
 from .. import potentials as P
-from ..solvers._newton import armijo_search
+from .._linalg import full_precision
 from .._result import Result
+from .._validate import check_max_steps, check_tol
+from ..solvers._newton import armijo_search
 from . import _common as C
 
 TRACE_COUNT = {"laplace": 0}

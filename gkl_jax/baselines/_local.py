@@ -1,10 +1,10 @@
-"""`local`: the local variational lower bound with exponentiated-quadratic site bounds (papers/000 Section
+"""`local`: the local variational lower bound with exponentiated-quadratic site bounds (Challis & Barber 2013, Section
 5.1.1; thesis Ch. 3.3 and Table 4.1), optimised exactly (dense linear algebra).
 
 Every site is replaced by a Gaussian lower bound t_n(x; xi_n) tangent at r_n^2 = xi_n (`_site_bounds`):
 Jaakkola-Jordan for the logistic, the super-Gaussian tangent bounds (height functions of thesis Table 3.1)
 for Laplace, Student-t and Cauchy sites, the fixed-curvature bound of Table 4.1 for the probit, and the exact
-site for Gaussian potentials. The product is a Gaussian in w, so (papers/000 eq. 13-14)
+site for Gaussian potentials. The product is a Gaussian in w, so (Challis & Barber 2013, eq. 13-14)
 
     log Z >= B(xi) = log c(xi) - mu^T Sigma^{-1} mu / 2 + b^T A^{-1} b / 2 - log det Sigma / 2 - log det A / 2,
     A = Sigma^{-1} + F(xi),  b = Sigma^{-1} mu + f(xi),
@@ -24,11 +24,11 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .._optim import default_tol
-from .._linalg import full_precision
-from .._validate import check_max_steps, check_tol
 from .. import potentials as P
+from .._linalg import full_precision
+from .._optim import default_tol
 from .._result import Result
+from .._validate import check_max_steps, check_tol
 from . import _common as C
 from ._site_bounds import is_supported, probit_coefficients, super_gaussian, tangent_coefficients
 

@@ -1,4 +1,4 @@
-"""Exponentiated-quadratic lower bounds on the site potentials (papers/000 Section 5.1.1; thesis Ch. 3.3).
+"""Exponentiated-quadratic lower bounds on the site potentials (Challis & Barber 2013, Section 5.1.1; thesis Ch. 3.3).
 
 Super-Gaussian sites (Palmer et al. 2006). A potential is written as
 
@@ -11,8 +11,8 @@ and bounded by the tangent of g at xi (Fenchel duality in x = s^2, thesis Ch. 3.
 
 tight at r^2 = xi. In the thesis' notation the bound is exp(beta s - s^2 / (2 gamma) - h(gamma) / 2) with the
 height function h(gamma) = -2 [g(xi) - xi g'(xi)], gamma = -1 / (2 g'(xi)) (and h = -2 g(0) below the
-threshold gamma <= -1 / (2 g'(0))); `height` evaluates it, reproducing thesis Table 3.1 with the corrections
-of the notes (cumulative logistic: g_gamma = f^{-1}(gamma / 4), threshold gamma <= 4, h = 2 ln 2 below it).
+threshold gamma <= -1 / (2 g'(0))); `height` evaluates it, reproducing Nickisch (2010) Table 3.1 with a
+correction for the cumulative logistic (g_gamma = f^{-1}(gamma / 4), threshold gamma <= 4, h = 2 ln 2 below it).
 
 | potential                 | beta  | center | g(xi)                                              |
 |---------------------------|-------|--------|----------------------------------------------------|

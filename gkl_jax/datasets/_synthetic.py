@@ -6,7 +6,7 @@ from .._validate import check_int
 
 
 def synthetic_logistic(dim: int, num_train: int, num_test: int = 0, *, seed: int = 0):
-    """The Bayesian logistic regression generator of papers/000 Section 6.2.1.
+    """The Bayesian logistic regression generator of Challis & Barber 2013, Section 6.2.1.
 
     w_tr ~ N(0, I); covariates x = A z with z ~ N(0, I) and A = I + a sparse matrix holding one standard-normal
     entry per row (at a random column), then each dimension rescaled to unit variance (over train and test

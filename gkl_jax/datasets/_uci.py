@@ -108,7 +108,7 @@ _SPECS = {
         target="28-day compressive strength (MPa)",
         notes="Target choice: the data set has 7 ingredient inputs and 3 outputs (slump, flow, 28-day "
               "compressive strength). Following the D = 9 reported for this data set by Challis & Barber "
-              "(papers/000, Section 6.1), the 7 ingredients plus slump and flow are the inputs and the "
+              "(Challis & Barber 2013, Section 6.1), the 7 ingredients plus slump and flow are the inputs and the "
               "compressive strength is the target. The row number column 'No' is dropped."),
 }
 

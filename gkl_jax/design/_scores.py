@@ -1,4 +1,5 @@
-"""Bayesian experimental design scores under a fitted Gaussian q(w) = N(m, S), S = C^T C (papers/000 eq. 16).
+"""Bayesian experimental design scores under a fitted Gaussian q(w) = N(m, S), S = C^T C
+(Challis & Barber 2013, eq. 16).
 
 Information gain of a block of measurements y* = M* w + e, e ~ N(0, v^2 I), M* in R^{d x D}. Conditioning q on
 y* gives the Gaussian posterior with covariance S' = (S^{-1} + M*^T M* / v^2)^{-1}, whatever y* turns out to be,

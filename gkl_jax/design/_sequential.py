@@ -1,4 +1,4 @@
-"""Bayesian sequential experimental design (papers/000 Section 6.3.2; papers/003 Alg. 5.1).
+"""Bayesian sequential experimental design (Challis & Barber 2013, Section 6.3.2; Nickisch 2010, Alg. 5.1).
 
     for t = 0 .. steps:
         q_t   = infer(model(M_t, y_t), warm start q_{t-1})          # any method returning a Result
@@ -25,12 +25,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._linalg import full_precision
 from .._fit import fit
-from .._start import initial_q
 from .._gaussian import Gaussian
+from .._linalg import full_precision
 from .._model import Model, Sites
 from .._result import Result
+from .._start import initial_q
 from .._validate import as_float_array, check_finite, check_int, check_key, check_ndim
 from ..factors import AbstractFactor, Full
 from ..operators import AbstractOperator

@@ -1,4 +1,4 @@
-"""The sparse linear model (papers/000 Section 6.3.1; papers/003 Ch. 5) and its MAP estimate.
+"""The sparse linear model (Challis & Barber 2013, Section 6.3.1; Nickisch 2010, Ch. 5) and its MAP estimate.
 
     p(w | y) ∝ N(y | M w, v^2 I) prod_n phi_n(b_n^T w),      s = B w,
 
@@ -30,14 +30,14 @@ import jax
 import jax.numpy as jnp
 
 from .._linalg import full_precision
-from .._optim import default_tol
-from ..solvers._newton import newton_cg
-from ..solvers._quasi_newton import lbfgs
 from .._model import Model, Sites, check_fittable
+from .._optim import default_tol
 from .._validate import as_float_array, check_finite, check_int, check_ndim, check_tol, is_concrete
 from ..operators import AbstractOperator, as_operator
 from ..potentials import AbstractPotential
 from ..potentials import Gaussian as GaussianPotential
+from ..solvers._newton import newton_cg
+from ..solvers._quasi_newton import lbfgs
 from ._scores import check_noise_variance
 
 

@@ -1,6 +1,6 @@
 """Data-parallel G-KL over devices: the site axis (rows of H and the per-site data) split over a device mesh.
 
-The bound (papers/000 eq. 7) is a sum over sites of terms that touch only (m, C) and the site's own row, so
+The bound (Challis & Barber 2013, eq. 7) is a sum over sites of terms that touch only (m, C) and the site's own row, so
 with H and the per-site arrays sharded by rows and q replicated, every device computes its sites' projections
 m_n = h_n^T m and s_n^2 = ||C h_n||^2, their expectations and the matching pieces of the gradient locally;
 the sums over sites (the bound, grad_m = H^T alpha, grad_C, and the same sums in every Hessian-vector product)

@@ -1,4 +1,4 @@
-"""The banded upper-triangular Cholesky factor (papers/000, Section 4.1.3, "Banded Cholesky")."""
+"""The banded upper-triangular Cholesky factor (Challis & Barber 2013, Section 4.1.3, "Banded Cholesky")."""
 
 from typing import ClassVar, Optional
 
@@ -28,12 +28,13 @@ def _block_tables(dim: int, bandwidth: int):
 
 
 class Banded(AbstractFactor):
-    """C upper triangular with C_ij = 0 for j > i + B (papers/000 §4.1.3): B = `bandwidth` super-diagonals.
+    """C upper triangular with C_ij = 0 for j > i + B (Challis & Barber 2013, §4.1.3): B = `bandwidth`
+    super-diagonals.
 
-    Convention: `bandwidth=0` is the diagonal factor and `bandwidth=D-1` the full one. (papers/001 Table 2 calls the
-    diagonal factor "bandwidth 1", i.e. it counts the main diagonal; here the bandwidth counts the super-diagonals,
-    as in the definition C_ij = 0 for j > i + B.) S = C^T C is banded with the same bandwidth: the covariance of
-    variables more than B indices apart is zero, while the precision is in general dense.
+    Convention: `bandwidth=0` is the diagonal factor and `bandwidth=D-1` the full one. (Challis & Barber 2011, Table 2
+    calls the diagonal factor "bandwidth 1", i.e. it counts the main diagonal; here the bandwidth counts the
+    super-diagonals, as in the definition C_ij = 0 for j > i + B.) S = C^T C is banded with the same bandwidth: the
+    covariance of variables more than B indices apart is zero, while the precision is in general dense.
 
     Band storage: `bands[k, i] = C[i, i + k]`, shape (B + 1, D); the entries with i + k >= D are structural zeros,
     kept at zero and masked out of every computation (zero gradient). O(D B) storage.

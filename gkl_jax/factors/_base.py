@@ -1,4 +1,4 @@
-"""Cholesky factors C of the G-KL covariance S = C^T C (papers/000, Section 4).
+"""Cholesky factors C of the G-KL covariance S = C^T C (Challis & Barber 2013, Section 4).
 
 A factor is created as a template (`Full()`, `Diagonal()`, ...) and filled by `initialise(dim, variances)`
 when the fit knows D. Every factor implements the same small interface, so the bound, the solvers,

@@ -1,4 +1,5 @@
-"""The chevron Cholesky factor (papers/000, Section 4.1.3, "Chevron Cholesky"; papers/001 Section 4.1)."""
+"""The chevron Cholesky factor (Challis & Barber 2013, Section 4.1.3, "Chevron Cholesky"; Challis & Barber 2011,
+Section 4.1)."""
 
 from typing import ClassVar, Optional
 
@@ -14,7 +15,7 @@ from ._kernels import broadcast_variances, check_count, check_shape, low_rank_pr
 
 class Chevron(AbstractFactor):
     """C_ij = Theta_ij for j >= i and i < K (the first K rows, upper triangular), C_ii = d_i for i >= K, 0 otherwise
-    (papers/000 §4.1.3 with K = `rows`, the number of non-diagonal rows).
+    (Challis & Barber 2013, §4.1.3 with K = `rows`, the number of non-diagonal rows).
 
     `rows` is at least 1 (`Diagonal()` is the factor without dense rows) and `rows=D` (or D - 1) gives the full
     one. S = C^T C is in general dense while the precision is sparse; the first K variables carry the

@@ -1,4 +1,5 @@
-"""The factor-analysis covariance S = Theta Theta^T + diag(psi) (papers/000, Section 4.1.2 and App. B.1-B.3)."""
+"""The factor-analysis covariance S = Theta Theta^T + diag(psi) (Challis & Barber 2013, Section 4.1.2 and
+App. B.1-B.3)."""
 
 from typing import ClassVar, Optional
 
@@ -13,7 +14,6 @@ from .._validate import as_float_array, check_finite, check_ndim
 from ._base import AbstractFactor, check_initialised
 from ._kernels import broadcast_variances, check_count, check_shape, low_rank_projection, operator_kind
 
-
 UNIQUENESS_FLOOR = 1e-6
 """The default `floor`: psi_i >= 1e-6 ||theta_i||^2 (`FactorAnalysis`)."""
 
@@ -24,8 +24,8 @@ HEYWOOD_MAX_DIM = 4096
 
 
 class FactorAnalysis(AbstractFactor):
-    """S = Theta Theta^T + diag(psi) with a (D, K) loading matrix Theta, K = `rank` (papers/000 §4.1.2), and the
-    uniquenesses psi_i = d_i^2 + `floor` ||theta_i||^2 (theta_i: row i of Theta; `floor` = 1e-6 by default, 0
+    """S = Theta Theta^T + diag(psi) with a (D, K) loading matrix Theta, K = `rank` (Challis & Barber 2013, §4.1.2), and
+    the uniquenesses psi_i = d_i^2 + `floor` ||theta_i||^2 (theta_i: row i of Theta; `floor` = 1e-6 by default, 0
     gives the paper's family exactly).
 
     log det S = sum_i log psi_i + log det(I_K + Theta^T diag(1/psi) Theta) by the matrix determinant lemma
@@ -56,9 +56,9 @@ class FactorAnalysis(AbstractFactor):
     random start's optima are not all Heywood points; the test log-likelihood was 0.0005-0.004 per point lower
     where N <= D. The first call compiles the Diagonal fit too (5-7 s instead of 2-4 s). A is dense: where
     D > 4096 (`HEYWOOD_MAX_DIM`), A is singular or the start's bound is not finite, `fit` starts at random.
-    `start="random"`: Theta a small deterministic random matrix, d^2 the initial variances (papers/000's start;
-    Theta = 0 is a saddle point of the bound). A factor given with `theta` and `d`, or a `q0`, is started from as
-    given.
+    `start="random"`: Theta a small deterministic random matrix, d^2 the initial variances (the start of Challis &
+    Barber 2013; Theta = 0 is a saddle point of the bound). A factor given with `theta` and `d`, or a `q0`, is
+    started from as given.
 
     The bound is NOT concave in (Theta, d) (log det S is not even unimodal, §4.1.2): `fit` uses L-BFGS and may stop
     at a local optimum, which depends on the start.
@@ -158,7 +158,8 @@ class FactorAnalysis(AbstractFactor):
         ||theta_i||^2 bounds the condition number of the K x K capacitance matrix by 1 + D / floor.
 
         Below that (`floor=0`, the paper's family, or float32), `_split_logdet`: the lemma cancels -inf against
-        +inf as psi_i -> 0 on rows Theta covers (a Heywood case, where the fits of papers/000 Tables 2-4 end up).
+        +inf as psi_i -> 0 on rows Theta covers (a Heywood case, where the fits of Challis & Barber 2013,
+        Tables 2-4 end up).
         With `floor=0` and two psi_i = 1e-22 it was 16 nats too high, so the bound exceeded log Z, and NaN from
         psi_i = 1e-18."""
         check_initialised(self)

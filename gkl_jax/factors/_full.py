@@ -1,4 +1,4 @@
-"""The full upper-triangular Cholesky factor (papers/000, Section 4.1) and the diagonal one."""
+"""The full upper-triangular Cholesky factor (Challis & Barber 2013, Section 4.1) and the diagonal one."""
 
 from typing import ClassVar, Optional
 

@@ -1,8 +1,8 @@
 """Factors with parameters that the gradient solvers hold fixed and that a separate update refines.
 
-The subspace factor (papers/000 §4.1.3 and App. B.4) optimises the bound over (m, C_1, c) for a fixed orthonormal
-basis E_1 and updates E_1 in between ("we iterated between optimising the subspace parameters {m, C, c} and updating
-the subspace basis vectors E each five times", §6.2.1). `gkl_jax.fit` implements that alternation for every
+The subspace factor (Challis & Barber 2013, §4.1.3 and App. B.4) optimises the bound over (m, C_1, c) for a fixed
+orthonormal basis E_1 and updates E_1 in between ("we iterated between optimising the subspace parameters {m, C, c} and
+updating the subspace basis vectors E each five times", §6.2.1). `gkl_jax.fit` implements that alternation for every
 `AbstractRefinableFactor`, inside its jitted function:
 
     q <- q with factor.refine(model, q, B(q));  q <- argmax over the solver leaves (Newton-CG / L-BFGS / optax)

@@ -1,4 +1,4 @@
-"""The subspace Cholesky factor (papers/000, Section 4.1.3 "Subspace Cholesky" and App. B.4)."""
+"""The subspace Cholesky factor (Challis & Barber 2013, Section 4.1.3 "Subspace Cholesky" and App. B.4)."""
 
 from typing import ClassVar, Optional
 
@@ -11,8 +11,16 @@ from .._linalg import invert_lower, tdot
 from .._validate import as_float_array, check_finite, check_ndim, is_concrete
 from ._base import check_initialised, signed_log_abs_diag
 from ._full import upper_factor_of_inverse
-from ._kernels import (broadcast_variances, check_count, check_shape, operator_kind, orthonormal, precision_mm,
-                       precision_trace, site_curvatures)
+from ._kernels import (
+    broadcast_variances,
+    check_count,
+    check_shape,
+    operator_kind,
+    orthonormal,
+    precision_mm,
+    precision_trace,
+    site_curvatures,
+)
 from ._refinable import AbstractRefinableFactor
 
 BASIS_UPDATES = ("eigen", "gradient")
@@ -24,7 +32,7 @@ _DEFAULT_ITERATIONS = {"eigen": 2, "gradient": 4}
 class Subspace(AbstractRefinableFactor):
     """S = E C_1^T C_1 E^T + c^2 (I - E E^T): a K-dimensional orthonormal basis E (D, K) (the paper's E_1^T), an
     upper-triangular K x K factor C_1 inside the subspace and one standard deviation c in every direction
-    orthogonal to it (papers/000 §4.1.3 and App. B.4.1), K = `rank`.
+    orthogonal to it (Challis & Barber 2013, §4.1.3 and App. B.4.1), K = `rank`.
 
     s_n^2 = ||C_1 E^T h_n||^2 + c^2 (||h_n||^2 - ||E^T h_n||^2) and log det S = 2 sum_k log|C_1kk| + (D - K) log c^2,
     so with the projections E^T h_n and the norms ||h_n||^2 computed once per basis (the solvers hold E fixed, and
@@ -51,8 +59,8 @@ class Subspace(AbstractRefinableFactor):
       1/v) the largest win by a wide margin, with N > D the smallest often do (tests/test_factors.py checks both).
       One Krylov space serves both ends. The subspace iterations towards each end that it replaced, with 6
       candidate bases, took 16 products with A per update against 3 and 6 bounds against 2, and ended lower: in
-      the 18 cells of papers/000 Tables 2-4 the fits are 1.2-1.8x faster, with the bound per point equal or up
-      to 0.002 higher (benchmarks/README §2). With an `Isotropic` prior, one dense site group and N + K <= D
+      the 18 cells of Challis & Barber 2013 Tables 2-4 the fits are 1.2-1.8x faster, with the bound per point equal or
+      up to 0.002 higher (benchmarks/README §2). With an `Isotropic` prior, one dense site group and N + K <= D
       (p > n regression) the same Krylov degree is reached in the row space of H, from N x N products
       (`_row_space_refine`; the D-space update where the best split takes any of the smallest eigenvalues).
     - "gradient" (App. B.4.2): `basis_iterations` (default 4) steps of projected gradient ascent

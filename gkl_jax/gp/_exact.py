@@ -1,4 +1,4 @@
-"""Exact inference for a Gaussian prior with Gaussian sites (GP regression, papers/003 Ch. 2):
+"""Exact inference for a Gaussian prior with Gaussian sites (GP regression, Nickisch 2010, Ch. 2):
 
     p(w) = N(w | mu, Sigma) prod_n N(y_n | h_n^T w + o_n, v_n) / Z,
     log Z = log N(r | 0, H Sigma H^T + V),   r = y - o - H mu,   V = diag(v),
@@ -18,8 +18,8 @@ import equinox as eqx
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 
-from .._linalg import full_precision, tdot
 from .._gaussian import Gaussian
+from .._linalg import full_precision, tdot
 from .._model import Model
 from .._result import Result
 from ..factors import Full

@@ -1,4 +1,4 @@
-"""ML-II hyperparameter learning on any method's evidence estimate (papers/000 Section 6.1.3 and App. F.2).
+"""ML-II hyperparameter learning on any method's evidence estimate (Challis & Barber 2013, Section 6.1.3 and App. F.2).
 
 `fit_hyperparameters(build, params, method=...)` maximises theta -> log Z_method(build(theta)), where `build`
 maps a pytree of hyperparameters (kernels, likelihoods, inducing inputs, plain arrays; positive quantities are
@@ -42,15 +42,16 @@ import numpy as np
 import optax
 from jax import lax
 
-from .._linalg import full_precision
 from .._fit import fit
-from .._optim import default_tol
-from .._start import initial_q as _initial_q, model_dtype
-from .._warm import WarmPoint, WarmStart, fit_warm, warm_fit_applies, warm_result
-from .._site_precision import initial_point as site_precision_start
+from .._linalg import full_precision
 from .._model import Model
+from .._optim import default_tol
 from .._result import Result
+from .._site_precision import initial_point as site_precision_start
+from .._start import initial_q as _initial_q
+from .._start import model_dtype
 from .._validate import check_int, check_max_steps, check_nonnegative, strongly_typed
+from .._warm import WarmPoint, WarmStart, fit_warm, warm_fit_applies, warm_result
 from ..factors import Full
 from ..potentials import AbstractPotential
 

@@ -1,4 +1,4 @@
-"""Label regression (LR, papers/003 Section 4.8): GP classification by regressing the labels.
+"""Label regression (LR, Nickisch 2010, Section 4.8): GP classification by regressing the labels.
 
 The labels y_n in {-1, +1} are treated as real targets of GP regression with noise variance sigma_n^2,
 

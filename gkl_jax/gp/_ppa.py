@@ -1,4 +1,4 @@
-"""King & Lawrence's PPA for GP classification and their KL-corrected bound (papers/004; notes Part B).
+"""King & Lawrence's PPA for GP classification and their KL-corrected bound (King & Lawrence 2006).
 
 Model: p(y_n | f_n) (probit, or any binary likelihood), f = fbar + noise, p(f | fbar) = N(f | fbar, v I) with
 v = 1 / beta, and the GP prior p(fbar) = N(0, K_theta). The variational posterior is q(fbar) q(f) with
@@ -223,7 +223,7 @@ def ppa(kernel: AbstractKernel, X, y, *, noise=1.0, corrected: bool = True, like
     """Fit PPA GP classification with hyperparameter learning (Algorithm 1) and the standard or the
     KL-corrected M-step; `noise` is the initial v = 1 / beta. Each E-step makes up to `e_sweeps` sweeps of q
     updates (both schemes alike). With `learn_noise=False` v stays fixed: the exact marginal likelihood depends
-    on (K, v) only through K / (1 + v) (notes B1), so learning both lets them drift together slowly (the bound's
+    on (K, v) only through K / (1 + v), so learning both lets them drift together slowly (the bound's
     slack shrinks as v grows). Stops when the monitored bound (L' if `corrected`, else L) changes by less than
     `tol` between outer iterations (`converged`), or after `max_iters`.
 

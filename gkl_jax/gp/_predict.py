@@ -1,5 +1,5 @@
 """GP predictions from any fitted Gaussian q(f) = N(m, C^T C) over the latent values at the prior's inputs
-(papers/000 App. F.1; papers/003 eq. 4.10):
+(Challis & Barber 2013, App. F.1; Nickisch 2010, eq. 4.10):
 
     mu_*  = mu(x_*) + k_*^T Sigma^{-1} (m - mu)
     s2_*  = k_** - k_*^T Sigma^{-1} k_* + k_*^T Sigma^{-1} S Sigma^{-1} k_*,
@@ -25,15 +25,14 @@ import jax
 import jax.numpy as jnp
 from jax.scipy.special import log_ndtr, logsumexp, ndtr
 
-from .._linalg import full_precision, tdot
 from .._gaussian import Gaussian
+from .._linalg import full_precision, tdot
 from .._quadrature import hermite_rule
 from .._result import Result
 from .._validate import as_float_array, check_finite, check_ndim, is_concrete
 from ..operators import Dense as DenseOperator
-from ..potentials import AbstractPotential
+from ..potentials import AbstractPotential, Cauchy, Laplace, Logistic, Poisson, Probit, StudentT
 from ..potentials import Gaussian as GaussianLik
-from ..potentials import Cauchy, Laplace, Logistic, Poisson, Probit, StudentT
 from ..priors import GP
 from ._models import check_likelihood
 

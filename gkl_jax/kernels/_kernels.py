@@ -1,4 +1,4 @@
-"""Covariance functions k(x, x') for Gaussian-process priors (papers/003, Ch. 2 and 4).
+"""Covariance functions k(x, x') for Gaussian-process priors (Nickisch 2010, Ch. 2 and 4).
 
 Every kernel is an Equinox module with its positive parameters stored unconstrained (log_variance,
 log_lengthscale, ...) and exposed through properties (`variance`, `lengthscale`). A kernel evaluates on single

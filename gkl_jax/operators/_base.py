@@ -1,4 +1,4 @@
-"""Linear maps H: R^D -> R^N whose rows are the site projections h_n (papers/000, eq. 2).
+"""Linear maps H: R^D -> R^N whose rows are the site projections h_n (Challis & Barber 2013, eq. 2).
 
 The factors and solvers only talk to H through this interface, so a dense matrix, the identity (GP sites),
 a sparse BCOO matrix and matrix-free operators (finite differences, wavelets) are interchangeable.

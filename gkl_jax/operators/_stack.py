@@ -72,5 +72,5 @@ class Stack(AbstractOperator):
 
 def image_filters(height: int, width: int, *, levels=None, wavelet: str = "db4", boundary: str = "valid"):
     """B = [D_h; D_v; W]: horizontal and vertical finite differences and an orthonormal wavelet transform of a
-    (height, width) image (papers/000 Section 6.3.4, M ~ 3D rows), as a `Stack` of matrix-free operators."""
+    (height, width) image (Challis & Barber 2013, Section 6.3.4, M ~ 3D rows), as a `Stack` of matrix-free operators."""
     return Stack([FiniteDifference2D(height, width, "both", boundary), Wavelet2D(height, width, levels, wavelet)])

@@ -1,4 +1,4 @@
-"""Site-projection potentials phi_n(x), x = h_n^T w (papers/000, eq. 2).
+"""Site-projection potentials phi_n(x), x = h_n^T w (Challis & Barber 2013, eq. 2).
 
 Each potential holds its per-site data (scalars or length-N arrays) and provides log phi(x) and the Gaussian
 expectation I_n = E_{z~N(0,1)}[log phi_n(m_n + z s_n)] (eq. 8): in closed form where one exists, otherwise by
@@ -12,9 +12,8 @@ import warnings
 from typing import ClassVar
 
 import equinox as eqx
-import jax.numpy as jnp
-
 import jax
+import jax.numpy as jnp
 
 from .._quadrature import autodiff_jet, expectation, expectation_moments
 from .._validate import check_int

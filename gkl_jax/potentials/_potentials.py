@@ -18,8 +18,13 @@ from jax.scipy.special import gammaln, log_ndtr, ndtr
 
 from .._quadrature import continued_fraction
 from .._validate import as_float_array, check_finite, check_positive, is_concrete, site_count, site_vector
-from ._base import (DEFAULT_NUM_POINTS, AbstractPotential, AbstractQuadraturePotential, check_num_points,
-                    std_normal_logpdf)
+from ._base import (
+    DEFAULT_NUM_POINTS,
+    AbstractPotential,
+    AbstractQuadraturePotential,
+    check_num_points,
+    std_normal_logpdf,
+)
 
 
 def _labels(y, name="y"):
@@ -51,7 +56,7 @@ class Gaussian(AbstractPotential):
 
 
 class Laplace(AbstractPotential):
-    """phi(x) = exp(-|y - x| / scale) / (2 scale)  (papers/000 App. B.2.1).
+    """phi(x) = exp(-|y - x| / scale) / (2 scale)  (Challis & Barber 2013, App. B.2.1).
 
     With r = (m - y)/s:  E|x - y| = 2 s N(r) + (m - y)(2 Phi(r) - 1), smooth in (m, s) although phi is not
     differentiable (Section 3.1).

@@ -1,4 +1,5 @@
-"""The Gaussian-process prior f ~ GP(mean, k) at training inputs X (papers/003, Ch. 2; papers/000 Section 6.1):
+"""The Gaussian-process prior f ~ GP(mean, k) at training inputs X (Nickisch 2010, Ch. 2;
+Challis & Barber 2013, Section 6.1):
 
     p(f) = N(f | mu, Sigma),   Sigma = K(X, X) + jitter I,
 

@@ -1,6 +1,6 @@
 """Gaussian priors N(w | mu, Sigma) in structured form.
 
-Each prior gives the expected log density under q = N(m, S) (the second term of papers/000 eq. 7),
+Each prior gives the expected log density under q = N(m, S) (the second term of Challis & Barber 2013, eq. 7),
 
     E_q[log N(w | mu, Sigma)] = -1/2 [D log 2 pi + log det Sigma + tr(Sigma^{-1} S) + (m - mu)^T Sigma^{-1} (m - mu)],
 
@@ -58,7 +58,7 @@ class AbstractPrior(eqx.Module):
         """diag(Sigma)."""
 
     def expected_log_density(self, q):
-        """E_{N(m, C^T C)}[log N(w | mu, Sigma)] (papers/000, eq. 7, second term)."""
+        """E_{N(m, C^T C)}[log N(w | mu, Sigma)] (Challis & Barber 2013, eq. 7, second term)."""
         d = q.mean - self.mean
         return -0.5 * (self.dim * jnp.log(2 * jnp.pi) + self.logdet() + self.trace_precision(q.factor)
                        + d @ self.precision_mv(d))

@@ -27,8 +27,17 @@ from ..gp import model as gp_model
 from ..gp import predict as gp_predict
 from ..kernels import AbstractKernel, SquaredExponential
 from ..multiclass import GPClassifier as _MulticlassGP
-from ._common import (check_choice, check_positive_float, check_steps, encode_labels, float64, quiet_convergence,
-                      validate_fit, validate_predict, warn_not_converged)
+from ._common import (
+    check_choice,
+    check_positive_float,
+    check_steps,
+    encode_labels,
+    float64,
+    quiet_convergence,
+    validate_fit,
+    validate_predict,
+    warn_not_converged,
+)
 
 _LIKELIHOODS = {"logistic": P.Logistic, "probit": P.Probit}
 

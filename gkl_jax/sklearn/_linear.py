@@ -26,8 +26,18 @@ from .._predict import predict as gk_predict
 from ..gp import exact as gp_exact
 from ..gp._hyper import fit_hyperparameters
 from ..priors import Diagonal
-from ._common import (check_choice, check_positive_float, check_steps, encode_labels, float64, pad_design,
-                      quiet_convergence, validate_fit, validate_predict, warn_not_converged)
+from ._common import (
+    check_choice,
+    check_positive_float,
+    check_steps,
+    encode_labels,
+    float64,
+    pad_design,
+    quiet_convergence,
+    validate_fit,
+    validate_predict,
+    warn_not_converged,
+)
 
 LIKELIHOODS = ("gaussian", "student-t", "laplace")
 

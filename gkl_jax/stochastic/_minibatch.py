@@ -1,7 +1,7 @@
 """Data larger than one pass: stochastic maximisation of the G-KL bound over minibatches of sites, and the
 full-data bound streamed in chunks.
 
-The bound (papers/000 eq. 7) splits into the sites-independent part and a sum over sites,
+The bound (Challis & Barber 2013, eq. 7) splits into the sites-independent part and a sum over sites,
 
     B(m, C) = H[q] + E_q[log N(w | mu, Sigma)] + sum_groups sum_{n=1}^{N_g} I_n(m_n, s_n),
 
@@ -26,15 +26,15 @@ import optax
 from jax import lax
 from jax.flatten_util import ravel_pytree
 
-from .._linalg import full_precision
 from .._adjoint import stop_gradients
-from .._start import initial_q as _initial_q
-from .._whiten import whitening
 from .._bound import check_model_and_q
 from .._gaussian import Gaussian
+from .._linalg import full_precision
 from .._model import Model, check_fittable
 from .._result import Result
+from .._start import initial_q as _initial_q
 from .._validate import as_int, check_indices, check_int, check_key, check_max_steps, check_tol, is_concrete
+from .._whiten import whitening
 from ..factors import AbstractFactor, Full
 from ..priors._priors import AbstractDensePrior
 from ._subsample import check_subsampling, num_sites, slice_sites, take_sites

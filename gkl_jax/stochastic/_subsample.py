@@ -1,6 +1,6 @@
 """Row subsets of a `Sites` group: minibatches (gathered rows) and chunks (contiguous slices).
 
-The bound (papers/000 eq. 7) is a sum over sites, so any subset of rows of H with the matching per-site data
+The bound (Challis & Barber 2013, eq. 7) is a sum over sites, so any subset of rows of H with the matching per-site data
 (labels, scales, offsets) is again a `Sites` group; `take_sites` and `slice_sites` build it inside `jit`
 without copying the rest of the data. Per-site data are the potential's array fields whose leading axis has
 length N (scalars are shared by every site and kept as they are).
