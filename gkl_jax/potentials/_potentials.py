@@ -36,7 +36,15 @@ def _labels(y, name="y"):
 
 
 class Gaussian(AbstractPotential):
-    """phi(x) = N(y | x, variance).  E[log phi] = -1/2 log(2 pi v) - ((y - m)^2 + s^2) / (2 v)."""
+    """phi(x) = N(y | x, variance).  E[log phi] = -1/2 log(2 pi v) - ((y - m)^2 + s^2) / (2 v).
+
+    Args:
+        y: the observations, a scalar or an (N,) float array.
+        variance: the noise variance v > 0, a scalar or an (N,) array (default 1).
+
+    Raises:
+        ValueError: y or variance not finite, not a scalar or 1-D, variance not positive, or lengths that differ.
+    """
 
     y: jax.Array
     variance: jax.Array
@@ -60,6 +68,13 @@ class Laplace(AbstractPotential):
 
     With r = (m - y)/s:  E|x - y| = 2 s N(r) + (m - y)(2 Phi(r) - 1), smooth in (m, s) although phi is not
     differentiable (Section 3.1).
+
+    Args:
+        y: the observations, a scalar or an (N,) float array.
+        scale: the scale > 0, a scalar or an (N,) array (default 1).
+
+    Raises:
+        ValueError: y or scale not finite, not a scalar or 1-D, scale not positive, or lengths that differ.
     """
 
     y: jax.Array
@@ -84,7 +99,14 @@ class Laplace(AbstractPotential):
 
 
 class Poisson(AbstractPotential):
-    """phi(x) = Poisson(y | exp(x)).  E[log phi] = y m - exp(m + s^2/2) - log y!."""
+    """phi(x) = Poisson(y | exp(x)).  E[log phi] = y m - exp(m + s^2/2) - log y!.
+
+    Args:
+        y: the counts, a scalar or an (N,) array of non-negative integers (stored as floats).
+
+    Raises:
+        ValueError: y not finite, not a scalar or 1-D, or not non-negative integers.
+    """
 
     y: jax.Array
     log_concave: ClassVar[bool] = True
@@ -109,6 +131,13 @@ class Logistic(AbstractQuadraturePotential):
     the other potentials): E[log phi] and its first two derivatives in m and s^2 agree with a 256-node rule to
     6e-14 relative to max(1, |E|) for |m| <= 30, s^2 in [1e-6, 1e3] (40 nodes: 1e-11; 32: 4e-8), and each
     quadrature costs 3/4 of the 64-node one.
+
+    Args:
+        y: the labels, a scalar or an (N,) array with entries in {-1, +1}.
+        num_points: quadrature nodes per site (int >= 2, default 48; fewer than 16 warns).
+
+    Raises:
+        ValueError: a label other than -1 or +1, or num_points not an int >= 2.
     """
 
     y: jax.Array
@@ -164,6 +193,13 @@ class Probit(AbstractQuadraturePotential):
     Mills ratio lambda(u) = N(u)/Phi(u) and the second -lambda (u + lambda), with u + lambda from a continued
     fraction for u < -6 (no cancellation as u -> -inf, where jax's own second derivative of log_ndtr errs).
     Feature: the first complex zeros of Phi(u) at u = 1.92 +- 2.82 i: center 1.9 y, width 2.
+
+    Args:
+        y: the labels, a scalar or an (N,) array with entries in {-1, +1}.
+        num_points: quadrature nodes per site (int >= 2, default 64; fewer than 16 warns).
+
+    Raises:
+        ValueError: a label other than -1 or +1, or num_points not an int >= 2.
     """
 
     y: jax.Array
@@ -190,6 +226,16 @@ class StudentT(AbstractQuadraturePotential):
     log phi = log Gamma((nu+1)/2) - log Gamma(nu/2) - 1/2 log(nu pi) - log scale - (nu+1)/2 log(1 + r^2/nu),
     r = (y - x)/scale. Feature: the logarithmic branch points at x = y +- i scale sqrt(nu): center y,
     width 0.75 scale sqrt(nu).
+
+    Args:
+        y: the observations, a scalar or an (N,) float array.
+        dof: the degrees of freedom nu > 0, a scalar or an (N,) array.
+        scale: the scale > 0, a scalar or an (N,) array (default 1).
+        num_points: quadrature nodes per site (int >= 2, default 64; fewer than 16 warns).
+
+    Raises:
+        ValueError: non-finite or non-positive dof/scale, data not a scalar or 1-D, lengths that differ, or
+            num_points not an int >= 2.
     """
 
     y: jax.Array
@@ -217,6 +263,14 @@ class StudentT(AbstractQuadraturePotential):
 class Cauchy(AbstractQuadraturePotential):
     """phi(x) = Cauchy(y | x, scale) = 1 / (pi scale (1 + r^2)), r = (y - x)/scale (Student-t with one degree of
     freedom); not log-concave. Feature: branch points at x = y +- i scale: center y, width 0.75 scale.
+
+    Args:
+        y: the observations, a scalar or an (N,) float array.
+        scale: the scale > 0, a scalar or an (N,) array (default 1).
+        num_points: quadrature nodes per site (int >= 2, default 64; fewer than 16 warns).
+
+    Raises:
+        ValueError: non-finite y or scale, scale not positive, lengths that differ, or num_points not an int >= 2.
     """
 
     y: jax.Array
@@ -245,6 +299,18 @@ class Custom(AbstractQuadraturePotential):
     Expectations use Gauss-Hermite, accurate while s_n is below the distance of log_phi's complex singularities
     from the real axis; pass `center` and `width` (where log_phi bends, and over what scale) to use the
     feature-adapted rule instead, accurate for every s_n.
+
+    Args:
+        log_phi: a JAX function mapping an array of projections to log phi elementwise (same shape out).
+        log_concave: whether log_phi is concave (default False).
+        num_points: quadrature nodes per site (int >= 2, default 64).
+        center: where log_phi bends, a scalar or one value per site (with `width`), or None for Gauss-Hermite.
+        width: the scale of that bend (> 0), a scalar or one value per site, or None.
+
+    Raises:
+        ValueError: log_phi not callable, only one of center/width given, center not finite, width not
+            positive, either of them more than 1-D, or num_points not an int >= 2. Calling `log_phi` raises it
+            too when the function is not a JAX elementwise function.
     """
 
     fn: Callable = eqx.field(static=True)
