@@ -74,6 +74,15 @@ class FiniteDifference2D(AbstractOperator):
 
     direction="both" stacks [D_h; D_v] (the TV filters), so B = Stack([FiniteDifference2D(h, w), Wavelet2D(...)])
     is the sparse-linear-model filter bank of Challis & Barber 2013, Section 6.3.4.
+
+    Args:
+        height: image height (int >= 1; >= 2 for vertical differences with boundary "valid").
+        width: image width (int >= 1; >= 2 for horizontal differences with boundary "valid").
+        direction: "horizontal", "vertical" or "both" (default, [D_h; D_v]).
+        boundary: "valid" (differences inside the image, default) or "periodic" (wrap-around, D rows each).
+
+    Raises:
+        ValueError: a size that is not a positive integer or too small, or an unknown direction or boundary.
     """
 
     height: int = eqx.field(static=True)

@@ -112,6 +112,15 @@ class Wavelet2D(AbstractOperator):
 
     `wavelet` is "db4" (Daubechies-4, the default of Nickisch 2010, Ch. 5) or "haar". Both sides must be divisible by
     2**levels; `levels=None` picks the most levels that keep the coarsest block at least 4 x 4.
+
+    Args:
+        height: image height (int >= 1, divisible by 2**levels).
+        width: image width (int >= 1, divisible by 2**levels).
+        levels: the number of levels (int >= 1), or None (the default choice above).
+        wavelet: "db4" (default) or "haar".
+
+    Raises:
+        ValueError: sizes not positive integers or not divisible by 2**levels, levels < 1, or an unknown wavelet.
     """
 
     height: int = eqx.field(static=True)
