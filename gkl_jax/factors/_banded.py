@@ -43,6 +43,13 @@ class Banded(AbstractFactor):
     shifted products for B < 8), O(nnz(H) B) for sparse BCOO H, O(D B) for the identity. Matrix-free H is not
     supported (it would need D operator products); `project_variances` raises a ValueError for it.
     Concave in (m, C) for log-concave sites (a linear restriction of the full Cholesky factor).
+
+    Args:
+        bandwidth: B, the number of super-diagonals (int >= 0, less than D).
+        bands: a (B + 1, D) finite float array, or None for a template.
+
+    Raises:
+        ValueError: bandwidth not a non-negative int or >= D, or bands of the wrong shape or not finite.
     """
 
     bandwidth: int = eqx.field(static=True)
@@ -82,6 +89,11 @@ class Banded(AbstractFactor):
         return i + k < self.dim
 
     def masked_bands(self):
+        """The band storage with its structural zeros (i + k >= D) set to 0.
+
+        Returns:
+            (B + 1, D) float array, `[k, i] = C[i, i + k]`.
+        """
         return jnp.where(self._valid(), self.bands, 0.0)
 
     def _diagonal_gather(self, values):

@@ -27,6 +27,14 @@ class Chevron(AbstractFactor):
     Cost of s_n^2 = ||Theta h_n||^2 + sum_{i >= K} d_i^2 h_ni^2 (App. D): O(N D K) for dense H, O(nnz(H) K) for
     sparse BCOO H, and K operator products H X plus one (H o H) v for matrix-free operators; every kind of H is
     supported. Concave in (m, C) for log-concave sites.
+
+    Args:
+        rows: K, the number of dense rows (int >= 1, at most D).
+        theta: a (K, D) finite float array (its upper triangle is used), or None (with d) for a template.
+        d: a (D - K,) finite float array, the diagonal of the remaining rows, or None.
+
+    Raises:
+        ValueError: rows < 1 or > D, only one of theta/d, or arrays of the wrong shape or not finite.
     """
 
     rows: int = eqx.field(static=True)
@@ -72,7 +80,11 @@ class Chevron(AbstractFactor):
         return Chevron(K, theta, jnp.sqrt(v[K:]))
 
     def upper_rows(self):
-        """Theta with its structural zeros (j < i) masked: the first K rows of C."""
+        """Theta with its structural zeros (j < i) masked: the first K rows of C.
+
+        Returns:
+            (K, D) float array.
+        """
         return jnp.triu(self.theta)
 
     def _tail(self, values):

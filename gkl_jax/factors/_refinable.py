@@ -21,15 +21,32 @@ from ._base import AbstractFactor
 
 
 class AbstractRefinableFactor(AbstractFactor):
-    """A factor whose `solver_mask()` False leaves are held fixed by the solvers and updated by `refine`."""
+    """A factor whose `solver_mask()` False leaves are held fixed by the solvers and updated by `refine`
+    (Challis & Barber 2013, App. B.4).
+
+    Args:
+        (subclass fields): as for `AbstractFactor`, plus `num_refinements`, the refinements `fit` runs.
+    """
 
     num_refinements: eqx.AbstractVar[int]
 
     @abc.abstractmethod
     def solver_mask(self):
-        """A pytree of bools with this factor's structure: True for the leaves the solvers optimise."""
+        """Which leaves the solvers optimise.
+
+        Returns:
+            a pytree of bools with this factor's structure: True for the leaves the solvers optimise.
+        """
 
     @abc.abstractmethod
     def refine(self, model, q, value=None):
-        """An updated factor of the same structure (and the same shapes) for the model and the current q; `value`
-        is the bound at q where the caller has it (else it is evaluated)."""
+        """An updated factor for the model and the current q.
+
+        Args:
+            model: the `gkl_jax.Model` being fitted.
+            q: the current `gkl_jax.Gaussian`, whose factor is this one.
+            value: the bound at q where the caller has it (a float scalar), else None (it is evaluated).
+
+        Returns:
+            a factor of the same structure and shapes (this one where the update does not raise the bound).
+        """

@@ -51,6 +51,14 @@ class Sparse(AbstractFactor):
     Cost of s_n^2 = ||C h_n||^2: O(N nnz(C)) for dense H (a gather of rows of H^T and a segment sum, in chunks of
     sites), O(nnz(H) T) for sparse BCOO H, T the largest number of entries in a column of C, and O(nnz(C)) for the
     identity. Matrix-free H is not supported (ValueError). Concave in (m, C) for log-concave sites.
+
+    Args:
+        mask: a (D, D) boolean (or 0/1) upper-triangular array containing the diagonal.
+        values: a (nnz,) finite float array, one per mask entry in row-major order, or None for a template.
+
+    Raises:
+        ValueError: mask not square, not boolean, with entries below the diagonal or without the full diagonal;
+            values of the wrong length or not finite.
     """
 
     rows: jax.Array

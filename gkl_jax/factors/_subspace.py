@@ -57,16 +57,27 @@ class Subspace(AbstractRefinableFactor):
       target the optimal (S_1, c) give KL = (D - K)/2 log(AM/GM) of the eigenvalues of A left outside the
       subspace, minimised by taking extreme eigenvalues from either end: with N < D (the smallest eigenvalues all
       1/v) the largest win by a wide margin, with N > D the smallest often do (tests/test_factors.py checks both).
-      One Krylov space serves both ends. The subspace iterations towards each end that it replaced, with 6
-      candidate bases, took 16 products with A per update against 3 and 6 bounds against 2, and ended lower: in
-      the 18 cells of Challis & Barber 2013 Tables 2-4 the fits are 1.2-1.8x faster, with the bound per point equal or
-      up to 0.002 higher (benchmarks/README §2). With an `Isotropic` prior, one dense site group and N + K <= D
+      One Krylov space serves both ends (see the docs' design-decisions page). With an `Isotropic` prior, one dense site group and N + K <= D
       (p > n regression) the same Krylov degree is reached in the row space of H, from N x N products
       (`_row_space_refine`; the D-space update where the best split takes any of the smallest eigenvalues).
     - "gradient" (App. B.4.2): `basis_iterations` (default 4) steps of projected gradient ascent
       E <- orth(E + alpha dB/dE), each with a backtracking step size so that the bound increases.
 
     Concave in (m, C_1, c) for log-concave sites (s_n is a norm of a linear function of (C_1, c)).
+
+    Args:
+        rank: K, the subspace dimension (int >= 1, at most D).
+        basis: a (D, K) float array with orthonormal columns, or None (with C1 and c) for a template.
+        C1: a (K, K) float array (its upper triangle is used), or None.
+        c: a float scalar, the standard deviation outside the subspace, or None.
+        num_refinements: basis updates inside `gkl_jax.fit` (int >= 0, default 5).
+        basis_update: "eigen" (default) or "gradient".
+        basis_iterations: Krylov steps (eigen, default 2) or gradient steps (gradient, default 4), int >= 1.
+        free_basis: internal: True for the copy whose basis the gradient update differentiates (default False).
+
+    Raises:
+        ValueError: a bad rank, count or basis_update, only some of basis/C1/c, arrays of the wrong shape or not
+            finite, or a basis whose columns are not orthonormal.
     """
 
     rank: int = eqx.field(static=True)
@@ -151,10 +162,19 @@ class Subspace(AbstractRefinableFactor):
         return sum(sites.operator(model.dim).shape[0] for sites in model.sites) <= model.dim
 
     def E(self):
-        """The basis; held fixed (no gradient) unless this is the free-basis copy used by the gradient update."""
+        """The basis; held fixed (no gradient) unless this is the free-basis copy used by the gradient update.
+
+        Returns:
+            (D, K) float array E with orthonormal columns.
+        """
         return self.basis if self.free_basis else lax.stop_gradient(self.basis)
 
     def upper(self):
+        """The upper triangle of C1, the factor inside the subspace.
+
+        Returns:
+            (K, K) float array.
+        """
         return jnp.triu(self.C1)
 
     @property
