@@ -57,9 +57,9 @@ class Subspace(AbstractRefinableFactor):
       target the optimal (S_1, c) give KL = (D - K)/2 log(AM/GM) of the eigenvalues of A left outside the
       subspace, minimised by taking extreme eigenvalues from either end: with N < D (the smallest eigenvalues all
       1/v) the largest win by a wide margin, with N > D the smallest often do (tests/test_factors.py checks both).
-      One Krylov space serves both ends (see the docs' design-decisions page). With an `Isotropic` prior, one dense site group and N + K <= D
-      (p > n regression) the same Krylov degree is reached in the row space of H, from N x N products
-      (`_row_space_refine`; the D-space update where the best split takes any of the smallest eigenvalues).
+      One Krylov space serves both ends (see the docs' design-decisions page). With an `Isotropic` prior, one dense site
+      group and N + K <= D (p > n regression) the same Krylov degree is reached in the row space of H, from N x N
+      products (`_row_space_refine`; the D-space update where the best split takes any of the smallest eigenvalues).
     - "gradient" (App. B.4.2): `basis_iterations` (default 4) steps of projected gradient ascent
       E <- orth(E + alpha dB/dE), each with a backtracking step size so that the bound increases.
 
