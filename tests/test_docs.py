@@ -289,7 +289,7 @@ def test_public_api_docstrings_state_args_and_returns():
     assert not problems, f"{len(problems)} public callables without Args/Returns:\n" + "\n".join(problems)
 
 
-PRIVATE_CITATION = re.compile(r"papers/00|shared/notes|the notes|notes'|\(notes\b|; notes\b")
+PRIVATE_CITATION = re.compile(r"papers/00|shared/notes|the notes|notes'|\(notes\b|; notes\b", re.IGNORECASE)
 
 
 def test_package_code_cites_papers_by_author_and_year():

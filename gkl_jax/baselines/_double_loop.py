@@ -55,11 +55,27 @@ TRACE_COUNT = {"double_loop": 0}
 @full_precision
 def double_loop(model, rank: int, *, key=None, max_outer: int = 20, max_inner: int = 50, max_cg: int = 200,
                 num_probes: int = 4, tol: float = 1e-4) -> Result:
-    """The glm-ie double loop with K = `rank` Lanczos vectors (module docstring); matrix-free in H and Sigma^{-1}.
+    """The glm-ie double loop with K = `rank` Lanczos vectors (Nickisch 2010, Alg. 3.1; Challis & Barber 2013,
+    Section 5.2.2; module docstring); matrix-free in H and Sigma^{-1}. Stops when the tangent points xi change by
+    at most `tol` (relative) or after `max_outer` outer steps; warns when it did not settle.
 
-    Stops when the tangent points xi change by at most `tol` (relative) or after `max_outer` outer steps.
-    `history[k]` is the (single-probe) evidence estimate at the start of outer step k. Raises ValueError for
-    rank outside [1, D] and for potentials without a super-Gaussian bound (probit, Poisson, Custom).
+    Args:
+        model: a `gkl_jax.Model` (sites without `variance_offset`).
+        rank: K, Lanczos vectors per outer step (int in [1, D]).
+        key: a `jax.random` key for the Lanczos start and the log-det probes (default `jax.random.PRNGKey(0)`).
+        max_outer: outer (variance) steps (int >= 1, default 20).
+        max_inner: Newton steps of each inner problem (int >= 1, default 50).
+        max_cg: conjugate-gradient steps per Newton step (int >= 1, default 200).
+        num_probes: Rademacher probes of the log-det estimate (int >= 1, default 4).
+        tol: relative tolerance on the tangent points (positive, default 1e-4).
+
+    Returns:
+        `gkl_jax.Result` with `is_bound=False` (an estimate of log Z, not a bound), q a rank-K `FactorAnalysis`
+        Gaussian, and `history[k]` the (single-probe) evidence estimate at the start of outer step k.
+
+    Raises:
+        ValueError: rank outside [1, D], potentials without a super-Gaussian bound (probit, Poisson, Custom), a
+            model that cannot be fitted, or bad counts, key or tol.
     """
     C.check_model(model, "double_loop")
     if not model.sites:

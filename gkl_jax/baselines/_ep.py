@@ -51,11 +51,22 @@ _MAX_DAMPING_HALVINGS = 8
 
 @full_precision
 def ep(model, power: float = 1.0, damping: float = 0.5, *, tol: float | None = None, max_steps: int = 500) -> Result:
-    """Gaussian EP (power EP for power < 1) with damped parallel updates (module docstring).
+    """Gaussian EP (power EP for power < 1) with damped parallel updates (Minka 2001, 2004; Nickisch 2010,
+    Ch. 2.5.10 and 4.4; Challis & Barber 2013, Section 5.2.3; module docstring). Warns when it did not converge.
 
-    `power` and `damping` (the initial damping; halved when the updates oscillate) must lie in (0, 1]. Returns a
-    `Result` with q = N(A^{-1} b, A^{-1}), the EP evidence estimate `log_z` (`is_bound=False`) and `history`
-    the estimate at each iteration.
+    Args:
+        model: a `gkl_jax.Model` (sites without `variance_offset`).
+        power: the EP power eta in (0, 1] (default 1, plain EP).
+        damping: the initial damping in (0, 1], halved when the updates oscillate (default 0.5).
+        tol: the site-parameter change that stops the iterations (default for the model's dtype).
+        max_steps: iterations (int >= 1, default 500).
+
+    Returns:
+        `gkl_jax.Result` with q = N(A^{-1} b, A^{-1}), the EP evidence estimate `log_z` (`is_bound=False`;
+        reverse-mode differentiable in the model) and `history` the estimate at each iteration.
+
+    Raises:
+        ValueError: power or damping outside (0, 1], a model that cannot be fitted, or a bad tol or max_steps.
     """
     C.check_model(model, "ep")
     if not model.sites:

@@ -35,13 +35,26 @@ TRACE_COUNT = {"laplace": 0}
 
 @full_precision
 def laplace(model, *, tol: float | None = None, max_steps: int = 100) -> Result:
-    """The Laplace approximation N(w*, A^{-1}) and its log Z estimate (module docstring).
+    """The Laplace approximation N(w*, A^{-1}) and its log Z estimate (Challis & Barber 2013, Section 5.2.1;
+    Nickisch 2010, Ch. 2.5.6 and 4.3; module docstring).
 
-    Stops when max |grad log p| <= tol (default 1e-8 in float64), or when the Newton decrement
-    g^T A^{-1} g <= tol^2 (the scale-free form of the same test: equal for A = I, and reachable where the prior
-    precision is huge, e.g. a GP with jitter 1e-10, whose gradient stays at the round-off of Sigma^{-1} w, ~1e-6),
-    or after `max_steps` Newton steps; `history` holds log p(w) at each step. Raises ValueError if a potential is
-    not twice differentiable.
+    Stops when max |grad log p| <= tol, or when the Newton decrement g^T A^{-1} g <= tol^2 (the scale-free form of
+    the same test: equal for A = I, and reachable where the prior precision is huge, e.g. a GP with jitter 1e-10,
+    whose gradient stays at the round-off of Sigma^{-1} w), or after `max_steps` Newton steps; warns when it did
+    not converge.
+
+    Args:
+        model: a `gkl_jax.Model` (sites without `variance_offset`).
+        tol: the gradient tolerance (default 1e-8 in float64).
+        max_steps: Newton steps (int >= 1, default 100).
+
+    Returns:
+        `gkl_jax.Result` with q = N(w*, A^{-1}) (a Full factor), `log_z` the Laplace estimate (`is_bound=False`)
+        and `history` log p(w) at each step.
+
+    Raises:
+        ValueError: a potential that is not twice differentiable (Laplace), a model that cannot be fitted, or a
+            bad tol or max_steps.
     """
     C.check_model(model, "laplace")
     for s in model.sites:

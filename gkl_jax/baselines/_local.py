@@ -12,7 +12,7 @@ site for Gaussian potentials. The product is a Gaussian in w, so (Challis & Barb
 with the Gaussian approximation q = N(A^{-1} b, A^{-1}). B is maximised over xi by the EM fixed point
 xi_n <- E_q[(h_n^T w + o_n - center_n)^2] (s_n <- y_n E_q[h_n^T w + o_n] for the probit), which never
 decreases B, over-relaxed with a safeguard (`_local_jit`); each step costs one dense Cholesky of A,
-O(D^3 + N D^2). Papers/000 Section 5.1.2 proves
+O(D^3 + N D^2). Challis & Barber (2013), Section 5.1.2, prove
 
     B(xi) <= bound(model, q_xi) <= max G-KL bound <= log Z,
 
@@ -37,12 +37,22 @@ TRACE_COUNT = {"local": 0}
 
 @full_precision
 def local(model, *, tol: float | None = None, max_steps: int = 1000) -> Result:
-    """Maximise the local variational lower bound on log Z over the site-bound parameters xi.
+    """Maximise the local variational lower bound on log Z over the site-bound parameters xi (Challis & Barber
+    2013, Section 5.1.1; Nickisch 2010, Ch. 3.3; module docstring). Stops when a plain EM step changes the bound
+    by less than tol * (1 + |B|) or after `max_steps` evaluations; warns when it did not converge.
 
-    Returns a `Result` with q = N(A^{-1} b, A^{-1}) (a Full factor), `log_z` = B(xi) (a guaranteed lower bound,
-    `is_bound=True`), `history` the best bound after each evaluation. Stops when a plain EM step changes the
-    bound by less than tol * (1 + |B|) (default 1e-10 in float64) or after `max_steps` evaluations. Raises
-    ValueError for potentials without a tight exponentiated-quadratic bound (Poisson, Custom).
+    Args:
+        model: a `gkl_jax.Model` (sites without `variance_offset`).
+        tol: relative bound change (default 1e-10 in float64, 1e-5 in float32).
+        max_steps: bound evaluations (int >= 1, default 1000).
+
+    Returns:
+        `gkl_jax.Result` with q = N(A^{-1} b, A^{-1}) (a Full factor), `log_z` = B(xi) (a guaranteed lower bound,
+        `is_bound=True`) and `history` the best bound after each evaluation.
+
+    Raises:
+        ValueError: potentials without a tight exponentiated-quadratic bound (Poisson, Custom), a model that
+            cannot be fitted, or a bad tol or max_steps.
     """
     C.check_model(model, "local")
     for s in model.sites:
