@@ -46,10 +46,20 @@ def _stacked(model):
 
 @full_precision
 def exact(model: Model) -> Result:
-    """Exact posterior and log evidence of a model with a prior and Gaussian sites (see the module doc).
+    """Exact posterior and log evidence of a model with a prior and Gaussian sites (Rasmussen & Williams 2006,
+    Ch. 2; Nickisch 2010, Ch. 2; module doc).
 
-    Returns a `Result` with `method="exact"`; differentiable in every leaf of the model (hyperparameters,
-    noise variances, targets)."""
+    Args:
+        model: a `gkl_jax.Model` with a prior and only `gkl_jax.potentials.Gaussian` sites.
+
+    Returns:
+        `gkl_jax.Result` with `method="exact"`, q the posterior (a Full factor) and `log_z` the log evidence
+        (Titsias' collapsed bound where the sites carry a variance_offset); differentiable in every leaf of the
+        model (hyperparameters, noise variances, targets).
+
+    Raises:
+        ValueError: model not a Model, without a prior or sites, or with a non-Gaussian potential.
+    """
     if not isinstance(model, Model):
         raise ValueError(f"model must be a gkl_jax.Model, got {type(model).__name__}")
     if model.prior is None:

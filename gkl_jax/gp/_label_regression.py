@@ -25,9 +25,21 @@ NOISE_SDS = (0.5, 0.75, 1.0, 1.5, 2.0)
 
 
 def label_regression(model: Model, noise_sds=NOISE_SDS) -> Result:
-    """Label regression on a binary classification `model` (a prior and `Sites` with `Logistic` or `Probit`
-    potentials). Returns a `Result` with `method="label_regression"` whose `log_z` is the G-KL bound of `model`
-    at the LR posterior (eq. 4.12); `noise_sds` is the grid of sigma_n (the thesis: [0.5, 2])."""
+    """Label regression on a binary classification `model`: GP regression on the labels, its noise chosen on
+    a grid (Nickisch 2010, Section 4.8).
+
+    Args:
+        model: a `gkl_jax.Model` with a prior and `Sites` with `Logistic` or `Probit` potentials.
+        noise_sds: the grid of noise standard deviations sigma_n, positive finite floats (default 0.5 ... 2,
+            the range of Nickisch 2010).
+
+    Returns:
+        `gkl_jax.Result` with `method="label_regression"` whose `log_z` is the G-KL bound of `model` at the LR
+        posterior (Nickisch 2010, eq. 4.12).
+
+    Raises:
+        ValueError: model not a Model, without a prior, with other potentials, or a bad noise_sds.
+    """
     if not isinstance(model, Model):
         raise ValueError(f"model must be a gkl_jax.Model, got {type(model).__name__}")
     if model.prior is None:
