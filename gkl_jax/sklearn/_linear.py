@@ -178,7 +178,19 @@ class BayesianLogisticRegression(ClassifierMixin, _BayesianLinear):
 
     @float64
     def fit(self, X, y):
-        """Fit the posterior to X (n, d) and labels y (n,); returns self."""
+        """Fit the posterior over the weights (one-vs-rest for more than two classes).
+
+        Args:
+            X: (n, d) array-like of inputs, n >= 2.
+            y: (n,) array-like of labels of any type, at least two classes.
+
+        Returns:
+            self, with coef_, intercept_, classes_, prior_variance_, log_evidence_ and converged_ set (a warning is
+            issued when a fit did not converge).
+
+        Raises:
+            ValueError: NaN/inf or complex data, lengths that differ, fewer than 2 samples or 2 classes.
+        """
         X, y = validate_fit(self, X, y, classifier=True)
         self.classes_, codes = encode_labels(y)
         H = self._design(X)
@@ -200,26 +212,71 @@ class BayesianLogisticRegression(ClassifierMixin, _BayesianLinear):
         return np.stack([np.asarray(self._latent(r, X, "logistic").probability) for r in self._results], axis=1)
 
     def predict_proba(self, X):
-        """Class probabilities (n, K) by the predictive integral E_q[sigmoid(x^T w)], columns in `classes_`
-        order (one-vs-rest: normalised over the classes)."""
+        """Class probabilities by the predictive integral E_q[sigmoid(x^T w)] (one-vs-rest: normalised over the
+        classes).
+
+        Args:
+            X: (n, d) array-like of inputs (d as in `fit`).
+
+        Returns:
+            (n, K) float64 numpy array, columns in `classes_` order, rows summing to 1.
+
+        Raises:
+            sklearn.exceptions.NotFittedError: before `fit`.
+            ValueError: X with NaN/inf or the wrong number of features (scikit-learn's checks).
+        """
         p = self._positive_probabilities(X)
         if p.shape[1] == 1:
             return np.hstack([1 - p, p])
         return p / np.sum(p, axis=1, keepdims=True)
 
     def predict_log_proba(self, X):
+        """The logarithm of `predict_proba`.
+
+        Args:
+            X: (n, d) array-like of inputs (d as in `fit`).
+
+        Returns:
+            (n, K) float64 numpy array.
+
+        Raises:
+            sklearn.exceptions.NotFittedError: before `fit`.
+            ValueError: X with NaN/inf or the wrong number of features (scikit-learn's checks).
+        """
         return np.log(self.predict_proba(X))
 
     def decision_function(self, X):
-        """The moderated log-odds log p / (1 - p) of the predictive probability: shape (n,) for two classes
-        (positive: `classes_[1]`), (n, K) one-vs-rest. Its sign (argmax) agrees with `predict`."""
+        """The moderated log-odds log p / (1 - p) of the predictive probability. Its sign (argmax) agrees with
+        `predict`.
+
+        Args:
+            X: (n, d) array-like of inputs (d as in `fit`).
+
+        Returns:
+            float64 numpy array: (n,) for two classes (positive: `classes_[1]`), (n, K) one-vs-rest.
+
+        Raises:
+            sklearn.exceptions.NotFittedError: before `fit`.
+            ValueError: X with NaN/inf or the wrong number of features (scikit-learn's checks).
+        """
         p = np.clip(self._positive_probabilities(X), 1e-300, 1 - 1e-16)
         logit = np.log(p) - np.log1p(-p)
         return logit[:, 0] if logit.shape[1] == 1 else logit
 
     @float64
     def latent(self, X):
-        """(mean, sd) of the latent x^T w (+ intercept) under q, each (n,) or (n, K)."""
+        """The posterior mean and standard deviation of the latent x^T w (+ intercept) under q.
+
+        Args:
+            X: (n, d) array-like of inputs (d as in `fit`).
+
+        Returns:
+            (mean, sd): float64 numpy arrays, each (n,) for two classes or (n, K) one-vs-rest.
+
+        Raises:
+            sklearn.exceptions.NotFittedError: before `fit`.
+            ValueError: X with NaN/inf or the wrong number of features (scikit-learn's checks).
+        """
         X = validate_predict(self, X, "_results")
         preds = [self._latent(r, X) for r in self._results]
         mean = np.stack([np.asarray(p.mean) for p in preds], axis=1)
@@ -227,7 +284,18 @@ class BayesianLogisticRegression(ClassifierMixin, _BayesianLinear):
         return (mean[:, 0], sd[:, 0]) if mean.shape[1] == 1 else (mean, sd)
 
     def predict(self, X):
-        """The most probable class for each row of X."""
+        """The most probable class for each row of X (the argmax of `predict_proba`).
+
+        Args:
+            X: (n, d) array-like of inputs (d as in `fit`).
+
+        Returns:
+            (n,) numpy array of labels from `classes_`.
+
+        Raises:
+            sklearn.exceptions.NotFittedError: before `fit`.
+            ValueError: X with NaN/inf or the wrong number of features (scikit-learn's checks).
+        """
         proba = self.predict_proba(X)
         return self.classes_[np.argmax(proba, axis=1)]
 
@@ -270,7 +338,20 @@ class BayesianRegression(RegressorMixin, _BayesianLinear):
 
     @float64
     def fit(self, X, y):
-        """Fit the posterior (and by default the prior variance and noise) to X (n, d) and targets y (n,)."""
+        """Fit the posterior (and by default the prior variance and noise, by ML-II) to the targets.
+
+        Args:
+            X: (n, d) array-like of inputs, n >= 2.
+            y: (n,) array-like of finite targets.
+
+        Returns:
+            self, with coef_, coef_std_, intercept_, covariance_, prior_variance_, noise_, log_evidence_ and
+            converged_ set (a warning is issued when the fit did not converge).
+
+        Raises:
+            ValueError: an unknown likelihood, non-positive noise or dof, NaN/inf data, lengths that differ or fewer
+                than 2 samples.
+        """
         check_choice(self.likelihood, "likelihood", LIKELIHOODS)
         noise = check_positive_float(self.noise, "noise")
         dof = check_positive_float(self.dof, "dof")
@@ -303,8 +384,20 @@ class BayesianRegression(RegressorMixin, _BayesianLinear):
 
     @float64
     def predict(self, X, return_std=False):
-        """Predictive mean (n,) and, with return_std, the predictive sd of y including the noise (inf for a
-        Student-t likelihood with dof <= 2)."""
+        """The predictive mean of y and, with `return_std`, its standard deviation including the noise (inf for a
+        Student-t likelihood with dof <= 2).
+
+        Args:
+            X: (n, d) array-like of inputs (d as in `fit`).
+            return_std: also return the predictive standard deviation (default False).
+
+        Returns:
+            (n,) float64 numpy array of means, or (mean, std) with return_std.
+
+        Raises:
+            sklearn.exceptions.NotFittedError: before `fit`.
+            ValueError: X with NaN/inf or the wrong number of features (scikit-learn's checks).
+        """
         X = validate_predict(self, X, "_results")
         pred = self._latent(self._results[0], X, self._family())
         mean = np.asarray(pred.y_mean) * self._y_scale + self._y_shift
@@ -314,7 +407,19 @@ class BayesianRegression(RegressorMixin, _BayesianLinear):
 
     @float64
     def log_predictive_density(self, X, y):
-        """log p(y_* | x_*) per test point (n,), in the original units of y."""
+        """log p(y_* | x_*) per test point, in the original units of y.
+
+        Args:
+            X: (n, d) array-like of inputs (d as in `fit`).
+            y: (n,) array-like of finite test targets.
+
+        Returns:
+            (n,) float64 numpy array.
+
+        Raises:
+            sklearn.exceptions.NotFittedError: before `fit`.
+            ValueError: y of another length or not finite, or a bad X.
+        """
         X = validate_predict(self, X, "_results")
         y = np.asarray(y, dtype=np.float64).ravel()
         if y.shape[0] != X.shape[0] or not np.all(np.isfinite(y)):
