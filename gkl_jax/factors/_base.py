@@ -30,8 +30,10 @@ class AbstractFactor(eqx.Module):
     whether the bound is concave in this parametrisation for log-concave sites (Section 3.2);
     `gkl_jax.solvers.default_solver` reads it.
 
-    Args:
-        (subclass fields): the factor's arrays (None in a template) and its static structure (bandwidth, rank).
+    Attributes:
+        concave: bool class variable, whether the bound is concave in this parametrisation for log-concave sites.
+        is_initialised: bool property, False for a template (its arrays are None).
+        dim: int property, D (an initialised factor only).
     """
 
     concave: eqx.AbstractClassVar[bool]
@@ -185,9 +187,6 @@ class AbstractFactor(eqx.Module):
 
 class AbstractFixedPointFactor(AbstractFactor):
     """A factor whose optimal value for fixed Gamma (Challis & Barber 2013, eq. 10) has a closed form.
-
-    Args:
-        (subclass fields): as for `AbstractFactor`.
     """
 
     @abc.abstractmethod

@@ -24,8 +24,8 @@ class AbstractRefinableFactor(AbstractFactor):
     """A factor whose `solver_mask()` False leaves are held fixed by the solvers and updated by `refine`
     (Challis & Barber 2013, App. B.4).
 
-    Args:
-        (subclass fields): as for `AbstractFactor`, plus `num_refinements`, the refinements `fit` runs.
+    Attributes:
+        num_refinements: int, the refinements `gkl_jax.fit` runs (a static field of every subclass).
     """
 
     num_refinements: eqx.AbstractVar[int]

@@ -90,9 +90,6 @@ def _diag(kernel, X):
 class AbstractKernel(eqx.Module):
     """k(x, x') on single points of shape (d,); `gram` and `diag` vectorise it (Rasmussen & Williams 2006, Ch. 4;
     Nickisch 2010, Ch. 2). Kernels add and multiply with `+` and `*` (`Sum`, `Product`).
-
-    Args:
-        (subclass fields): the hyperparameters, stored unconstrained (log_variance, log_lengthscale, ...).
     """
 
     @abc.abstractmethod
@@ -163,8 +160,9 @@ class AbstractKernel(eqx.Module):
 class AbstractStationary(AbstractKernel):
     """k(x, x') = variance * f(r^2), r^2 = sum_d (x_d - x'_d)^2 / lengthscale_d^2.
 
-    Args:
-        (subclass fields): `log_variance` (scalar) and `log_lengthscale` (scalar, or (d,) for ARD).
+    Attributes:
+        log_variance: float scalar array, log of the signal variance (the `variance` property).
+        log_lengthscale: float scalar or (d,) array (ARD), log of the lengthscale(s) (the `lengthscale` property).
     """
 
     log_variance: eqx.AbstractVar[jax.Array]

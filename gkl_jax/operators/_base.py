@@ -28,8 +28,8 @@ class AbstractOperator(eqx.Module):
 
     `sq_mv(v)` is (H o H) v, i.e. sum_d H_nd^2 v_d: the projected variances of a diagonal covariance.
 
-    Args:
-        (subclass fields): the operator's data (a matrix, image sizes, ...); `shape` is (N, D).
+    Attributes:
+        shape: (N, D), a property of every operator.
     """
 
     @property

@@ -28,8 +28,9 @@ class AbstractPotential(eqx.Module):
     Subclasses are equinox modules whose fields hold the per-site data (scalars or (N,) arrays) and set the class
     variable `log_concave` (True when log phi is concave, so that the G-KL bound is concave in (m, C)).
 
-    Args:
-        (subclass fields): the per-site data, e.g. labels y of shape (N,).
+    Attributes:
+        log_concave: bool class variable, whether log phi is concave.
+        num_sites: the N implied by the per-site data (property), or None when every field is a scalar.
     """
 
     log_concave: ClassVar[bool]
@@ -103,8 +104,8 @@ class AbstractQuadraturePotential(AbstractPotential):
     The bound is a lower bound on log Z only up to the quadrature error: the defaults reach 1e-10 relative
     (tests/test_quadrature.py); with few nodes the computed "bound" can exceed log Z (`check_num_points` warns).
 
-    Args:
-        num_points: (subclass field) the number of quadrature nodes per site, an int >= 2.
+    Attributes:
+        num_points: int >= 2, the number of quadrature nodes per site (a static field of every subclass).
     """
 
     num_points: eqx.AbstractVar[int]

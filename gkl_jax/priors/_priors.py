@@ -23,8 +23,9 @@ from ..operators import Dense as DenseOperator
 class AbstractPrior(eqx.Module):
     """N(w | mean, Sigma) over w in R^D, the prior p(w) of Challis & Barber (2013), eq. 1.
 
-    Args:
-        (subclass fields): `mean`, a (D,) float array, and the covariance's own parameters.
+    Attributes:
+        mean: (D,) float array, the prior mean.
+        dim: int property, D.
     """
 
     mean: eqx.AbstractVar[jax.Array]
