@@ -56,11 +56,12 @@ def reduced_matmul_precision(dtype) -> bool:
     """True when float32 products run below float32 precision: on GPU/TPU under a `jax_default_matmul_precision`
     other than "highest" or "float32". float64 products, and all products on the CPU, are full precision."""
     return (jnp.finfo(dtype).bits < 64 and jax.default_backend() != "cpu"
-            and jax.config.jax_default_matmul_precision not in ("highest", "float32"))
+            and jax.config.jax_default_matmul_precision not in ("highest", "float32"))  # type: ignore[attr-defined]
 
 
 def reduced_precision_hint() -> str:
-    return (f"jax_default_matmul_precision={jax.config.jax_default_matmul_precision!r} makes float32 matrix "
+    precision = jax.config.jax_default_matmul_precision  # type: ignore[attr-defined]
+    return (f"jax_default_matmul_precision={precision!r} makes float32 matrix "
             "products on this accelerator TF32/bfloat16 (about 1e-3 relative error); use 'highest' or float64")
 
 

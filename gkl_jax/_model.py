@@ -1,6 +1,6 @@
 """Model = a Gaussian prior (or none) and groups of site-projection potentials (Challis & Barber 2013, eq. 2)."""
 
-from typing import Optional, Sequence, Union
+from typing import Optional, Sequence, TypeVar, Union
 
 import equinox as eqx
 import jax
@@ -153,7 +153,10 @@ class Model(eqx.Module):
         return all(s.potential.log_concave for s in self.sites)
 
 
-def _common_dtype(tree):
+_Tree = TypeVar("_Tree")
+
+
+def _common_dtype(tree: _Tree) -> _Tree:
     """`tree` with every floating array cast to one dtype, the one JAX's promotion gives them all (Python scalars
     and other weakly typed values do not promote: a float32 H with a kernel's Python-float length scale stays
     float32; float32 with float64 data gives float64). The solvers carry q and the model's arrays through lax

@@ -41,7 +41,7 @@ from ..solvers._quasi_newton import lbfgs
 from ._scores import check_noise_variance
 
 
-def _as_list(x):
+def _as_list(x) -> list:
     if isinstance(x, (list, tuple)):
         return list(x)
     return [x]

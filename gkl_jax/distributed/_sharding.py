@@ -38,7 +38,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from .._model import Model, Sites
 from .._validate import as_list
-from ..operators import Dense, Identity
+from ..operators import AbstractOperator, Dense, Identity
 from ..stochastic import SelectRows
 
 SITE_AXIS = "sites"
@@ -115,6 +115,7 @@ def _site_rows(sites: Sites, dim: int, start: int, stop: int, place, shared) -> 
     op = sites.operator(dim)
     n = op.shape[0]
     is_site = lambda x: eqx.is_array(x) and x.ndim >= 1 and x.shape[0] == n
+    H: AbstractOperator
     if isinstance(op, Dense):
         H = Dense(place(op.matrix[start:stop]))
     elif isinstance(op, Identity):
@@ -203,4 +204,4 @@ def compiled_text(fn, *args) -> str:
     Returns:
         str, the compiled module's HLO text.
     """
-    return jax.jit(fn).lower(*args).compile().as_text()
+    return str(jax.jit(fn).lower(*args).compile().as_text())

@@ -387,8 +387,8 @@ class _Settings(eqx.Module):
     opt: optax.GradientTransformation
     linesearch: bool
     max_steps: int
-    gtol: jax.Array
-    ftol: jax.Array
+    gtol: Union[jax.Array, np.ndarray]
+    ftol: Union[jax.Array, np.ndarray]
     adaptive: bool = False  # the inner tolerance follows the outer gradient (`_inner_tol`)
     max_step: Any = np.inf  # the largest |change| of a parameter at a line search's first trial
 
@@ -480,7 +480,7 @@ def _advance(s: _State, v, g, r, settings: _Settings, exact=True) -> _State:
                    | (~accept & ~first & (-s.t * s.slope <= resolution)))
         failed = ~accept & ~settled & (first | (s.halvings + 1 >= MAX_HALVINGS))
     else:
-        settled, failed = False, ~accept
+        settled, failed = jnp.asarray(False), ~accept
     converged = exact & ((accept & (max_grad <= settings.gtol)) | settled)
     stopped = (accept & (k >= settings.max_steps)) | failed
     status = jnp.where(first & ~finite, _NOT_FINITE,

@@ -61,8 +61,8 @@ def label_regression(model: Model, noise_sds=NOISE_SDS) -> Result:
         regs.append(exact(Model(model.prior, sites)))
     # the best evidence, chosen with array operations so that jit and grad pass through (a NaN never wins)
     evidence = jnp.stack([r.log_z for r in regs])
-    i = jnp.argmax(jnp.where(jnp.isnan(evidence), -jnp.inf, evidence))
-    best = jax.tree.map(lambda *leaves: jnp.stack(leaves)[i], *regs)
+    winner = jnp.argmax(jnp.where(jnp.isnan(evidence), -jnp.inf, evidence))
+    best = jax.tree.map(lambda *leaves: jnp.stack(leaves)[winner], *regs)
     log_z = bound(model, best.q)
     return Result(q=best.q, log_z=log_z, converged=best.converged, num_steps=best.num_steps,
                   history=jnp.reshape(log_z, (1,)), method="label_regression", is_bound=True)

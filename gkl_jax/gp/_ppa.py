@@ -333,6 +333,7 @@ def ppa(kernel: AbstractKernel, X, y, *, noise=1.0, corrected: bool = True, like
     if not converged:
         warnings.warn(f"gkl_jax.gp.ppa: stopped after {it} iterations without the bound settling to tol={tol:g} "
                       f"(last bound {hist[-1]:g}); the parameters are the last ones", stacklevel=2)
+    assert stats is not None  # max_iters >= 1: the loop ran at least once
     return PPAResult(params=params, stats=stats, X=X, history=np.array(hist), history_standard=np.array(hist_std),
                      history_corrected=np.array(hist_cor), num_iters=it, converged=converged,
                      wall_time=time.perf_counter() - start, corrected_m_step=bool(corrected))
