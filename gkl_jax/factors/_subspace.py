@@ -155,10 +155,15 @@ class Subspace(AbstractRefinableFactor):
     def mean_field_start(self, model):
         """Where the N sites number at most D: `fit` then starts from the Diagonal optimum's mean and `initialise`
         with the mean of its variances (`AbstractFactor.from_mean_field`), so that the first refinement sees site
-        curvatures nearer the optimum's than those of the broad start. On Tables 2-4's 120 data sets with N <= D:
-        7-10 fewer Newton steps, 1.0-1.27x faster (1000 / 500 / 100: 0.283 -> 0.235 s), bounds within -8e-6 to
-        +2.2e-4 per point. Where N = 5 D it ended 2e-4 to 1.8e-3 per point lower and 4-19% slower, so there `fit`
-        starts as before (benchmarks/README §2)."""
+        curvatures nearer the optimum's than those of the broad start. Where N > D `fit` starts as before (the
+        measurements are on the docs' design-decisions page).
+
+        Args:
+            model: the `gkl_jax.Model` to be fitted.
+
+        Returns:
+            bool, whether the sites number at most D.
+        """
         return sum(sites.operator(model.dim).shape[0] for sites in model.sites) <= model.dim
 
     def E(self):

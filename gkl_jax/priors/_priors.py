@@ -113,7 +113,7 @@ class AbstractPrior(eqx.Module):
         """The prior log density log N(w | mu, Sigma).
 
         Args:
-            w: (D,) float array (or (..., D): the quadratic form then contracts the last axis only for a (D,) w).
+            w: (D,) float array.
 
         Returns:
             float scalar.
