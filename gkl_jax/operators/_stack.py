@@ -83,8 +83,8 @@ def image_filters(height: int, width: int, *, levels=None, wavelet: str = "db4",
     operators.
 
     Args:
-        height: image height (int >= 2 with boundary "valid", else >= 1).
-        width: image width (int >= 2 with boundary "valid", else >= 1).
+        height: image height (an int >= 2, divisible by 2**levels).
+        width: image width (an int >= 2, divisible by 2**levels).
         levels: wavelet levels (int >= 1), or None for the most that keep the coarsest block at least 4 x 4.
         wavelet: "db4" (default) or "haar".
         boundary: the finite differences' boundary, "valid" (default) or "periodic".
