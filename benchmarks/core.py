@@ -250,7 +250,8 @@ def main():
                 print(f"D={D:4d} N={r * D:5d} {f:8s} steps {row['steps']:3d} conv {row['converged']} "
                       f"t {row['t_median']:.3f}s (min {row['t_min']:.3f}) compile {row['compile']:.1f}s "
                       f"B/N {row['bound_per_n']:.4f} testLL {row['test_ll']:.4f} newton {row['newton_steps']} "
-                      f"steps {row['t_newton']:.3f}s ratio {row['ratio']:.2f} (floor {row['floor']:.2f}) load {row['load']:.1f}", flush=True)
+                      f"steps {row['t_newton']:.3f}s ratio {row['ratio']:.2f} (floor {row['floor']:.2f}) "
+                      f"load {row['load']:.1f}", flush=True)
     peers = {}
     big = [row for row in rows if row["D"] == max(dims) and row["N"] == 5 * max(dims) and row["factor"] == "full"]
     if big and not ARGS.no_peers and not ARGS.quick:

@@ -18,8 +18,8 @@ method's max information over the grid, counted "below the mean / median of the 
 Part 2 (`--peer`, `--peer-splits K`): scikit-learn's GaussianProcessClassifier (Laplace, its own L-BFGS
 hyperparameter search) vs our G-KL with ML-II (`gp.fit_hyperparameters`, logistic likelihood, SE kernel, then
 `gp.predict`): wall time of the fit and of fit + prediction, best of 3 runs each (ours after a first run that
-compiles; its time is in parentheses), and mean test log likelihood on the same splits; with `--peer-splits K`, both again on K random splits (mean +-
-s.e., wins, median times).
+compiles; its time is in parentheses), and mean test log likelihood on the same splits; with `--peer-splits K`,
+both again on K random splits (mean +- s.e., wins, median times).
 
 Part 2b (`--swap-splits K`): on K random splits, the test log likelihood of LA, EP and G-KL at scikit-learn's
 learned hyperparameters and at ours, and each method's log Z at both: separates what the inference contributes
@@ -147,7 +147,8 @@ def summarise(rows, methods):
     below_mean = {m: 0 for m in methods}
     below_median = {m: 0 for m in methods}
     for t in trials:
-        best = {m: max((r["info"] for r in rows if (r["ds"], r["lik"], r["kernel"]) == t and r["method"] == m), default=np.nan)
+        best = {m: max((r["info"] for r in rows if (r["ds"], r["lik"], r["kernel"]) == t and r["method"] == m),
+                       default=np.nan)
                 for m in methods}
         vals = np.array([v for v in best.values() if np.isfinite(v)])
         for m, v in best.items():

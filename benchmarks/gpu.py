@@ -147,7 +147,8 @@ def _print_problem(row, dtype_name):
     paper = row["paper_s"]
     extra = (f" minibatch {row['minibatch_steps']} steps: {row['minibatch_s']:.3f} s, rel gap "
              f"{row['minibatch_rel_gap']:.1e}" if "minibatch_s" in row else "")
-    print(f"| {row['D']} | {row['N']} | {row['factor']} | {dtype_name} | {row['evals_per_s']:.1f} | {row['fit_s']:.3f} | "
+    print(f"| {row['D']} | {row['N']} | {row['factor']} | {dtype_name} | {row['evals_per_s']:.1f} | "
+          f"{row['fit_s']:.3f} | "
           f"{row['first_fit_s']:.1f} | {row['steps']}{'' if row['converged'] else ' (not converged)'} | "
           f"{row['bound_per_site']:.3f} | {paper if paper is not None else '-'} | {row['load']} |{extra}", flush=True)
 
@@ -187,18 +188,21 @@ def main(argv=None):
     start = time.perf_counter()
     for part in parts:
         if part == "vmap":
-            print("| models | D | N | factor | dtype | loop s | vmap s | vmap first call s | ratio | max abs log Z diff | load |")
+            print("| models | D | N | factor | dtype | loop s | vmap s | vmap first call s | ratio "
+                  "| max abs log Z diff | load |")
             print("|---|---|---|---|---|---|---|---|---|---|---|")
             for name in dtypes:
                 for factor in (gk.factors.Full(), gk.factors.Diagonal()):
                     row = run_vmap(*((16, 10, 100) if args.small else (256, 50, 500)), factor, getattr(np, name))
                     results["vmap"].append(row)
                     _save(results, args)
-                    print(f"| {row['models']} | {row['D']} | {row['N']} | {row['factor']} | {name} | {row['loop_s']:.3f} | "
+                    print(f"| {row['models']} | {row['D']} | {row['N']} | {row['factor']} | {name} | "
+                          f"{row['loop_s']:.3f} | "
                           f"{row['vmap_s']:.3f} | {row['first_vmap_s']:.1f} | x{row['speedup']:.1f} | "
                           f"{row['max_abs_log_z_diff']:.1e} | {row['load']} |", flush=True)
             continue
-        print("| D | N | factor | dtype | bound+grad evals/s | fit s (tol 1e-3) | first fit s | steps | B/N | paper s | load |")
+        print("| D | N | factor | dtype | bound+grad evals/s | fit s (tol 1e-3) | first fit s | steps | B/N | paper s "
+              "| load |")
         print("|---|---|---|---|---|---|---|---|---|---|---|")
         for name in dtypes:
             dtype = getattr(np, name)

@@ -290,7 +290,8 @@ def figure5(args):
               + "; ".join(f"batch {b}: " + " ".join(f"{d:+.2f}" for d in diffs[b][-1]) for b in args.fig5_batch),
               flush=True)
     print(f"\n## Figure 5 (glass, {args.splits} splits): log Z~_h*(active) - log Z~_h*(random) per inducing-set size")
-    print("| size | " + " | ".join(f"active batch {b}: median [min, max], active ahead" for b in args.fig5_batch) + " |")
+    print("| size | " + " | ".join(f"active batch {b}: median [min, max], active ahead" for b in args.fig5_batch)
+          + " |")
     print("|---|" + "---|" * len(args.fig5_batch))
     for j, size in enumerate(sizes):
         cells = [f"{np.median(D[:, j]):+.2f} [{D[:, j].min():+.2f}, {D[:, j].max():+.2f}], {int(np.sum(D[:, j] > 0))}/"
@@ -445,7 +446,8 @@ def report(results, table45):
         n_tr = int(0.6 * len(load(name)[1]))
         g = lambda k: [r.get(k) for r in rows]
         gap = [r["mc_logz"] - r["logz"] for r in rows if "mc_logz" in r]
-        print(f"| {name} | {float(mc.theorem10_bound(n_tr, C)):.2f} | {P['thm10']} | {summarise(g('logz'))} | {P['logz'][0]} ± "
+        print(f"| {name} | {float(mc.theorem10_bound(n_tr, C)):.2f} | {P['thm10']} | {summarise(g('logz'))} | "
+              f"{P['logz'][0]} ± "
               f"{P['logz'][1]} | {summarise(g('mc_logz'))} | {P['mc_logz'][0]} ± {P['mc_logz'][1]} | "
               f"{summarise(gap)} | {summarise(g('err'))} | {P['err'][0]} ± {P['err'][1]} | {summarise(g('eq25'))} | "
               f"{P['eq25'][0]} ± {P['eq25'][1]} | {summarise(g('eq24'))} | {P['eq24'][0]} ± {P['eq24'][1]} | "

@@ -19,7 +19,8 @@
 
 Every timing excludes compilation and is printed with os.getloadavg() at the time: evaluations and part (1) time
 a second call with the same shapes; the large fits (parts 2 and 3) subtract the compile time of the same program
-measured on a small problem (running each large fit twice would double its cost). Float64 throughout (float32 with --float32).
+measured on a small problem (running each large fit twice would double its cost). Float64 throughout (float32 with
+--float32).
 
     python benchmarks/scale.py                 # all three parts, the sizes above
     python benchmarks/scale.py --quick         # small sizes, < 30 s on an idle 2-core machine

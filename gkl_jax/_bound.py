@@ -1,4 +1,4 @@
-"""The G-KL lower bound (papers/000, eq. 7):
+"""The G-KL lower bound (Challis & Barber 2013, eq. 7):
 
     B(m, C) = H[q] + E_q[log N(w | mu, Sigma)] + sum_n E_{z~N(0,1)}[log phi_n(m_n + z s_n)] <= log Z,
 
@@ -27,8 +27,19 @@ def check_model_and_q(model, q) -> Gaussian:
 
 @full_precision
 def bound(model: Model, q: Gaussian):
-    """The G-KL bound B(m, C) on log Z at q (a `Gaussian`, or a `Result` for its q). Jit-able and differentiable
-    in both the model and q."""
+    """The G-KL bound B(m, C) on log Z at q (Challis & Barber 2013, eq. 7). Jit-able and differentiable in
+    both the model and q.
+
+    Args:
+        model: a `gkl_jax.Model` over D variables.
+        q: a `gkl_jax.Gaussian` over D variables, or a `gkl_jax.Result` (its q).
+
+    Returns:
+        float scalar array, B(m, C) <= log Z (up to quadrature error for quadrature potentials).
+
+    Raises:
+        ValueError: model not a Model, q not a Gaussian or Result, or dimensions that differ.
+    """
     q = check_model_and_q(model, q)
     value = q.entropy()
     if model.prior is not None:

@@ -9,7 +9,16 @@ from .factors._base import AbstractFactor
 
 
 class Gaussian(eqx.Module):
-    """q(w) = N(mean, C^T C) with C given by a structured `factor`."""
+    """q(w) = N(mean, C^T C) with C given by a structured `factor` (Challis & Barber 2013, Section 3).
+
+    Args:
+        mean: (D,) finite float array m.
+        factor: a `gkl_jax.factors` factor; an uninitialised one is initialised for D variables (its default
+            start, unit scale).
+
+    Raises:
+        ValueError: mean not 1-D or not finite, factor not a gkl_jax factor, or a factor of another dimension.
+    """
 
     mean: jax.Array
     factor: AbstractFactor
@@ -32,22 +41,53 @@ class Gaussian(eqx.Module):
         return int(self.mean.shape[0])
 
     def entropy(self):
-        """H[q] = D/2 (1 + log 2 pi) + 1/2 log det S."""
+        """The entropy H[q] = D/2 (1 + log 2 pi) + 1/2 log det S (the first term of Challis & Barber 2013, eq. 7).
+
+        Returns:
+            float scalar.
+        """
         return 0.5 * self.dim * (1 + jnp.log(2 * jnp.pi)) + 0.5 * self.factor.logdet()
 
     def covariance(self):
-        """S as a dense (D, D) matrix."""
+        """The covariance S = C^T C as a dense matrix.
+
+        Returns:
+            (D, D) float array.
+        """
         return self.factor.covariance()
 
     def marginal_variances(self):
+        """The marginal variances diag(S).
+
+        Returns:
+            (D,) float array.
+        """
         return self.factor.marginal_variances()
 
     def project(self, op):
-        """(m_n, s_n^2) = (h_n^T m, h_n^T S h_n) for the rows of an operator."""
+        """The projected means and variances (m_n, s_n^2) = (h_n^T m, h_n^T S h_n) for the rows h_n of an operator.
+
+        Args:
+            op: a `gkl_jax.operators` operator of shape (N, D).
+
+        Returns:
+            (m, s2): two (N,) float arrays.
+        """
         return self.factor.project(op, self.mean)
 
     def sample(self, key, num_samples: int):
-        """`num_samples` draws w = m + C^T z, z ~ N(0, I); shape (num_samples, D)."""
+        """Draws w = m + C^T z, z ~ N(0, I).
+
+        Args:
+            key: a `jax.random` key.
+            num_samples: the number of draws (int >= 0).
+
+        Returns:
+            (num_samples, D) float array.
+
+        Raises:
+            ValueError: key not a JAX PRNG key, or num_samples not a non-negative int.
+        """
         z = jax.random.normal(check_key(key), (check_int(num_samples, "num_samples"), self.dim),
                               dtype=self.mean.dtype)
         return self.mean + jax.vmap(self.factor.rmatvec)(z)
@@ -55,7 +95,17 @@ class Gaussian(eqx.Module):
     def log_density(self, w):
         """log q(w) for one point w (D,) or a batch (n, D) (dense, O(D^3); for tests and small problems): with
         r = C^{-T} (w - m), log q = -(D log 2 pi + log det S + r^T r) / 2. C is square but not triangular for
-        every factor (FactorAnalysis, Subspace), hence a general solve."""
+        every factor (FactorAnalysis, Subspace), hence a general solve.
+
+        Args:
+            w: (D,) or (n, D) float array.
+
+        Returns:
+            float scalar array for one point, (n,) float array for a batch.
+
+        Raises:
+            ValueError: w not of shape (D,) or (n, D).
+        """
         w = as_float_array(w, "w")
         if w.ndim not in (1, 2) or w.shape[-1] != self.dim:
             raise ValueError(f"w must have shape ({self.dim},) or (n, {self.dim}), got {w.shape}")

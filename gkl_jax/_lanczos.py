@@ -1,4 +1,4 @@
-"""Lanczos tridiagonalisation with full reorthogonalisation (thesis Alg. 3.2, papers/003 Ch. 3.5.4).
+"""Lanczos tridiagonalisation with full reorthogonalisation (thesis Alg. 3.2, Nickisch 2010, Ch. 3.5.4).
 
 For a symmetric operator A (given only through `matvec(v) = A v`), k Lanczos steps from a start vector q_1 give
 an orthonormal Q = [q_1 .. q_k] (D, k) and a tridiagonal T = Q^T A Q with diagonal `alpha` (k,) and

@@ -26,8 +26,8 @@ def full_precision(fn):
     user has set `jax_default_matmul_precision`. On the CPU this changes nothing; on GPU and TPU, JAX's default
     computes float32 products in TF32 or bfloat16 passes (about 1e-3 relative error).
 
-    Measured on an H200 (jax 0.11.2, 2026-11-26) before this was applied: float32 Chevron fits of papers/000
-    Tables 2-4 stopped at the step limit short of the float32 tolerance 1e-3 in 13 of 18 cells (on the CPU the
+    Measured on an H200 (jax 0.11.2, 2026-11-26) before this was applied: float32 Chevron fits of Challis & Barber
+    (2013) Tables 2-4 stopped at the step limit short of the float32 tolerance 1e-3 in 13 of 18 cells (on the CPU the
     same float32 fits converge in the float64 step counts), a float32 GP covariance of 30 points failed its
     Cholesky factorisation, and operator products differed from float64 by 1.3e-3. The context is read when a
     program is traced, so it reaches every product of `fn`, inside jit and in the transposes autodiff adds.
@@ -56,11 +56,12 @@ def reduced_matmul_precision(dtype) -> bool:
     """True when float32 products run below float32 precision: on GPU/TPU under a `jax_default_matmul_precision`
     other than "highest" or "float32". float64 products, and all products on the CPU, are full precision."""
     return (jnp.finfo(dtype).bits < 64 and jax.default_backend() != "cpu"
-            and jax.config.jax_default_matmul_precision not in ("highest", "float32"))
+            and jax.config.jax_default_matmul_precision not in ("highest", "float32"))  # type: ignore[attr-defined]
 
 
 def reduced_precision_hint() -> str:
-    return (f"jax_default_matmul_precision={jax.config.jax_default_matmul_precision!r} makes float32 matrix "
+    precision = jax.config.jax_default_matmul_precision  # type: ignore[attr-defined]
+    return (f"jax_default_matmul_precision={precision!r} makes float32 matrix "
             "products on this accelerator TF32/bfloat16 (about 1e-3 relative error); use 'highest' or float64")
 
 

@@ -1,6 +1,6 @@
-"""Model = a Gaussian prior (or none) and groups of site-projection potentials (papers/000, eq. 2)."""
+"""Model = a Gaussian prior (or none) and groups of site-projection potentials (Challis & Barber 2013, eq. 2)."""
 
-from typing import Optional, Sequence, Union
+from typing import Optional, Sequence, TypeVar, Union
 
 import equinox as eqx
 import jax
@@ -18,7 +18,18 @@ class Sites(eqx.Module):
     a BCOO sparse matrix or a `gkl_jax.operators` operator.
 
     `offset` shifts the projections (whitening uses it for H mu); `variance_offset` adds a known per-site
-    variance to s_n^2 (sparse GPs use it for k_nn - q_nn).
+    variance to s_n^2 (sparse GPs use it for k_nn - q_nn). (Challis & Barber 2013, eq. 2.)
+
+    Args:
+        H: the (N, D) site projections: an array, a BCOO or scipy.sparse matrix, an operator, or None for
+            h_n = e_n (one site per latent variable, N = D).
+        potential: a `gkl_jax.potentials` potential holding the per-site data.
+        offset: a scalar or (N,) float array added to each projection (default 0).
+        variance_offset: a scalar or (N,) non-negative float array added to each s_n^2 (default 0).
+
+    Raises:
+        ValueError: potential not a gkl_jax potential, an empty H, offsets that are negative (variance_offset),
+            not finite or of the wrong length, or per-site data whose length is not H's row count.
     """
 
     H: Optional[AbstractOperator]
@@ -45,17 +56,38 @@ class Sites(eqx.Module):
                 raise ValueError(f"{name} has length {arr.shape[0]} but H has {self.H.shape[0]} rows")
 
     def operator(self, dim: int) -> AbstractOperator:
-        """H as an operator for latent dimension `dim` (the identity when H is None)."""
+        """H as an operator for latent dimension `dim` (the identity when H is None).
+
+        Args:
+            dim: D, the model's dimension.
+
+        Returns:
+            `gkl_jax.operators.AbstractOperator` of shape (N, D).
+        """
         return Identity(dim) if self.H is None else self.H
 
     def project(self, q):
-        """(m_n, s_n^2) of the site projections under q."""
+        """The site projections' means and variances under q, offsets included.
+
+        Args:
+            q: a `gkl_jax.Gaussian` over D variables.
+
+        Returns:
+            (m, s2): two (N,) float arrays, m_n = h_n^T m + offset_n, s2_n = h_n^T S h_n + variance_offset_n.
+        """
         op = self.operator(q.dim)
         m, s2 = q.project(op)
         return m + self.offset, s2 + self.variance_offset
 
     def expected_log_phi(self, q):
-        """sum_n E_q[log phi_n(h_n^T w)] (papers/000 eq. 7, third term)."""
+        """sum_n E_q[log phi_n(h_n^T w)] (Challis & Barber 2013, eq. 7, third term).
+
+        Args:
+            q: a `gkl_jax.Gaussian` over D variables.
+
+        Returns:
+            float scalar.
+        """
         m, s2 = self.project(q)
         return jnp.sum(self.potential.expected_log_phi(m, s2))
 
@@ -64,7 +96,17 @@ class Model(eqx.Module):
     """p(w) = N(w | mu, Sigma) prod_groups prod_n phi_n(h_n^T w) / Z.
 
     Every floating array of the prior and the sites is cast to one dtype, the promotion of them all (Python
-    floats take the data's dtype; float32 beside float64 data gives float64)."""
+    floats take the data's dtype; float32 beside float64 data gives float64). (Challis & Barber 2013, eq. 1-2.)
+
+    Args:
+        prior: a `gkl_jax.priors` prior over D variables, or None (a prior-free model, e.g. a likelihood with
+            enough sites to be proper).
+        sites: one `Sites` group or a list of them (possibly empty when there is a prior).
+
+    Raises:
+        ValueError: neither a prior nor sites, a prior or sites of the wrong type, dimensions that disagree,
+            or data in a dtype other than float32/float64.
+    """
 
     prior: Optional[AbstractPrior]
     sites: tuple
@@ -111,7 +153,10 @@ class Model(eqx.Module):
         return all(s.potential.log_concave for s in self.sites)
 
 
-def _common_dtype(tree):
+_Tree = TypeVar("_Tree")
+
+
+def _common_dtype(tree: _Tree) -> _Tree:
     """`tree` with every floating array cast to one dtype, the one JAX's promotion gives them all (Python scalars
     and other weakly typed values do not promote: a float32 H with a kernel's Python-float length scale stays
     float32; float32 with float64 data gives float64). The solvers carry q and the model's arrays through lax

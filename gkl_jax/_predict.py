@@ -22,8 +22,14 @@ from ._gaussian import Gaussian
 from ._linalg import full_precision
 from ._result import Result
 from ._validate import as_float_array, check_finite, check_ndim
-from .gp._predict import PREDICTIVE_NUM_POINTS, Prediction, class_probability, log_predictive_density
-from .gp._predict import observation_moments, with_targets
+from .gp._predict import (
+    PREDICTIVE_NUM_POINTS,
+    Prediction,
+    class_probability,
+    log_predictive_density,
+    observation_moments,
+    with_targets,
+)
 from .operators import AbstractOperator, as_operator
 
 

@@ -3,11 +3,15 @@
 import sys
 import threading
 import time
+from typing import Optional
 
 
 class Progress:
     """A status line on stderr: rewritten in place on a terminal (with a running clock), one line per step
     otherwise. `step(text)` starts a step, `done()` closes it with its duration."""
+
+    _stop: Optional[threading.Event]
+    _thread: Optional[threading.Thread]
 
     def __init__(self, total: int, enabled: bool = True, stream=None):
         self.total, self.enabled, self.count = int(total), bool(enabled), 0
@@ -42,7 +46,7 @@ class Progress:
     def done(self) -> float:
         """Close the current step; returns its duration in seconds."""
         elapsed = time.perf_counter() - self._start
-        if self._thread is not None:
+        if self._thread is not None and self._stop is not None:  # set together in step()
             self._stop.set()
             self._thread.join()
             self._thread = None

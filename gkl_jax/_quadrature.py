@@ -1,4 +1,4 @@
-"""Gaussian expectations E_{z~N(0,1)}[f(m + s z)] of a site function f (papers/000, eq. 7-8).
+"""Gaussian expectations E_{z~N(0,1)}[f(m + s z)] of a site function f (Challis & Barber 2013, eq. 7-8).
 
 Two quadrature rules with the same number of nodes K (`num_points`), both exact for constants:
 
@@ -26,7 +26,7 @@ Two quadrature rules with the same number of nodes K (`num_points`), both exact 
   the Cauchy potential at s / scale = 1e3 (the hardest case). 48 nodes give ~1e-7 there, 24 nodes ~1e-4; for the
   logistic 48 nodes still give ~1e-13, its default.
 
-The derivatives are defined by the identities (Stein's lemma, papers/000 App. B.2)
+The derivatives are defined by the identities (Stein's lemma, Challis & Barber 2013, App. B.2)
 
     d/dm  E[f(m + s z)] = E[f'(m + s z)],      d/d(s^2) E[f(m + s z)] = 1/2 E[f''(m + s z)],
 

@@ -9,17 +9,23 @@ from ._gaussian import Gaussian
 class Result(eqx.Module):
     """A fitted Gaussian and its evidence estimate.
 
-    - `q`: the Gaussian approximation N(m, C^T C).
-    - `log_z`: the objective at `q` (for G-KL a lower bound on log Z; see `is_bound`); for a G-KL `fit`, exact
-      derivatives of every order in the model (envelope theorem at the implicitly differentiated q).
-    - `converged`: whether the stopping rule (max |gradient| <= tol, or the method's own) was met.
-    - `num_steps`: outer iterations taken. With a refined factor (`Subspace`, `num_refinements` > 0) `max_steps`
-      bounds each round's solve, and `num_steps` counts the steps of all rounds, so it can exceed `max_steps`.
-    - `history`: the objective after each step, length max_steps + 1; entries past num_steps are NaN (for a refined
-      factor, the first max_steps + 1 values across the rounds).
-    - An L-BFGS or optax G-KL fit that stops short of `tol` returns the best iterate it saw, so `log_z` is then
-      the largest entry of `history`, not necessarily its last.
-    - `method`: the method's name; `is_bound`: whether `log_z` is a guaranteed lower bound on log Z.
+    An L-BFGS or optax G-KL fit that stops short of `tol` returns the best iterate it saw, so `log_z` is then
+    the largest entry of `history`, not necessarily its last.
+
+    Attributes:
+        q: the Gaussian approximation N(m, C^T C), a `gkl_jax.Gaussian`.
+        log_z: float scalar array, the objective at `q` (for G-KL the lower bound of Challis & Barber 2013,
+            eq. 7; see `is_bound`); for a G-KL `fit`, exact derivatives of every order in the model (envelope
+            theorem at the implicitly differentiated q).
+        converged: bool scalar array, whether the stopping rule (max |gradient| <= tol, or the method's own)
+            was met.
+        num_steps: int scalar array, outer iterations taken. With a refined factor (`Subspace`,
+            `num_refinements` > 0) `max_steps` bounds each round's solve, and `num_steps` counts the steps of all
+            rounds, so it can exceed `max_steps`.
+        history: (max_steps + 1,) float array, the objective after each step; entries past num_steps are NaN
+            (for a refined factor, the first max_steps + 1 values across the rounds).
+        method: str, the method's name (static).
+        is_bound: bool, whether `log_z` is a guaranteed lower bound on log Z (static).
     """
 
     q: Gaussian

@@ -1,17 +1,17 @@
 """The site-precision solver: G-KL for a dense prior with one site per latent variable (Gaussian processes).
 
-With h_n = e_n (`Sites(None, ...)`) the stationary covariance of eq. 10 (papers/000) is
+With h_n = e_n (`Sites(None, ...)`) the stationary covariance of eq. 10 (Challis & Barber 2013) is
 
     S = (Sigma^{-1} + diag(W))^{-1},    W_n = Gamma_n = -E[(log phi_n)''(m_n + z s_n)] >= 0,
 
 so the optimal Full factor is determined by n site precisions W (Opper & Archambeau 2009; the KL method of
-papers/003, Section 4.5, uses the same parametrisation). The solver iterates on (m, W) and never forms C:
+Nickisch 2010, Section 4.5, uses the same parametrisation). The solver iterates on (m, W) and never forms C:
 with B = I + W^{1/2} Sigma W^{1/2} = L L^T and V = L^{-1} W^{1/2} Sigma,
 
     diag S = diag Sigma - colsum(V^2),         S v = Sigma v - V^T (V v),
     log det(Sigma^{-1} S) = -2 sum log diag L,  tr(Sigma^{-1} S) = n - sum_n W_n S_nn,
 
-one Cholesky factorisation and one triangular solve with n right-hand sides per step (papers/003 eq. 3.9 is the
+one Cholesky factorisation and one triangular solve with n right-hand sides per step (Nickisch 2010, eq. 3.9 is the
 same factorisation for the Laplace approximation), against the fixed-point solver's dense precision, Cholesky,
 triangular inverse and O(n^3) bound gradient.
 
@@ -23,7 +23,7 @@ One step from (m, W), with Gamma at the current (m, diag S), alternates as the f
    preconditioner S (the inverse Hessian up to the change of Gamma; O(n^2) per iteration) and halving, to
    max |g| <= max(tol, residual) / 10: loose while the factor is far from its fixed point.
 
-The solver carries alpha = Sigma^{-1} (m - mu) beside m (as the thesis' code does, papers/003 Section 4.11, "to
+The solver carries alpha = Sigma^{-1} (m - mu) beside m (as the thesis' code does, Nickisch 2010, Section 4.11, "to
 avoid multiplications with K^{-1}"): each mean step moves it by Sigma^{-1} S g = g - W^{1/2} L^{-T} (V g), so
 neither the steps nor `log_z` solve with Sigma, and the prior's Cholesky factor is used once per fit (alpha at the
 start) and its inverse never.
@@ -50,16 +50,18 @@ import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 from jax import lax
 
-from ._optim import MAX_HALVINGS as _MAX_HALVINGS, MAX_STALLS as _MAX_STALLS
-from ._optim import scaled_gradient, stop_level
 from ._linalg import invert_lower, lower_gram, solve_lower, tdot
+from ._optim import MAX_HALVINGS as _MAX_HALVINGS
+from ._optim import MAX_STALLS as _MAX_STALLS
+from ._optim import scaled_gradient, stop_level
 from .operators import Identity
 
 
 def applies(model) -> bool:
     """Whether the model has the structure the solver needs: a prior with a dense covariance and only
     identity site projections (h_n = e_n), at least one group of them."""
-    return has_dense_prior(model) and bool(model.sites) and all(isinstance(s.operator(model.dim), Identity) for s in model.sites)
+    return has_dense_prior(model) and bool(model.sites) and all(isinstance(s.operator(model.dim), Identity)
+                                                                for s in model.sites)
 
 
 def has_dense_prior(model) -> bool:

@@ -6,6 +6,7 @@ Every check works on concrete values and is skipped for tracers, so constructors
 
 import math
 import operator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +28,7 @@ def as_float_array(x, name: str, *, dtype=None):
     if isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer):
         if dtype is None and jnp.issubdtype(x.dtype, jnp.floating):
             return x                      # as it is: a weakly typed scalar stays weak (e.g. a rebuilt default)
-        arr = x
+        arr: Any = x
     else:
         try:
             arr = np.asarray(x)

@@ -86,7 +86,8 @@ def test_log_density_and_whitening_for_non_triangular_factors():
     for factor in factors:
         q = gk.Gaussian(jnp.array([0.1, -0.3, 0.2]), factor)
         S, d = np.asarray(q.covariance()), np.asarray(w) - np.asarray(q.mean)
-        ref = -0.5 * (3 * np.log(2 * np.pi) + np.linalg.slogdet(S)[1] + np.einsum("ni,ij,nj->n", d, np.linalg.inv(S), d))
+        ref = -0.5 * (3 * np.log(2 * np.pi) + np.linalg.slogdet(S)[1]
+                      + np.einsum("ni,ij,nj->n", d, np.linalg.inv(S), d))
         np.testing.assert_allclose(q.log_density(w), ref, rtol=1e-10)
         np.testing.assert_allclose(q.log_density(w[0]), ref[0], rtol=1e-10)
         # whiten=True maps C_v to C_v L^T and hands it to Full, which keeps an upper triangle: upper_factor

@@ -136,7 +136,8 @@ def test_chain_holds_on_each_log_concave_model_alone(kind):
 
 
 @pytest.mark.parametrize("potential", [P.Logistic(np.array([1.0, -1.0])), P.Probit(np.array([1.0, -1.0])),
-                                       P.Laplace(np.array([0.3, -1.0]), 0.7), P.StudentT(np.array([0.5, 2.0]), 3.0, 0.4),
+                                       P.Laplace(np.array([0.3, -1.0]), 0.7),
+                                       P.StudentT(np.array([0.5, 2.0]), 3.0, 0.4),
                                        P.Cauchy(np.array([0.0, 1.0]), 0.8), P.Gaussian(np.array([0.2, 1.0]), 0.5)],
                          ids=lambda p: type(p).__name__)
 def test_site_bounds_are_tangent_lower_bounds(potential):

@@ -4,11 +4,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import gaussian_log_evidence
 
 import gkl_jax as gk
 from gkl_jax.design._sequential import padded_measurement_sites
 from gkl_jax.factors._full import upper_factor_of_inverse
-from helpers import gaussian_log_evidence
 
 
 def random_q(rng, dim, spread=1.0):

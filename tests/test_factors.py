@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import gaussian_log_evidence
 from jax.experimental import sparse as jsparse
 from jax.flatten_util import ravel_pytree
 
@@ -16,8 +17,6 @@ import gkl_jax as gk
 from gkl_jax import _adjoint
 from gkl_jax.factors import Banded, Chevron, Diagonal, FactorAnalysis, Full, Sparse, Subspace
 from gkl_jax.operators import AbstractOperator
-
-from helpers import gaussian_log_evidence
 
 D = 10
 
@@ -549,7 +548,8 @@ def test_chevron_fit_on_sparse_h_matches_dense_and_stays_linear_in_memory():
     y = np.where(rng.uniform(size=num) < 0.5, 1.0, -1.0)
     prior = gk.priors.Isotropic(dim, 1.0)
     sparse = gk.Model(prior, gk.Sites(jsparse.BCOO.fromdense(jnp.asarray(H)), gk.potentials.Logistic(y)))
-    res = gk.fit(sparse, factor=Chevron(K), solver=gk.solvers.LBFGS(), tol=1e-7)  # (Newton-CG on BCOO compiles twice as long)
+    # (Newton-CG on BCOO compiles twice as long)
+    res = gk.fit(sparse, factor=Chevron(K), solver=gk.solvers.LBFGS(), tol=1e-7)
     assert bool(res.converged)
     dense = gk.Model(prior, gk.Sites(H, gk.potentials.Logistic(y)))
     value, g = jax.jit(jax.value_and_grad(lambda m: gk.bound(dense, gk.Gaussian(m, res.q.factor))))(res.q.mean)

@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from jax import lax
 from helpers import central_difference, gaussian_log_evidence
+from jax import lax
 
 import gkl_jax as gk
 from gkl_jax import _fit
@@ -119,7 +119,8 @@ def _logistic_model(X, y, variance=2.0):
 def test_solvers_agree_on_a_logistic_model():
     X, y = _logistic()
     model = _logistic_model(X, y)
-    results = {name: gk.fit(model, solver=s) for name, s in (("fixed-point", gk.solvers.FixedPoint()), ("newton", gk.solvers.Newton()), ("lbfgs", gk.solvers.LBFGS()))}
+    solvers = (("fixed-point", gk.solvers.FixedPoint()), ("newton", gk.solvers.Newton()), ("lbfgs", gk.solvers.LBFGS()))
+    results = {name: gk.fit(model, solver=s) for name, s in solvers}
     results["optax"] = gk.fit(model, solver=optax.adam(0.05), tol=1e-5)
     # an optax optimiser with a line search: its updates need value, grad and value_fn (a TypeError before)
     results["optax-lbfgs"] = gk.fit(model, solver=optax.lbfgs())
@@ -223,7 +224,8 @@ def test_second_derivatives_of_log_z_and_the_mean():
     x = np.linspace(0, 3, 15)[:, None]
     gp = lambda ell: gk.fit(gk.gp.model(gk.kernels.SquaredExponential(lengthscale=ell, variance=1.0), x,
                                         gk.potentials.Logistic(np.sign(np.sin(2 * x[:, 0]) + 0.1))), tol=1e-11).log_z
-    np.testing.assert_allclose(jax.jit(jax.hessian(gp))(0.7), second_difference(lambda e: float(gp(e)), 0.7, 1e-3), rtol=1e-5)
+    np.testing.assert_allclose(jax.jit(jax.hessian(gp))(0.7), second_difference(lambda e: float(gp(e)), 0.7, 1e-3),
+                               rtol=1e-5)
 
 
 def test_mean_jacobian_is_the_implicit_derivative():

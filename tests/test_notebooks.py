@@ -24,8 +24,8 @@ def kernel_env(tmp_path_factory):
     (spec_dir / "kernel.json").write_text(json.dumps(spec))
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("GKL_SMALL", "1")
-        mp.setenv("JUPYTER_PATH", os.pathsep.join([str(spec_dir.parents[1])] +
-                                                  [p for p in os.environ.get("JUPYTER_PATH", "").split(os.pathsep) if p]))
+        extra = [p for p in os.environ.get("JUPYTER_PATH", "").split(os.pathsep) if p]
+        mp.setenv("JUPYTER_PATH", os.pathsep.join([str(spec_dir.parents[1])] + extra))
         mp.setenv("PYDEVD_DISABLE_FILE_VALIDATION", "1")
         yield
 

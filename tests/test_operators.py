@@ -6,11 +6,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import tol
 
 import gkl_jax as gk
 from gkl_jax.operators import FiniteDifference2D, Stack, Wavelet2D, image_filters
-
-from helpers import tol
 
 # ---- numpy oracles, written independently of the library code ----
 

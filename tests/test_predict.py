@@ -7,8 +7,8 @@ import pytest
 from scipy import integrate, special
 
 import gkl_jax as gk
-from gkl_jax._predict import predict
 from gkl_jax import potentials as P
+from gkl_jax._predict import predict
 
 
 @pytest.fixture(scope="module")

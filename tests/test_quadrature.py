@@ -42,7 +42,7 @@ def _library(pot, m, s2):
         value = lambda m, s2: jnp.sum(pot.expected_log_phi(m, s2))
         return pot.expected_log_phi(m, s2), *jax.grad(value, argnums=(0, 1))(m, s2)
 
-    I, dm, ds2 = run(m, s2)
+    I, dm, ds2 = run(m, s2)  # noqa: E741 (I: the Gaussian integral of the papers)
     return np.asarray(I), np.asarray(dm), 2 * np.asarray(ds2)
 
 

@@ -21,8 +21,13 @@ from sklearn.exceptions import NotFittedError
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
 import gkl_jax as gk
-from gkl_jax.sklearn import (BayesianLogisticRegression, BayesianRegression, GPClassifier, GPRegressor,
-                             MulticlassGPClassifier)
+from gkl_jax.sklearn import (
+    BayesianLogisticRegression,
+    BayesianRegression,
+    GPClassifier,
+    GPRegressor,
+    MulticlassGPClassifier,
+)
 from gkl_jax.sklearn._common import bucket
 
 QUICK = [BayesianLogisticRegression()]

@@ -26,12 +26,12 @@ import jax.numpy as jnp
 from jax import lax
 from jax.scipy.special import logsumexp
 
-from .._linalg import full_precision
-from .._validate import check_int, check_key, check_tol, is_concrete
 from .._fit import fit
-from .._start import check_start
 from .._gaussian import Gaussian
+from .._linalg import full_precision
 from .._result import Result
+from .._start import check_start
+from .._validate import check_int, check_key, check_tol, is_concrete
 from ..factors import Full
 from . import _common as C
 
@@ -39,8 +39,15 @@ TRACE_COUNT = {"ais": 0}
 
 
 class AISResult(eqx.Module):
-    """`log_z` (log of the mean importance weight), `stderr` (its delta-method standard error), the per-chain
-    `log_weights` (R,), the mean HMC `acceptance` rate, and the effective sample size `ess` of the weights."""
+    """The outcome of `ais` (Neal 2001; Nickisch 2010, Ch. 4.10).
+
+    Attributes:
+        log_z: float scalar array, log of the mean importance weight.
+        stderr: float scalar array, its delta-method standard error.
+        log_weights: (R,) float array of per-chain log importance weights, R = num_chains.
+        acceptance: float scalar array, the mean HMC acceptance rate.
+        ess: float scalar array, the effective sample size of the weights.
+    """
 
     log_z: jax.Array
     stderr: jax.Array
@@ -52,12 +59,28 @@ class AISResult(eqx.Module):
 @full_precision
 def ais(model, key, *, q=None, num_chains: int = 256, num_temperatures: int = 200, num_leapfrog: int = 10,
         step_size: float | None = None, inflation: float = 1.2) -> AISResult:
-    """Annealed importance sampling estimate of log Z with a standard error (module docstring).
+    """Annealed importance sampling estimate of log Z with a standard error (Neal 2001; Nickisch 2010, Ch. 4.10;
+    module docstring). The estimate is reliable when the acceptance rate is moderate (0.5-0.95) and `ess` is a
+    sizeable fraction of `num_chains`; a warning is issued when log Z is not finite or the acceptance is below 0.1.
 
-    `key`: a `jax.random` key. `q`: the Gaussian start (a `gkl_jax.Gaussian` or a `Result`; default
-    `gk.fit(model).q`), whose factor is scaled by `inflation` >= 1 so that the start covers the posterior's
-    tails (KL fits are under-dispersed, which would make the importance weights heavy-tailed). The estimate is reliable when the acceptance rate is moderate (0.5-0.95) and `ess` is a
-    sizeable fraction of `num_chains`.
+    Args:
+        model: a `gkl_jax.Model` (sites without `variance_offset`).
+        key: a `jax.random` key.
+        q: the Gaussian start, a `gkl_jax.Gaussian` or a `Result` (default `gk.fit(model).q`), whose factor is
+            scaled by `inflation` so that the start covers the posterior's tails (KL fits are under-dispersed,
+            which would make the importance weights heavy-tailed).
+        num_chains: R, independent chains (int >= 2, default 256).
+        num_temperatures: T, annealing steps (int >= 1, default 200).
+        num_leapfrog: leapfrog steps per HMC transition (int >= 1, default 10).
+        step_size: the leapfrog step size (positive; default 0.5 D^{-1/4}).
+        inflation: the start's scale factor (>= 1, default 1.2).
+
+    Returns:
+        `AISResult`.
+
+    Raises:
+        ValueError: a model that cannot be fitted or has variance offsets, a bad key, counts, q, step_size or
+            inflation < 1.
     """
     C.check_model(model, "ais")
     key = check_key(key)

@@ -5,11 +5,11 @@ Every baseline replaces site n by an (unnormalised) Gaussian site in the project
 
     t_n(x) = exp(-tau_n x^2 / 2 + nu_n x + c_n),
 
-so that the approximation is q(w) = N(w | A^{-1} b, A^{-1}) with (papers/000 eq. 14)
+so that the approximation is q(w) = N(w | A^{-1} b, A^{-1}) with (Challis & Barber 2013, eq. 14)
 
     A = Sigma^{-1} + sum_n tau_n h_n h_n^T,      b = Sigma^{-1} mu + sum_n (nu_n - tau_n o_n) h_n,
 
-and the Gaussian integral (papers/000 eq. 13, completing the square)
+and the Gaussian integral (Challis & Barber 2013, eq. 13, completing the square)
 
     log int N(w | mu, Sigma) prod_n t_n(h_n^T w + o_n) dw
         = sum_n (c_n - tau_n o_n^2 / 2 + nu_n o_n) - mu^T Sigma^{-1} mu / 2 - log det Sigma / 2
@@ -26,8 +26,8 @@ import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 
 from .._gaussian import Gaussian
-from .._optim import default_tol as _default_tol
 from .._model import check_fittable
+from .._optim import default_tol as _default_tol
 from .._result import Result
 from .._validate import is_concrete
 from ..factors._full import Full, upper_factor_of_inverse

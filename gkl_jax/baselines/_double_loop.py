@@ -1,5 +1,5 @@
 """`double_loop`: the scalable double-loop algorithm for the local variational bound (glm-ie; thesis Ch. 3.5,
-Alg. 3.1 with bound (2); Nickisch & Seeger 2009; papers/000 Section 5.2.2).
+Alg. 3.1 with bound (2); Nickisch & Seeger 2009; Challis & Barber 2013, Section 5.2.2).
 
 The local bound of `local` (super-Gaussian site bounds t_n tangent at xi_n, A = Sigma^{-1} + H^T diag(tau) H,
 tau_n = -2 g'(xi_n) = 1 / gamma_n) needs log det A and the marginal variances z_n = h_n^T A^{-1} h_n, both cubic.
@@ -26,7 +26,7 @@ Returned evidence: the local bound's formula with the Lanczos estimates,
 where logdet_hat(A) is a stochastic Lanczos quadrature estimate (`num_probes` Rademacher probes of K steps;
 exact Ritz-value sum when K = D). The variances z are underestimated for K < D, so the fixed point differs from
 the exact local optimum, and logdet_hat is random: this is an estimate of log Z, NOT a bound (`is_bound=False`;
-papers/000 Section 5.2.2: "a lower-bound on log Z is no longer maintained"). The returned q is
+Challis & Barber 2013, Section 5.2.2: "a lower-bound on log Z is no longer maintained"). The returned q is
 N(u, W W^T + diag(r)) as a `FactorAnalysis` factor of rank K: W W^T = Q T^{-1} Q^T is the Lanczos approximation of
 A^{-1} that glm-ie also designs with, its diagonal nu_hat the marginal-variance estimates (underestimates for
 K < D), and r = eps^(2/3) nu_hat a relative ridge (3.7e-11 in float64) that only keeps S positive definite. So
@@ -39,12 +39,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .._linalg import full_precision
-from .._validate import as_int, check_int, check_key, check_tol
 from .. import _lanczos
 from .._gaussian import Gaussian
-from .._result import Result
+from .._linalg import full_precision
 from .._optim import conjugate_gradient
+from .._result import Result
+from .._validate import as_int, check_int, check_key, check_tol
 from ..factors import FactorAnalysis
 from . import _common as C
 from ._site_bounds import super_gaussian, tangent_coefficients
@@ -55,11 +55,27 @@ TRACE_COUNT = {"double_loop": 0}
 @full_precision
 def double_loop(model, rank: int, *, key=None, max_outer: int = 20, max_inner: int = 50, max_cg: int = 200,
                 num_probes: int = 4, tol: float = 1e-4) -> Result:
-    """The glm-ie double loop with K = `rank` Lanczos vectors (module docstring); matrix-free in H and Sigma^{-1}.
+    """The glm-ie double loop with K = `rank` Lanczos vectors (Nickisch 2010, Alg. 3.1; Challis & Barber 2013,
+    Section 5.2.2; module docstring); matrix-free in H and Sigma^{-1}. Stops when the tangent points xi change by
+    at most `tol` (relative) or after `max_outer` outer steps; warns when it did not settle.
 
-    Stops when the tangent points xi change by at most `tol` (relative) or after `max_outer` outer steps.
-    `history[k]` is the (single-probe) evidence estimate at the start of outer step k. Raises ValueError for
-    rank outside [1, D] and for potentials without a super-Gaussian bound (probit, Poisson, Custom).
+    Args:
+        model: a `gkl_jax.Model` (sites without `variance_offset`).
+        rank: K, Lanczos vectors per outer step (int in [1, D]).
+        key: a `jax.random` key for the Lanczos start and the log-det probes (default `jax.random.PRNGKey(0)`).
+        max_outer: outer (variance) steps (int >= 1, default 20).
+        max_inner: Newton steps of each inner problem (int >= 1, default 50).
+        max_cg: conjugate-gradient steps per Newton step (int >= 1, default 200).
+        num_probes: Rademacher probes of the log-det estimate (int >= 1, default 4).
+        tol: relative tolerance on the tangent points (positive, default 1e-4).
+
+    Returns:
+        `gkl_jax.Result` with `is_bound=False` (an estimate of log Z, not a bound), q a rank-K `FactorAnalysis`
+        Gaussian, and `history[k]` the (single-probe) evidence estimate at the start of outer step k.
+
+    Raises:
+        ValueError: rank outside [1, D], potentials without a super-Gaussian bound (probit, Poisson, Custom), a
+            model that cannot be fitted, or bad counts, key or tol.
     """
     C.check_model(model, "double_loop")
     if not model.sites:

@@ -1,5 +1,5 @@
 """`ep`: Gaussian expectation propagation with site-projection potentials, and power (fractional) EP
-(papers/000 Section 5.2.3; thesis Ch. 2.5.10, 4.4 and 5.3.2; Minka 2001, 2004).
+(Challis & Barber 2013, Section 5.2.3; thesis Ch. 2.5.10, 4.4 and 5.3.2; Minka 2001, 2004).
 
 Each site n gets a Gaussian site t_n(x) = Z_n exp(-tau_n x^2 / 2 + nu_n x) in x = h_n^T w + o_n, giving
 q(w) = N(A^{-1} b, A^{-1}) (`_common`). One EP update of site n with power eta in (0, 1] (eta = 1: EP):
@@ -36,11 +36,11 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .. import potentials as P
 from .._adjoint import filtered_jvp as _filtered_jvp
 from .._linalg import full_precision
-from .._validate import check_max_steps, check_tol
-from .. import potentials as P
 from .._result import Result
+from .._validate import check_max_steps, check_tol
 from . import _common as C
 from ._tilted import tilted_moments
 
@@ -51,11 +51,22 @@ _MAX_DAMPING_HALVINGS = 8
 
 @full_precision
 def ep(model, power: float = 1.0, damping: float = 0.5, *, tol: float | None = None, max_steps: int = 500) -> Result:
-    """Gaussian EP (power EP for power < 1) with damped parallel updates (module docstring).
+    """Gaussian EP (power EP for power < 1) with damped parallel updates (Minka 2001, 2004; Nickisch 2010,
+    Ch. 2.5.10 and 4.4; Challis & Barber 2013, Section 5.2.3; module docstring). Warns when it did not converge.
 
-    `power` and `damping` (the initial damping; halved when the updates oscillate) must lie in (0, 1]. Returns a
-    `Result` with q = N(A^{-1} b, A^{-1}), the EP evidence estimate `log_z` (`is_bound=False`) and `history`
-    the estimate at each iteration.
+    Args:
+        model: a `gkl_jax.Model` (sites without `variance_offset`).
+        power: the EP power eta in (0, 1] (default 1, plain EP).
+        damping: the initial damping in (0, 1], halved when the updates oscillate (default 0.5).
+        tol: the site-parameter change that stops the iterations (default for the model's dtype).
+        max_steps: iterations (int >= 1, default 500).
+
+    Returns:
+        `gkl_jax.Result` with q = N(A^{-1} b, A^{-1}), the EP evidence estimate `log_z` (`is_bound=False`;
+        reverse-mode differentiable in the model) and `history` the estimate at each iteration.
+
+    Raises:
+        ValueError: power or damping outside (0, 1], a model that cannot be fitted, or a bad tol or max_steps.
     """
     C.check_model(model, "ep")
     if not model.sites:

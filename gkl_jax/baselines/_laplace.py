@@ -1,4 +1,4 @@
-"""`laplace`: the Laplace approximation (papers/000 Section 5.2.1; thesis Ch. 2.5.6 and 4.3).
+"""`laplace`: the Laplace approximation (Challis & Barber 2013, Section 5.2.1; thesis Ch. 2.5.6 and 4.3).
 
 The mode w* of log p(w) = log N(w | mu, Sigma) + sum_n log phi_n(h_n^T w + o_n) is found by Newton's method
 (IRLS, thesis Ch. 2.3.1) with a backtracking line search; the covariance is the inverse negative Hessian at the
@@ -6,7 +6,7 @@ mode,
 
     A = -grad^2 log p(w*) = Sigma^{-1} + H^T W H,   W_nn = -(log phi_n)''(h_n^T w* + o_n)
 
-(thesis Ch. 2.5.6 with the second-derivative erratum of the notes), and the evidence estimate is
+(Nickisch 2010, Ch. 2.5.6, with the second derivative taken afresh), and the evidence estimate is
 
     log Z_LA = log N(w* | mu, Sigma) + sum_n log phi_n(h_n^T w* + o_n) + (D/2) log 2 pi - log det A / 2
 
@@ -23,11 +23,11 @@ import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 from jax import lax
 
-from .._linalg import full_precision
-from .._validate import check_max_steps, check_tol
 from .. import potentials as P
-from ..solvers._newton import armijo_search
+from .._linalg import full_precision
 from .._result import Result
+from .._validate import check_max_steps, check_tol
+from ..solvers._newton import armijo_search
 from . import _common as C
 
 TRACE_COUNT = {"laplace": 0}
@@ -35,13 +35,26 @@ TRACE_COUNT = {"laplace": 0}
 
 @full_precision
 def laplace(model, *, tol: float | None = None, max_steps: int = 100) -> Result:
-    """The Laplace approximation N(w*, A^{-1}) and its log Z estimate (module docstring).
+    """The Laplace approximation N(w*, A^{-1}) and its log Z estimate (Challis & Barber 2013, Section 5.2.1;
+    Nickisch 2010, Ch. 2.5.6 and 4.3; module docstring).
 
-    Stops when max |grad log p| <= tol (default 1e-8 in float64), or when the Newton decrement
-    g^T A^{-1} g <= tol^2 (the scale-free form of the same test: equal for A = I, and reachable where the prior
-    precision is huge, e.g. a GP with jitter 1e-10, whose gradient stays at the round-off of Sigma^{-1} w, ~1e-6),
-    or after `max_steps` Newton steps; `history` holds log p(w) at each step. Raises ValueError if a potential is
-    not twice differentiable.
+    Stops when max |grad log p| <= tol, or when the Newton decrement g^T A^{-1} g <= tol^2 (the scale-free form of
+    the same test: equal for A = I, and reachable where the prior precision is huge, e.g. a GP with jitter 1e-10,
+    whose gradient stays at the round-off of Sigma^{-1} w), or after `max_steps` Newton steps; warns when it did
+    not converge.
+
+    Args:
+        model: a `gkl_jax.Model` (sites without `variance_offset`).
+        tol: the gradient tolerance (default 1e-8 in float64).
+        max_steps: Newton steps (int >= 1, default 100).
+
+    Returns:
+        `gkl_jax.Result` with q = N(w*, A^{-1}) (a Full factor), `log_z` the Laplace estimate (`is_bound=False`)
+        and `history` log p(w) at each step.
+
+    Raises:
+        ValueError: a potential that is not twice differentiable (Laplace), a model that cannot be fitted, or a
+            bad tol or max_steps.
     """
     C.check_model(model, "laplace")
     for s in model.sites:

@@ -1,10 +1,10 @@
-"""`local`: the local variational lower bound with exponentiated-quadratic site bounds (papers/000 Section
+"""`local`: the local variational lower bound with exponentiated-quadratic site bounds (Challis & Barber 2013, Section
 5.1.1; thesis Ch. 3.3 and Table 4.1), optimised exactly (dense linear algebra).
 
 Every site is replaced by a Gaussian lower bound t_n(x; xi_n) tangent at r_n^2 = xi_n (`_site_bounds`):
 Jaakkola-Jordan for the logistic, the super-Gaussian tangent bounds (height functions of thesis Table 3.1)
 for Laplace, Student-t and Cauchy sites, the fixed-curvature bound of Table 4.1 for the probit, and the exact
-site for Gaussian potentials. The product is a Gaussian in w, so (papers/000 eq. 13-14)
+site for Gaussian potentials. The product is a Gaussian in w, so (Challis & Barber 2013, eq. 13-14)
 
     log Z >= B(xi) = log c(xi) - mu^T Sigma^{-1} mu / 2 + b^T A^{-1} b / 2 - log det Sigma / 2 - log det A / 2,
     A = Sigma^{-1} + F(xi),  b = Sigma^{-1} mu + f(xi),
@@ -12,7 +12,7 @@ site for Gaussian potentials. The product is a Gaussian in w, so (papers/000 eq.
 with the Gaussian approximation q = N(A^{-1} b, A^{-1}). B is maximised over xi by the EM fixed point
 xi_n <- E_q[(h_n^T w + o_n - center_n)^2] (s_n <- y_n E_q[h_n^T w + o_n] for the probit), which never
 decreases B, over-relaxed with a safeguard (`_local_jit`); each step costs one dense Cholesky of A,
-O(D^3 + N D^2). Papers/000 Section 5.1.2 proves
+O(D^3 + N D^2). Challis & Barber (2013), Section 5.1.2, prove
 
     B(xi) <= bound(model, q_xi) <= max G-KL bound <= log Z,
 
@@ -24,11 +24,11 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .._optim import default_tol
-from .._linalg import full_precision
-from .._validate import check_max_steps, check_tol
 from .. import potentials as P
+from .._linalg import full_precision
+from .._optim import default_tol
 from .._result import Result
+from .._validate import check_max_steps, check_tol
 from . import _common as C
 from ._site_bounds import is_supported, probit_coefficients, super_gaussian, tangent_coefficients
 
@@ -37,12 +37,22 @@ TRACE_COUNT = {"local": 0}
 
 @full_precision
 def local(model, *, tol: float | None = None, max_steps: int = 1000) -> Result:
-    """Maximise the local variational lower bound on log Z over the site-bound parameters xi.
+    """Maximise the local variational lower bound on log Z over the site-bound parameters xi (Challis & Barber
+    2013, Section 5.1.1; Nickisch 2010, Ch. 3.3; module docstring). Stops when a plain EM step changes the bound
+    by less than tol * (1 + |B|) or after `max_steps` evaluations; warns when it did not converge.
 
-    Returns a `Result` with q = N(A^{-1} b, A^{-1}) (a Full factor), `log_z` = B(xi) (a guaranteed lower bound,
-    `is_bound=True`), `history` the best bound after each evaluation. Stops when a plain EM step changes the
-    bound by less than tol * (1 + |B|) (default 1e-10 in float64) or after `max_steps` evaluations. Raises
-    ValueError for potentials without a tight exponentiated-quadratic bound (Poisson, Custom).
+    Args:
+        model: a `gkl_jax.Model` (sites without `variance_offset`).
+        tol: relative bound change (default 1e-10 in float64, 1e-5 in float32).
+        max_steps: bound evaluations (int >= 1, default 1000).
+
+    Returns:
+        `gkl_jax.Result` with q = N(A^{-1} b, A^{-1}) (a Full factor), `log_z` = B(xi) (a guaranteed lower bound,
+        `is_bound=True`) and `history` the best bound after each evaluation.
+
+    Raises:
+        ValueError: potentials without a tight exponentiated-quadratic bound (Poisson, Custom), a model that
+            cannot be fitted, or a bad tol or max_steps.
     """
     C.check_model(model, "local")
     for s in model.sites:

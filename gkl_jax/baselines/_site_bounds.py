@@ -1,4 +1,4 @@
-"""Exponentiated-quadratic lower bounds on the site potentials (papers/000 Section 5.1.1; thesis Ch. 3.3).
+"""Exponentiated-quadratic lower bounds on the site potentials (Challis & Barber 2013, Section 5.1.1; thesis Ch. 3.3).
 
 Super-Gaussian sites (Palmer et al. 2006). A potential is written as
 
@@ -11,8 +11,8 @@ and bounded by the tangent of g at xi (Fenchel duality in x = s^2, thesis Ch. 3.
 
 tight at r^2 = xi. In the thesis' notation the bound is exp(beta s - s^2 / (2 gamma) - h(gamma) / 2) with the
 height function h(gamma) = -2 [g(xi) - xi g'(xi)], gamma = -1 / (2 g'(xi)) (and h = -2 g(0) below the
-threshold gamma <= -1 / (2 g'(0))); `height` evaluates it, reproducing thesis Table 3.1 with the corrections
-of the notes (cumulative logistic: g_gamma = f^{-1}(gamma / 4), threshold gamma <= 4, h = 2 ln 2 below it).
+threshold gamma <= -1 / (2 g'(0))); `height` evaluates it, reproducing Nickisch (2010) Table 3.1 with a
+correction for the cumulative logistic (g_gamma = f^{-1}(gamma / 4), threshold gamma <= 4, h = 2 ln 2 below it).
 
 | potential                 | beta  | center | g(xi)                                              |
 |---------------------------|-------|--------|----------------------------------------------------|
@@ -137,14 +137,29 @@ def probit_coefficients(y, s):
 
 
 def height(potential, gamma, *, iterations: int = 200):
-    """The height function h(gamma) of thesis Table 3.1 for a super-Gaussian potential (module docstring),
+    """The height function h(gamma) of Nickisch (2010) Table 3.1 for a super-Gaussian potential (module docstring),
 
         h(gamma) = max_{xi >= 0} -xi / gamma - 2 g(xi),
 
     by bisection on g'(xi) = -1 / (2 gamma) (g' is increasing because g is convex). The potential's
     normalising constant is part of g, so h differs from the table's (unnormalised) entries by -2 log(norm).
     h = +inf where no tangent of that curvature exists (g' below -1 / (2 gamma) up to xi = 1e30: a Gaussian
-    potential with gamma above its variance)."""
+    potential with gamma above its variance). (Nickisch 2010, Table 3.1.)
+
+    Args:
+        potential: a super-Gaussian `gkl_jax.potentials` potential (Logistic, Laplace, StudentT, Cauchy,
+            Gaussian).
+        gamma: positive finite float array of variances gamma (any shape broadcasting against the potential's
+            per-site data).
+        iterations: bisection steps (int >= 1, default 200).
+
+    Returns:
+        float array of h(gamma) (+inf where no tangent exists).
+
+    Raises:
+        ValueError: a potential without a super-Gaussian bound, gamma not positive or not finite, or a bad
+            iterations.
+    """
     form = super_gaussian(potential, "height")
     gamma = as_float_array(gamma, "gamma")
     check_finite(gamma, "gamma")

@@ -1,7 +1,7 @@
 """Moments of the (power-)tilted distributions of EP: p_hat(x) ~ N(x | mu_c, v_c) phi(x)^eta.
 
 Returns (log Z_hat, mean, variance) elementwise over sites, with Z_hat = int N(x | mu_c, v_c) phi(x)^eta dx.
-Closed forms (the notes' implementer supplement to thesis Ch. 4.4 / 5.3.2; Rasmussen & Williams eq. 3.58):
+Closed forms (Nickisch 2010, Ch. 4.4 and 5.3.2; Rasmussen & Williams 2006, eq. 3.58):
 
 - Gaussian phi = N(y | x, s2): phi^eta ~ N(x | y, s2 / eta), a product of Gaussians.
 - Probit phi = Phi(y x), eta = 1: z = y mu_c / sqrt(1 + v_c), Z_hat = Phi(z),

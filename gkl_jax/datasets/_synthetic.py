@@ -6,13 +6,24 @@ from .._validate import check_int
 
 
 def synthetic_logistic(dim: int, num_train: int, num_test: int = 0, *, seed: int = 0):
-    """The Bayesian logistic regression generator of papers/000 Section 6.2.1.
+    """The Bayesian logistic regression generator of Challis & Barber 2013, Section 6.2.1.
 
     w_tr ~ N(0, I); covariates x = A z with z ~ N(0, I) and A = I + a sparse matrix holding one standard-normal
     entry per row (at a random column), then each dimension rescaled to unit variance (over train and test
     together); labels y ~ p(y = 1 | w, x) = sigmoid(w^T x), y in {-1, +1}.
 
-    Returns a dict with X_train (num_train, dim), y_train, X_test, y_test and w_true.
+    Args:
+        dim: the number of covariates D (int >= 1).
+        num_train: training points (int >= 1).
+        num_test: test points (int >= 0, default 0).
+        seed: the numpy random seed (default 0).
+
+    Returns:
+        dict of float64 numpy arrays: X_train (num_train, dim), y_train (num_train,), X_test (num_test, dim),
+        y_test (num_test,) and w_true (dim,).
+
+    Raises:
+        ValueError: a size or seed that is not an int in range.
     """
     dim, num_train = check_int(dim, "dim", 1), check_int(num_train, "num_train", 1)
     num_test, seed = check_int(num_test, "num_test"), check_int(seed, "seed")

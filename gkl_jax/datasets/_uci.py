@@ -20,7 +20,14 @@ import numpy as np
 
 
 class Dataset(NamedTuple):
-    """A loaded data set: inputs X (float64), targets y, and the input column names."""
+    """A loaded data set: inputs X (float64), targets y, and the input column names.
+
+    Attributes:
+        X: (num_rows, num_features) float64 array of raw (unstandardised) inputs.
+        y: (num_rows,) targets: float64 labels in {-1, +1} (binary tasks), int64 class indices 0..K-1
+            (multi-class tasks) or float64 values (regression).
+        feature_names: tuple of num_features str.
+    """
 
     X: np.ndarray
     y: np.ndarray
@@ -108,13 +115,17 @@ _SPECS = {
         target="28-day compressive strength (MPa)",
         notes="Target choice: the data set has 7 ingredient inputs and 3 outputs (slump, flow, 28-day "
               "compressive strength). Following the D = 9 reported for this data set by Challis & Barber "
-              "(papers/000, Section 6.1), the 7 ingredients plus slump and flow are the inputs and the "
+              "(Challis & Barber 2013, Section 6.1), the 7 ingredients plus slump and flow are the inputs and the "
               "compressive strength is the target. The row number column 'No' is dropped."),
 }
 
 
 def available() -> tuple:
-    """The names accepted by `load` and `info`, sorted."""
+    """The names accepted by `load` and `info`.
+
+    Returns:
+        tuple of str, sorted.
+    """
     return tuple(sorted(_SPECS))
 
 
@@ -132,8 +143,14 @@ def _bundled_files() -> set:
 def data_path(filename: str):
     """A `importlib.resources` Traversable for one bundled file (e.g. 'sonar.names' or 'README.txt').
 
-    `filename` must be the plain name of a file in `gkl_jax/datasets/data/`; anything else (a path, another
-    folder's file, a non-string) raises ValueError.
+    Args:
+        filename: the plain name of a file in `gkl_jax/datasets/data/`.
+
+    Returns:
+        `importlib.resources.abc.Traversable` (read it with `.read_text()` or `.open()`).
+
+    Raises:
+        ValueError: anything but a bundled file's plain name (a path, another folder's file, a non-string).
     """
     if not isinstance(filename, str) or filename not in _bundled_files():
         raise ValueError(f"filename must be the plain name of a bundled data file in gkl_jax/datasets/data/ (e.g. "
@@ -170,10 +187,17 @@ def _german(rows):
 
 
 def load(name: str) -> Dataset:
-    """Load a bundled data set by name (see `available()`); returns `Dataset(X, y, feature_names)`.
+    """Load a bundled data set by name. See the module doc for the label encodings and `info(name)` for each
+    set's target, label mapping and notes.
 
-    Raises ValueError for an unknown `name`, listing the choices. See the module doc for the label encodings
-    and `info(name)` for each set's target, label mapping and notes.
+    Args:
+        name: one of `available()`.
+
+    Returns:
+        `Dataset(X, y, feature_names)`: X (num_rows, num_features) float64, y (num_rows,).
+
+    Raises:
+        ValueError: an unknown name (the message lists the choices).
     """
     spec = _spec(name)
     _, rows = _read_rows(spec["file"], header=name == "slump")
@@ -205,7 +229,18 @@ def load(name: str) -> Dataset:
 def info(name: str) -> dict:
     """Metadata of a bundled data set: task ('binary', 'multiclass', 'regression'), target (text), labels
     (original label -> value in y; None for regression), num_rows, num_features, file, names_file, notes and
-    description (the UCI `.names` text with origin and citation)."""
+    description (the UCI `.names` text with origin and citation).
+
+    Args:
+        name: one of `available()`.
+
+    Returns:
+        dict with the keys name, task, target, labels, num_rows, num_features, file, names_file, notes and
+        description.
+
+    Raises:
+        ValueError: an unknown name.
+    """
     spec = _spec(name)
     X, _, _ = load(name)
     return {

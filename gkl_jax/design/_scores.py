@@ -1,4 +1,5 @@
-"""Bayesian experimental design scores under a fitted Gaussian q(w) = N(m, S), S = C^T C (papers/000 eq. 16).
+"""Bayesian experimental design scores under a fitted Gaussian q(w) = N(m, S), S = C^T C
+(Challis & Barber 2013, eq. 16).
 
 Information gain of a block of measurements y* = M* w + e, e ~ N(0, v^2 I), M* in R^{d x D}. Conditioning q on
 y* gives the Gaussian posterior with covariance S' = (S^{-1} + M*^T M* / v^2)^{-1}, whatever y* turns out to be,
@@ -38,7 +39,17 @@ from ..operators import AbstractOperator, as_operator
 
 
 def as_gaussian(result_or_q) -> Gaussian:
-    """The Gaussian of a `Result`, or the `Gaussian` itself."""
+    """The Gaussian of a `Result`, or the `Gaussian` itself.
+
+    Args:
+        result_or_q: a fitted `gkl_jax.Result` or a `gkl_jax.Gaussian` q = N(m, S) over D variables.
+
+    Returns:
+        `gkl_jax.Gaussian`.
+
+    Raises:
+        ValueError: neither a Result nor a Gaussian.
+    """
     if isinstance(result_or_q, Result):
         return result_or_q.q
     if isinstance(result_or_q, Gaussian):
@@ -80,7 +91,19 @@ def _candidate_operator(candidates, dim, name="candidates"):
 
 def information_gain(result_or_q, M_star, noise_variance):
     """IG(M*) = 1/2 log det(I + M* S M*^T / v^2): the joint entropy reduction of q from measuring the rows of
-    `M_star` ((D,) for one row, (d, D) for a block) with noise variance v^2 = `noise_variance` (module doc)."""
+    `M_star` with noise variance v^2 = `noise_variance` (Challis & Barber 2013, Section 6.3; module doc).
+
+    Args:
+        result_or_q: a fitted `gkl_jax.Result` or a `gkl_jax.Gaussian` q = N(m, S) over D variables.
+        M_star: (D,) float array for one row, or (d, D) for a block of measurements.
+        noise_variance: v^2, a positive finite float scalar.
+
+    Returns:
+        float scalar array (nats).
+
+    Raises:
+        ValueError: M_star not (D,) or (d, D) or not finite, or a bad noise_variance.
+    """
     q = as_gaussian(result_or_q)
     v2 = check_noise_variance(noise_variance)
     M = _rows(M_star, q.dim, "M_star")
@@ -91,7 +114,19 @@ def information_gain(result_or_q, M_star, noise_variance):
 
 def candidate_gains(result_or_q, candidates, noise_variance):
     """IG of each candidate row alone, 1/2 log(1 + x_n^T S x_n / v^2), for a (P, D) array or an operator whose
-    rows are the candidates (e.g. a wavelet transform: "measure one coefficient"); O(cost of s_n^2)."""
+    rows are the candidates (e.g. a wavelet transform: "measure one coefficient"); O(cost of s_n^2).
+
+    Args:
+        result_or_q: a fitted `gkl_jax.Result` or a `gkl_jax.Gaussian` q = N(m, S) over D variables.
+        candidates: (P, D) float array (or one (D,) row), or a `gkl_jax.operators` operator with P rows.
+        noise_variance: v^2, a positive finite float scalar.
+
+    Returns:
+        (P,) float array of gains (nats).
+
+    Raises:
+        ValueError: candidates empty, with rows of the wrong length or not finite, or a bad noise_variance.
+    """
     q = as_gaussian(result_or_q)
     v2 = check_noise_variance(noise_variance)
     op = _candidate_operator(candidates, q.dim)
@@ -101,10 +136,23 @@ def candidate_gains(result_or_q, candidates, noise_variance):
 def greedy_selection(result_or_q, candidates, num: int, noise_variance):
     """Greedily pick `num` rows from a candidate pool, conditioning q on each pick before the next.
 
-    Returns (indices (num,), gains (num,)): gains[t] = 1/2 log(1 + d_t / v^2) with d_t the variance of the
-    picked candidate given the earlier picks; sum(gains) = IG of the chosen block. A candidate may be picked
-    again (a repeated measurement) when that is still the most informative. Cost: one product with S and one
-    with H, H^T per pick; the candidate matrix H S H^T is never formed."""
+    A candidate may be picked again (a repeated measurement) when that is still the most informative. Cost: one
+    product with S and one with H, H^T per pick; the candidate matrix H S H^T is never formed.
+
+    Args:
+        result_or_q: a fitted `gkl_jax.Result` or a `gkl_jax.Gaussian` q = N(m, S) over D variables.
+        candidates: (P, D) float array (or one (D,) row), or a `gkl_jax.operators` operator with P rows.
+        num: the number of picks (int >= 1).
+        noise_variance: v^2, a positive finite float scalar.
+
+    Returns:
+        (indices, gains): (num,) int32 array of candidate rows and (num,) float array, gains[t] =
+        1/2 log(1 + d_t / v^2) with d_t the variance of the picked candidate given the earlier picks;
+        sum(gains) = IG of the chosen block.
+
+    Raises:
+        ValueError: bad candidates, num not an int >= 1, or a bad noise_variance.
+    """
     q = as_gaussian(result_or_q)
     v2 = check_noise_variance(noise_variance)
     op = _candidate_operator(candidates, q.dim)
@@ -135,7 +183,21 @@ def _greedy_pool(q, op, num, v2):
 def leading_directions(result_or_q, num: int, *, num_vectors=None, key=None):
     """The `num` leading eigenpairs (lambda (num,), U (num, D) unit rows) of S, by Lanczos with full
     reorthogonalisation on v -> S v = C^T (C v) with `num_vectors` (default min(D, max(3 num, num + 20)))
-    Krylov vectors. Only products with the factor are used; the Ritz pairs are exact when num_vectors = D."""
+    Krylov vectors (Nickisch 2010, Alg. 3.2). Only products with the factor are used; the Ritz pairs are exact
+    when num_vectors = D.
+
+    Args:
+        result_or_q: a fitted `gkl_jax.Result` or a `gkl_jax.Gaussian` q = N(m, S) over D variables.
+        num: the number of eigenpairs (int in [1, D]).
+        num_vectors: Krylov vectors (int in [num, D]), or None for the default.
+        key: a `jax.random` key for the Lanczos start (default `jax.random.PRNGKey(0)`).
+
+    Returns:
+        (lam, U): (num,) float array of eigenvalues, largest first, and (num, D) float array of unit rows.
+
+    Raises:
+        ValueError: num or num_vectors out of range, or a bad key.
+    """
     q = as_gaussian(result_or_q)
     num = check_int(num, "num", 1)
     if num > q.dim:
@@ -158,8 +220,22 @@ def optimal_directions(result_or_q, num: int, noise_variance, *, num_vectors=Non
     """The greedy free design: `num` unit-norm measurement rows maximising the information gain one after the
     other, each an eigenvector of the covariance conditioned on the earlier rows (module doc).
 
-    Returns (rows (num, D), gains (num,)), sum(gains) = information_gain(q, rows, noise_variance) up to the
-    accuracy of the Lanczos eigenvectors. The first row maximises the single-row gain over the unit sphere."""
+    The first row maximises the single-row gain over the unit sphere.
+
+    Args:
+        result_or_q: a fitted `gkl_jax.Result` or a `gkl_jax.Gaussian` q = N(m, S) over D variables.
+        num: the number of rows (int >= 1; beyond D, eigenvectors are measured again).
+        noise_variance: v^2, a positive finite float scalar.
+        num_vectors: Lanczos vectors, as in `leading_directions`.
+        key: a `jax.random` key for the Lanczos start.
+
+    Returns:
+        (rows, gains): (num, D) float array of unit rows and (num,) float array, sum(gains) =
+        information_gain(q, rows, noise_variance) up to the accuracy of the Lanczos eigenvectors.
+
+    Raises:
+        ValueError: num not an int >= 1, a bad noise_variance, num_vectors or key.
+    """
     q = as_gaussian(result_or_q)
     v2 = check_noise_variance(noise_variance)
     num = check_int(num, "num", 1)

@@ -1,4 +1,4 @@
-"""Bayesian sequential experimental design (papers/000 Section 6.3.2; papers/003 Alg. 5.1).
+"""Bayesian sequential experimental design (Challis & Barber 2013, Section 6.3.2; Nickisch 2010, Alg. 5.1).
 
     for t = 0 .. steps:
         q_t   = infer(model(M_t, y_t), warm start q_{t-1})          # any method returning a Result
@@ -25,12 +25,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._linalg import full_precision
 from .._fit import fit
-from .._start import initial_q
 from .._gaussian import Gaussian
+from .._linalg import full_precision
 from .._model import Model, Sites
 from .._result import Result
+from .._start import initial_q
 from .._validate import as_float_array, check_finite, check_int, check_key, check_ndim
 from ..factors import AbstractFactor, Full
 from ..operators import AbstractOperator
@@ -41,9 +41,17 @@ _PAD_VARIANCE = 1 / (2 * math.pi)
 
 
 class DesignStep(NamedTuple):
-    """One step of the loop: the fit on `num_measurements` rows and the rows designed from it (None at the
-    last step); `gains` are the greedy per-row information gains; times in seconds (fit includes compilation
-    at step 0)."""
+    """One step of the loop: the fit on `num_measurements` rows and the rows designed from it.
+
+    Attributes:
+        step: int, the step index (0 is the fit on the initial measurements).
+        num_measurements: int, the measurement rows the fit used (padding not counted).
+        result: the `gkl_jax.Result` of the fit.
+        rows: (per_step, D) float numpy array of designed rows, None at the last step.
+        gains: (per_step,) float numpy array of the greedy per-row information gains, None at the last step.
+        fit_seconds: float, wall time of the fit (includes compilation at step 0).
+        design_seconds: float, wall time of the design.
+    """
 
     step: int
     num_measurements: int
@@ -55,8 +63,14 @@ class DesignStep(NamedTuple):
 
 
 class SequentialDesign(NamedTuple):
-    """The outcome of `sequential`: one `DesignStep` per fit, the final measurement matrix and observations
-    (unpadded), and the last fit."""
+    """The outcome of `sequential`.
+
+    Attributes:
+        steps: list of `DesignStep`, one per fit (steps + 1).
+        measurements: (N, D) float numpy array, the final measurement matrix (unpadded).
+        observations: (N,) float numpy array, the observations.
+        result: the `gkl_jax.Result` of the last fit.
+    """
 
     steps: list
     measurements: np.ndarray
@@ -65,7 +79,20 @@ class SequentialDesign(NamedTuple):
 
 
 def padded_measurement_sites(M, y, noise_variance, capacity: int) -> Sites:
-    """Sites(M_pad, Gaussian(y_pad, v2_pad)) with `capacity` rows; rows past len(y) are inert (module doc)."""
+    """Sites(M_pad, Gaussian(y_pad, v2_pad)) with `capacity` rows; rows past len(y) are inert (module doc).
+
+    Args:
+        M: (n, D) finite float array of measurement rows.
+        y: (n,) finite float array of observations.
+        noise_variance: v^2, a positive finite float scalar.
+        capacity: the padded row count (int >= n).
+
+    Returns:
+        `gkl_jax.Sites` with a (capacity, D) dense H and a Gaussian potential.
+
+    Raises:
+        ValueError: shapes that disagree, non-finite data, a bad noise_variance, or capacity < n.
+    """
     M, y = as_float_array(M, "M"), as_float_array(y, "y")
     check_ndim(M, 2, "M")
     n, dim = M.shape
@@ -119,20 +146,39 @@ def sequential(base_model: Model, measure: Callable, M0, y0, noise_variance, *, 
                infer: Optional[Callable] = None, factor: Optional[AbstractFactor] = None, design="free",
                q0: Optional[Gaussian] = None, callback: Optional[Callable] = None, progress: bool = True,
                key=None, num_vectors: Optional[int] = None, pad: bool = True) -> SequentialDesign:
-    """Run the sequential design loop (module doc) and return a `SequentialDesign`.
+    """Run the sequential design loop (Challis & Barber 2013, Section 6.3.2; Nickisch 2010, Alg. 5.1; module doc).
 
-    - `base_model`: the model without the measurements (e.g. `Model(None, Sites(B, Laplace(0, tau)))`);
-    - `measure(rows) -> y*`: performs the experiment for a (per_step, D) array of unit-norm rows;
-    - `M0`, `y0`: the initial measurements (N_0, D) and observations; `noise_variance`: v^2 > 0;
-    - `infer(model, q0) -> Result`: the inference method, warm-started from the previous q (None at step 0);
-      default `gk.fit(model, factor=factor, q0=q0)`. Baselines plug in the same way, e.g.
-      `infer=lambda model, q0: gk.ep(model, power=0.9)`;
-    - `design`: "free" (greedy leading eigenvectors of S, `optimal_directions`), "random" (random unit rows), or
-      a candidate pool (a (P, D) array or an operator whose rows are the candidates; `greedy_selection`);
-    - `callback(step: DesignStep)`: called after every fit; `progress`: print a progress line per step;
-    - `pad`: pad the measurements to their final count with inert zero rows (module doc) so that the fit compiles
-      once; pass False for inference methods that cannot take zero rows (a site with zero projected variance),
-      at the price of one compilation per step.
+    Args:
+        base_model: the `gkl_jax.Model` without the measurements (e.g. `Model(None, Sites(B, Laplace(0, tau)))`).
+        measure: `measure(rows) -> y*` performs the experiment for a (per_step, D) array of unit-norm rows and
+            returns per_step finite observations.
+        M0: (N_0, D) float array of initial measurement rows.
+        y0: (N_0,) float array of initial observations.
+        noise_variance: v^2 > 0, a float scalar.
+        steps: design steps (int >= 0); the loop fits steps + 1 times.
+        per_step: rows designed per step (int >= 1, default 3).
+        infer: `infer(model, q0) -> Result`, the inference method, warm-started from the previous q (None at
+            step 0); default `gk.fit(model, factor=factor, q0=q0)`. Baselines plug in the same way, e.g.
+            `infer=lambda model, q0: gk.ep(model, power=0.9)`.
+        factor: the factor of the default `infer` (not with `infer`).
+        design: "free" (default; greedy leading eigenvectors of S, `optimal_directions`), "random" (random unit
+            rows), or a candidate pool (a (P, D) array or an operator whose rows are the candidates;
+            `greedy_selection`).
+        q0: a starting `gkl_jax.Gaussian` for the first fit.
+        callback: `callback(step: DesignStep)`, called after every fit.
+        progress: print a progress line per step to stderr (default True).
+        key: a `jax.random` key for the design (default `jax.random.PRNGKey(0)`).
+        num_vectors: Lanczos vectors of the "free" design.
+        pad: pad the measurements to their final count with inert zero rows (module doc) so that the fit compiles
+            once; pass False for inference methods that cannot take zero rows (a site with zero projected
+            variance), at the price of one compilation per step.
+
+    Returns:
+        `SequentialDesign`.
+
+    Raises:
+        ValueError: bad model, measure, measurements, counts, design or key; both infer and factor; an infer that
+            does not return a Result; or a measure that returns the wrong number of values or NaN.
     """
     if not isinstance(base_model, Model):
         raise ValueError(f"base_model must be a gkl_jax.Model, got {type(base_model).__name__}")

@@ -1,4 +1,4 @@
-"""The sparse linear model (papers/000 Section 6.3.1; papers/003 Ch. 5) and its MAP estimate.
+"""The sparse linear model (Challis & Barber 2013, Section 6.3.1; Nickisch 2010, Ch. 5) and its MAP estimate.
 
     p(w | y) ∝ N(y | M w, v^2 I) prod_n phi_n(b_n^T w),      s = B w,
 
@@ -30,18 +30,18 @@ import jax
 import jax.numpy as jnp
 
 from .._linalg import full_precision
-from .._optim import default_tol
-from ..solvers._newton import newton_cg
-from ..solvers._quasi_newton import lbfgs
 from .._model import Model, Sites, check_fittable
+from .._optim import default_tol
 from .._validate import as_float_array, check_finite, check_int, check_ndim, check_tol, is_concrete
 from ..operators import AbstractOperator, as_operator
 from ..potentials import AbstractPotential
 from ..potentials import Gaussian as GaussianPotential
+from ..solvers._newton import newton_cg
+from ..solvers._quasi_newton import lbfgs
 from ._scores import check_noise_variance
 
 
-def _as_list(x):
+def _as_list(x) -> list:
     if isinstance(x, (list, tuple)):
         return list(x)
     return [x]
@@ -49,12 +49,23 @@ def _as_list(x):
 
 def sparse_linear_model(measurements, y, noise_variance, filters: Union[AbstractOperator, Sequence],
                         potentials: Union[AbstractPotential, Sequence[AbstractPotential]]) -> Model:
-    """`Model(None, [Sites(M, Gaussian(y, v^2)), Sites(B_1, phi_1), ...])`: the sparse linear model.
+    """`Model(None, [Sites(M, Gaussian(y, v^2)), Sites(B_1, phi_1), ...])`: the sparse linear model (Challis &
+    Barber 2013, Section 6.3.1; Nickisch 2010, Ch. 5).
 
-    - `measurements`: M, an (N, D) array or operator (N may be 0: the filters alone);
-    - `y`: the N observations; `noise_variance`: v^2 > 0;
-    - `filters`: one operator B (or array) or a list of them; `potentials`: one potential per filter group
-      (e.g. `gk.potentials.Laplace(0.0, tau)` or `gk.potentials.StudentT(0.0, dof, scale)`).
+    Args:
+        measurements: M, an (N, D) float array or operator (N may be 0: the filters alone).
+        y: (N,) float array of observations.
+        noise_variance: v^2 > 0, a float scalar.
+        filters: one operator B (or (M_k, D) array) or a list of them, all with D columns.
+        potentials: one potential per filter group (e.g. `gk.potentials.Laplace(0.0, tau)` or
+            `gk.potentials.StudentT(0.0, dof, scale)`).
+
+    Returns:
+        `gkl_jax.Model` without a prior over D variables.
+
+    Raises:
+        ValueError: filters and potentials that do not pair up, no filter, column counts that differ,
+            measurements not 2-D or not finite, y of the wrong length, or a bad noise_variance.
     """
     v2 = check_noise_variance(noise_variance)
     filters, potentials = _as_list(filters), _as_list(potentials)
@@ -89,10 +100,24 @@ def sparse_linear_model(measurements, y, noise_variance, filters: Union[Abstract
 def map_estimate(model: Model, *, w0=None, smoothing=(1e-1, 1e-2, 1e-3, 1e-4), tol=None, max_steps=200):
     """The MAP estimate of `model` by Gaussian-smoothed continuation (module doc).
 
-    Returns (w, converged): `converged` is False when the last stage did not reach max|grad| <= tol (default
-    1e-6 in float64, 1e-3 in float32). Newton-CG for log-concave models, L-BFGS otherwise: a stationary point,
-    usually a local optimum, but a saddle when w0 is one (w0 = 0 for a potential symmetric about 0; pass another
-    w0 there)."""
+    Newton-CG for log-concave models, L-BFGS otherwise: a stationary point, usually a local optimum, but a
+    saddle when w0 is one (w0 = 0 for a potential symmetric about 0; pass another w0 there). Warns when the
+    last stage did not converge.
+
+    Args:
+        model: a `gkl_jax.Model` that can be fitted.
+        w0: the (D,) float starting point (default zeros).
+        smoothing: the positive smoothing widths eps of the stages, largest first (default 1e-1 ... 1e-4).
+        tol: the gradient tolerance of each stage (default 1e-6 in float64, 1e-3 in float32).
+        max_steps: steps per stage (int >= 1, default 200).
+
+    Returns:
+        (w, converged): the (D,) float array and a bool scalar array, False when the last stage did not reach
+        max|grad| <= tol.
+
+    Raises:
+        ValueError: a model that cannot be fitted, empty or non-positive smoothing, a bad w0, tol or max_steps.
+    """
     check_fittable(model, "map_estimate")
     eps = [check_tol(e, "smoothing") for e in _as_list(smoothing)]
     if not eps:
@@ -114,7 +139,20 @@ def map_estimate(model: Model, *, w0=None, smoothing=(1e-1, 1e-2, 1e-3, 1e-4), t
 
 
 def smoothed_log_density(model: Model, w, eps2):
-    """log prior(w) + sum_n E_{x ~ N(h_n^T w + offset_n, eps2 + variance_offset_n)}[log phi_n(x)]."""
+    """log prior(w) + sum_n E_{x ~ N(h_n^T w + offset_n, eps2 + variance_offset_n)}[log phi_n(x)], the objective
+    of one stage of `map_estimate`.
+
+    Args:
+        model: a `gkl_jax.Model` over D variables.
+        w: (D,) float array.
+        eps2: the smoothing variance, a finite float >= 0 (scalar, or broadcasting against the sites).
+
+    Returns:
+        float scalar array.
+
+    Raises:
+        ValueError: eps2 negative or not finite, or w not of shape (D,).
+    """
     eps2 = as_float_array(eps2, "eps2")
     if is_concrete(eps2) and not bool(jnp.all(eps2 >= 0) & jnp.all(jnp.isfinite(eps2))):
         raise ValueError(f"eps2 (a variance) must be finite and >= 0, got {eps2}")

@@ -28,7 +28,17 @@ TRACE_COUNT = {"fit_batched": 0}
 
 def stack_models(models) -> Model:
     """One `Model` whose array leaves have a leading axis of length len(models) (every model must have the
-    same structure, shapes and dtypes). The result is meant for `fit_batched` or `jax.vmap`, not for `fit`."""
+    same structure, shapes and dtypes). The result is meant for `fit_batched` or `jax.vmap`, not for `fit`.
+
+    Args:
+        models: a non-empty sequence of `gkl_jax.Model`s of one structure, shapes and dtypes.
+
+    Returns:
+        `gkl_jax.Model` whose array leaves have shape (len(models), ...).
+
+    Raises:
+        ValueError: a single Model, an empty sequence, a member that is not a Model, or members that differ.
+    """
     if isinstance(models, Model):
         raise ValueError("models must be a sequence of gkl_jax.Model, got a single Model (pass [model] for a "
                          "batch of one)")
@@ -84,17 +94,25 @@ def fit_batched(models, factor=None, *, q0: Gaussian | None = None, mesh: Mesh |
                 axis: str | None = None, **fit_kwargs) -> Result:
     """`gkl_jax.fit` on every model of a batch, as one compiled, vectorised program.
 
-    - `models`: a sequence of `Model`s of one shape, or a model already stacked by `stack_models` (a single,
-      unstacked Model is refused with a ValueError, see `check_stacked`).
-    - `factor`, `fit_kwargs` (solver, tol, max_steps, whiten, max_cg): as in `gkl_jax.fit`, shared by all.
-    - `q0`: optional warm starts, a `Gaussian` whose leaves carry the same leading batch axis.
-    - `mesh`, `axis`: optionally split the batch over the devices along the mesh axis `axis` (default: the
-      mesh's first axis); the members are independent, so no data moves between devices except the
-      while-loop's "any member still running" flag.
-
-    Returns one `Result` whose leaves have a leading batch axis (result.q.mean[i], result.log_z[i], ...).
     Compiles once per (batch shape, factor, options): `gkl_jax.distributed.TRACE_COUNT`. Warns with the
     indices of members that did not converge.
+
+    Args:
+        models: a sequence of `Model`s of one shape, or a model already stacked by `stack_models` (a single,
+            unstacked Model is refused, see `check_stacked`).
+        factor: the covariance factor shared by all members, as in `gkl_jax.fit`.
+        q0: optional warm starts, a `gkl_jax.Gaussian` whose leaves carry the same leading batch axis.
+        mesh: optionally split the batch over the devices of this `jax.sharding.Mesh`; the members are
+            independent, so no data moves between devices except the while-loop's "any member still running"
+            flag.
+        axis: the mesh axis to split along (default: the mesh's first axis).
+        **fit_kwargs: solver, tol, max_steps, whiten, max_cg: as in `gkl_jax.fit`, shared by all.
+
+    Returns:
+        `gkl_jax.Result` whose leaves have a leading batch axis (result.q.mean[i], result.log_z[i], ...).
+
+    Raises:
+        ValueError: models not a batch of one shape, q0 without the same batch axis, or a bad mesh/axis.
     """
     stacked = check_stacked(models) if isinstance(models, Model) else stack_models(models)
     size = batch_size_of(stacked)

@@ -1,6 +1,6 @@
 """Data-parallel G-KL over devices: the site axis (rows of H and the per-site data) split over a device mesh.
 
-The bound (papers/000 eq. 7) is a sum over sites of terms that touch only (m, C) and the site's own row, so
+The bound (Challis & Barber 2013, eq. 7) is a sum over sites of terms that touch only (m, C) and the site's own row, so
 with H and the per-site arrays sharded by rows and q replicated, every device computes its sites' projections
 m_n = h_n^T m and s_n^2 = ||C h_n||^2, their expectations and the matching pieces of the gradient locally;
 the sums over sites (the bound, grad_m = H^T alpha, grad_C, and the same sums in every Hessian-vector product)
@@ -38,7 +38,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from .._model import Model, Sites
 from .._validate import as_list
-from ..operators import Dense, Identity
+from ..operators import AbstractOperator, Dense, Identity
 from ..stochastic import SelectRows
 
 SITE_AXIS = "sites"
@@ -46,7 +46,18 @@ SITE_AXIS = "sites"
 
 def site_mesh(devices=None, axis: str = SITE_AXIS) -> Mesh:
     """A 1-D mesh over `devices` (default: `jax.devices()`, i.e. every device of every process) whose only
-    axis, named `axis`, carries the sites. The axis is `AxisType.Auto`: XLA propagates the shardings."""
+    axis, named `axis`, carries the sites. The axis is `AxisType.Auto`: XLA propagates the shardings.
+
+    Args:
+        devices: a sequence of distinct `jax.Device`s, or None for `jax.devices()`.
+        axis: the axis name (a non-empty string, default "sites").
+
+    Returns:
+        `jax.sharding.Mesh` of shape (len(devices),).
+
+    Raises:
+        ValueError: devices empty, not jax Devices or repeated, or axis not a non-empty string.
+    """
     devices = jax.devices() if devices is None else _device_list(devices)
     if not devices:
         raise ValueError("devices must name at least one device")
@@ -104,6 +115,7 @@ def _site_rows(sites: Sites, dim: int, start: int, stop: int, place, shared) -> 
     op = sites.operator(dim)
     n = op.shape[0]
     is_site = lambda x: eqx.is_array(x) and x.ndim >= 1 and x.shape[0] == n
+    H: AbstractOperator
     if isinstance(op, Dense):
         H = Dense(place(op.matrix[start:stop]))
     elif isinstance(op, Identity):
@@ -130,6 +142,19 @@ def shard_sites(model: Model, mesh: Mesh | None = None, *, axis: str = SITE_AXIS
     holding only its own rows, N_local a multiple of its local device count on the axis; the global arrays
     are assembled with `jax.make_array_from_process_local_data` in process order.
     H must be dense (or None, the identity); sparse and matrix-free operators raise ValueError.
+
+    Args:
+        model: a `gkl_jax.Model`.
+        mesh: a `jax.sharding.Mesh` with the axis `axis` (default `site_mesh()`).
+        axis: the mesh axis that carries the sites (default "sites").
+        process_local: each process passes only its own rows (multi-host; default False).
+
+    Returns:
+        `gkl_jax.Model` with the same bound, its site arrays sharded over `axis`.
+
+    Raises:
+        ValueError: model not a Model, mesh without `axis`, a sparse or matrix-free H, or (process_local) a
+            local row count that is not a multiple of the local devices.
     """
     if not isinstance(model, Model):
         raise ValueError(f"model must be a gkl_jax.Model, got {type(model).__name__}")
@@ -156,11 +181,27 @@ def shard_sites(model: Model, mesh: Mesh | None = None, *, axis: str = SITE_AXIS
 
 
 def replicate(tree, mesh: Mesh):
-    """Every array leaf of `tree` (e.g. a warm-start `Gaussian`) replicated on every device of `mesh`."""
+    """Every array leaf of `tree` (e.g. a warm-start `Gaussian`) replicated on every device of `mesh`.
+
+    Args:
+        tree: any pytree (array leaves are placed; other leaves are kept).
+        mesh: a `jax.sharding.Mesh`.
+
+    Returns:
+        the same pytree with its arrays replicated on the mesh.
+    """
     sharding = NamedSharding(mesh, PartitionSpec())
     return jax.tree.map(lambda x: jax.device_put(x, sharding) if eqx.is_array(x) else x, tree)
 
 
 def compiled_text(fn, *args) -> str:
-    """The optimised HLO text XLA compiles `jax.jit(fn)(*args)` to (inspect it for `all-reduce`)."""
-    return jax.jit(fn).lower(*args).compile().as_text()
+    """The optimised HLO text XLA compiles `jax.jit(fn)(*args)` to (inspect it for `all-reduce`).
+
+    Args:
+        fn: a function that `jax.jit` can compile.
+        *args: its arguments.
+
+    Returns:
+        str, the compiled module's HLO text.
+    """
+    return str(jax.jit(fn).lower(*args).compile().as_text())

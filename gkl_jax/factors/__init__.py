@@ -1,4 +1,4 @@
-"""Structured Cholesky factors C of the G-KL covariance S = C^T C (papers/000, Section 4.1).
+"""Structured Cholesky factors C of the G-KL covariance S = C^T C (Challis & Barber 2013, Section 4.1).
 
 | factor | S | cost of s_n^2 (dense H) | concave |
 |---|---|---|---|

@@ -1,4 +1,4 @@
-"""The banded upper-triangular Cholesky factor (papers/000, Section 4.1.3, "Banded Cholesky")."""
+"""The banded upper-triangular Cholesky factor (Challis & Barber 2013, Section 4.1.3, "Banded Cholesky")."""
 
 from typing import ClassVar, Optional
 
@@ -28,12 +28,13 @@ def _block_tables(dim: int, bandwidth: int):
 
 
 class Banded(AbstractFactor):
-    """C upper triangular with C_ij = 0 for j > i + B (papers/000 §4.1.3): B = `bandwidth` super-diagonals.
+    """C upper triangular with C_ij = 0 for j > i + B (Challis & Barber 2013, §4.1.3): B = `bandwidth`
+    super-diagonals.
 
-    Convention: `bandwidth=0` is the diagonal factor and `bandwidth=D-1` the full one. (papers/001 Table 2 calls the
-    diagonal factor "bandwidth 1", i.e. it counts the main diagonal; here the bandwidth counts the super-diagonals,
-    as in the definition C_ij = 0 for j > i + B.) S = C^T C is banded with the same bandwidth: the covariance of
-    variables more than B indices apart is zero, while the precision is in general dense.
+    Convention: `bandwidth=0` is the diagonal factor and `bandwidth=D-1` the full one. (Challis & Barber 2011, Table 2
+    calls the diagonal factor "bandwidth 1", i.e. it counts the main diagonal; here the bandwidth counts the
+    super-diagonals, as in the definition C_ij = 0 for j > i + B.) S = C^T C is banded with the same bandwidth: the
+    covariance of variables more than B indices apart is zero, while the precision is in general dense.
 
     Band storage: `bands[k, i] = C[i, i + k]`, shape (B + 1, D); the entries with i + k >= D are structural zeros,
     kept at zero and masked out of every computation (zero gradient). O(D B) storage.
@@ -42,6 +43,13 @@ class Banded(AbstractFactor):
     shifted products for B < 8), O(nnz(H) B) for sparse BCOO H, O(D B) for the identity. Matrix-free H is not
     supported (it would need D operator products); `project_variances` raises a ValueError for it.
     Concave in (m, C) for log-concave sites (a linear restriction of the full Cholesky factor).
+
+    Args:
+        bandwidth: B, the number of super-diagonals (int >= 0, less than D).
+        bands: a (B + 1, D) finite float array, or None for a template.
+
+    Raises:
+        ValueError: bandwidth not a non-negative int or >= D, or bands of the wrong shape or not finite.
     """
 
     bandwidth: int = eqx.field(static=True)
@@ -81,6 +89,11 @@ class Banded(AbstractFactor):
         return i + k < self.dim
 
     def masked_bands(self):
+        """The band storage with its structural zeros (i + k >= D) set to 0.
+
+        Returns:
+            (B + 1, D) float array, `[k, i] = C[i, i + k]`.
+        """
         return jnp.where(self._valid(), self.bands, 0.0)
 
     def _diagonal_gather(self, values):

@@ -1,4 +1,4 @@
-"""Cholesky factors C of the G-KL covariance S = C^T C (papers/000, Section 4).
+"""Cholesky factors C of the G-KL covariance S = C^T C (Challis & Barber 2013, Section 4).
 
 A factor is created as a template (`Full()`, `Diagonal()`, ...) and filled by `initialise(dim, variances)`
 when the fit knows D. Every factor implements the same small interface, so the bound, the solvers,
@@ -25,14 +25,30 @@ from .._linalg import tdot
 
 
 class AbstractFactor(eqx.Module):
-    """`concave`: the bound is concave in this parametrisation for log-concave sites (Challis & Barber 2013,
-    Section 3.2); `gkl_jax.solvers.default_solver` reads it."""
+    """A parametrisation C of the G-KL covariance S = C^T C (Challis & Barber 2013, Section 4), created as a
+    template (no arrays) and filled by `initialise` when the fit knows D. The class variable `concave` says
+    whether the bound is concave in this parametrisation for log-concave sites (Section 3.2);
+    `gkl_jax.solvers.default_solver` reads it.
+
+    Attributes:
+        concave: bool class variable, whether the bound is concave in this parametrisation for log-concave sites.
+        is_initialised: bool property, False for a template (its arrays are None).
+        dim: int property, D (an initialised factor only).
+    """
 
     concave: eqx.AbstractClassVar[bool]
 
     @abc.abstractmethod
     def initialise(self, dim: int, variances):
-        """A filled factor of dimension `dim` with S = diag(variances) (or the nearest the structure allows)."""
+        """A filled factor of dimension `dim` with S = diag(variances) (or the nearest the structure allows).
+
+        Args:
+            dim: D, an int >= 1.
+            variances: a positive scalar or a (D,) float array of starting marginal variances.
+
+        Returns:
+            a factor of the same type and structure, initialised.
+        """
 
     @property
     @abc.abstractmethod
@@ -44,63 +60,148 @@ class AbstractFactor(eqx.Module):
 
     @abc.abstractmethod
     def logdet(self):
-        """log det S."""
+        """log det S = 2 log |det C|.
+
+        Returns:
+            float scalar.
+        """
 
     @abc.abstractmethod
     def project_variances(self, op):
-        """s_n^2 = h_n^T S h_n = ||C h_n||^2 for every row h_n of `op`."""
+        """The projected variances s_n^2 = h_n^T S h_n = ||C h_n||^2 for every row h_n of `op` (the hot path of the
+        bound, Challis & Barber 2013, eq. 7).
+
+        Args:
+            op: a `gkl_jax.operators` operator of shape (N, D).
+
+        Returns:
+            (N,) float array.
+        """
 
     def mean_field_start(self, model) -> bool:
         """Whether `fit`, given this template and `model`, starts from `from_mean_field` (after a Diagonal fit)
-        instead of `initialise` (`gkl_jax._start`)."""
+        instead of `initialise` (`gkl_jax._start`).
+
+        Args:
+            model: the `gkl_jax.Model` to be fitted.
+
+        Returns:
+            bool (False by default).
+        """
         return False
 
     def from_mean_field(self, dim: int, mean_field, precision):
-        """A factor to start fitting from, given the Diagonal optimum `mean_field` (a Gaussian) and `precision()`,
-        which returns the dense (D, D) precision A = Sigma^{-1} + sum H^T diag(Gamma) H at it (eq. 10). By
-        default `initialise` with the mean-field variances."""
+        """A factor to start fitting from, given the Diagonal optimum. By default `initialise` with the mean-field
+        variances.
+
+        Args:
+            dim: D.
+            mean_field: the `gkl_jax.Gaussian` of the Diagonal fit.
+            precision: a callable returning the dense (D, D) precision A = Sigma^{-1} + sum H^T diag(Gamma) H at
+                the mean-field optimum (Challis & Barber 2013, eq. 10).
+
+        Returns:
+            an initialised factor of this type.
+        """
         return self.initialise(dim, mean_field.factor.marginal_variances())
 
     def project(self, op, mean):
         """(m_n, s_n^2) = (h_n^T m, h_n^T S h_n) for every row h_n of `op`; factors whose s_n^2 come from a product
-        H X override it to take H m from the same product."""
+        H X override it to take H m from the same product.
+
+        Args:
+            op: a `gkl_jax.operators` operator of shape (N, D).
+            mean: (D,) float array m.
+
+        Returns:
+            (m, s2): two (N,) float arrays.
+        """
         return op.mv(mean), self.project_variances(op)
 
     @abc.abstractmethod
     def marginal_variances(self):
-        """diag(S)."""
+        """The marginal variances diag(S).
+
+        Returns:
+            (D,) float array.
+        """
 
     def trace(self):
-        """tr S = sum diag(S); factors override it where a closed form is cheaper than diag(S)."""
+        """tr S = sum diag(S); factors override it where a closed form is cheaper than diag(S).
+
+        Returns:
+            float scalar.
+        """
         return jnp.sum(self.marginal_variances())
 
     @abc.abstractmethod
     def dense(self):
-        """The factor as a dense (D, D) matrix C with S = C^T C."""
+        """The factor as a dense matrix C with S = C^T C.
+
+        Returns:
+            (D, D) float array.
+        """
 
     @abc.abstractmethod
     def matvec(self, v):
-        """C v."""
+        """The product C v.
+
+        Args:
+            v: (D,) float array.
+
+        Returns:
+            (D,) float array.
+        """
 
     @abc.abstractmethod
     def rmatvec(self, z):
-        """C^T z."""
+        """The product C^T z (sampling: w = m + C^T z).
+
+        Args:
+            z: (D,) float array.
+
+        Returns:
+            (D,) float array.
+        """
 
     def covariance_mv(self, v):
-        """S v = C^T (C v)."""
+        """The covariance product S v = C^T (C v).
+
+        Args:
+            v: (D,) float array.
+
+        Returns:
+            (D,) float array.
+        """
         return self.rmatvec(self.matvec(v))
 
     def covariance(self):
+        """The covariance S = C^T C as a dense matrix.
+
+        Returns:
+            (D, D) float array.
+        """
         C = self.dense()
         return tdot(C, C)
 
 
 class AbstractFixedPointFactor(AbstractFactor):
-    """A factor whose optimal value for fixed Gamma (eq. 10) has a closed form."""
+    """A factor whose optimal value for fixed Gamma (Challis & Barber 2013, eq. 10) has a closed form.
+    """
 
     @abc.abstractmethod
     def fixed_point(self, prior, sites_ops, gammas):
-        """The factor of S = (Sigma^{-1} + sum_sites H^T diag(Gamma) H)^{-1}, within this structure."""
+        """The factor of S = (Sigma^{-1} + sum_sites H^T diag(Gamma) H)^{-1} (Challis & Barber 2013, eq. 10), within
+        this structure.
+
+        Args:
+            prior: the model's `gkl_jax.priors` prior, or None.
+            sites_ops: a sequence of the site groups' operators, each (N_g, D).
+            gammas: a sequence of (N_g,) float arrays, the site curvatures Gamma_nn = -E[(log phi_n)''] of each group.
+
+        Returns:
+            an initialised factor of this type.
+        """
 
 
 def check_initialised(factor):

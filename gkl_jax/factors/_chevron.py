@@ -1,4 +1,5 @@
-"""The chevron Cholesky factor (papers/000, Section 4.1.3, "Chevron Cholesky"; papers/001 Section 4.1)."""
+"""The chevron Cholesky factor (Challis & Barber 2013, Section 4.1.3, "Chevron Cholesky"; Challis & Barber 2011,
+Section 4.1)."""
 
 from typing import ClassVar, Optional
 
@@ -14,7 +15,7 @@ from ._kernels import broadcast_variances, check_count, check_shape, low_rank_pr
 
 class Chevron(AbstractFactor):
     """C_ij = Theta_ij for j >= i and i < K (the first K rows, upper triangular), C_ii = d_i for i >= K, 0 otherwise
-    (papers/000 §4.1.3 with K = `rows`, the number of non-diagonal rows).
+    (Challis & Barber 2013, §4.1.3 with K = `rows`, the number of non-diagonal rows).
 
     `rows` is at least 1 (`Diagonal()` is the factor without dense rows) and `rows=D` (or D - 1) gives the full
     one. S = C^T C is in general dense while the precision is sparse; the first K variables carry the
@@ -26,6 +27,14 @@ class Chevron(AbstractFactor):
     Cost of s_n^2 = ||Theta h_n||^2 + sum_{i >= K} d_i^2 h_ni^2 (App. D): O(N D K) for dense H, O(nnz(H) K) for
     sparse BCOO H, and K operator products H X plus one (H o H) v for matrix-free operators; every kind of H is
     supported. Concave in (m, C) for log-concave sites.
+
+    Args:
+        rows: K, the number of dense rows (int >= 1, at most D).
+        theta: a (K, D) finite float array (its upper triangle is used), or None (with d) for a template.
+        d: a (D - K,) finite float array, the diagonal of the remaining rows, or None.
+
+    Raises:
+        ValueError: rows < 1 or > D, only one of theta/d, or arrays of the wrong shape or not finite.
     """
 
     rows: int = eqx.field(static=True)
@@ -71,7 +80,11 @@ class Chevron(AbstractFactor):
         return Chevron(K, theta, jnp.sqrt(v[K:]))
 
     def upper_rows(self):
-        """Theta with its structural zeros (j < i) masked: the first K rows of C."""
+        """Theta with its structural zeros (j < i) masked: the first K rows of C.
+
+        Returns:
+            (K, D) float array.
+        """
         return jnp.triu(self.theta)
 
     def _tail(self, values):

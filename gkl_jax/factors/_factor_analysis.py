@@ -1,4 +1,5 @@
-"""The factor-analysis covariance S = Theta Theta^T + diag(psi) (papers/000, Section 4.1.2 and App. B.1-B.3)."""
+"""The factor-analysis covariance S = Theta Theta^T + diag(psi) (Challis & Barber 2013, Section 4.1.2 and
+App. B.1-B.3)."""
 
 from typing import ClassVar, Optional
 
@@ -13,7 +14,6 @@ from .._validate import as_float_array, check_finite, check_ndim
 from ._base import AbstractFactor, check_initialised
 from ._kernels import broadcast_variances, check_count, check_shape, low_rank_projection, operator_kind
 
-
 UNIQUENESS_FLOOR = 1e-6
 """The default `floor`: psi_i >= 1e-6 ||theta_i||^2 (`FactorAnalysis`)."""
 
@@ -24,41 +24,26 @@ HEYWOOD_MAX_DIM = 4096
 
 
 class FactorAnalysis(AbstractFactor):
-    """S = Theta Theta^T + diag(psi) with a (D, K) loading matrix Theta, K = `rank` (papers/000 §4.1.2), and the
-    uniquenesses psi_i = d_i^2 + `floor` ||theta_i||^2 (theta_i: row i of Theta; `floor` = 1e-6 by default, 0
+    """S = Theta Theta^T + diag(psi) with a (D, K) loading matrix Theta, K = `rank` (Challis & Barber 2013, §4.1.2), and
+    the uniquenesses psi_i = d_i^2 + `floor` ||theta_i||^2 (theta_i: row i of Theta; `floor` = 1e-6 by default, 0
     gives the paper's family exactly).
 
     log det S = sum_i log psi_i + log det(I_K + Theta^T diag(1/psi) Theta) by the matrix determinant lemma
     (App. B.1), O(D K^2); s_n^2 = ||Theta^T h_n||^2 + sum_i psi_i H_ni^2 (App. B.2), O(N D K) for dense H,
     O(nnz(H) K) for sparse BCOO H, and K operator products for matrix-free operators (every kind of H is supported).
+    The floor bounds the condition number of the capacitance matrix by about 1 + 1e6 D, so that `logdet` can use
+    the lemma over all rows; with a smaller floor (0 included, or float32) it splits off the K most covered rows
+    instead, exact where psi_i -> 0.
 
-    The paper's uniquenesses are d_i^2. The default term 1e-6 ||theta_i||^2 bounds the condition number of the
-    capacitance matrix by about 1 + 1e6 D, so that `logdet` can use the matrix determinant lemma over all rows;
-    with a smaller floor (0 included, or float32) it splits off the K most covered rows instead (exact to 1e-13
-    with psi_i = 0). Before that split, `floor=0` fits on 3 of 10 synthetic logistic problems at D = 1000,
-    N = 500, K = 100 drove d_i to 2e-11 and stalled after 786-1015 steps with log det S 0.86 too high (the bound
-    was not a lower bound); with the split all 10 converge from the random start in 99-135 steps (of 4 compared
-    with floored fits, 3 reach the same bound to 5 digits, one another local optimum 2.7e-4 per point lower).
-
-    Heywood optima. On those problems with N <= D every optimum L-BFGS finds from a random start has K
-    uniquenesses at the floor (psi_i / S_ii = 1e-6, or 1e-16 with `floor=0`): S is then the Chevron(rows=K)
-    family with those K coordinates first (the others independent given them), and the bound equals Chevron's
-    optimum on the permuted problem (5 digits at D = 500, N = 500, K = 50; 1e-8 at D = 16 with `floor=0`). L-BFGS
-    spent most of its 130-230 steps there choosing these K coordinates. At N = 5 D (D = 1000, K = 100) only 12 of
-    the 100 reach the floor.
-
-    `start="heywood"` (the default) therefore starts `fit` from a template on such a point: a Diagonal fit gives
-    the precision A of a Gaussian approximation, `from_precision` picks the K coordinates greedily and sets S to
-    that Gaussian's optimum in the Heywood family, and L-BFGS takes it from there (`Result.num_steps` counts its
-    steps, not the Diagonal fit's). On Tables 2-4's 18 cells (10 data sets each, benchmarks/README §2): 9-41 steps
-    against 64-314 from `start="random"`, 1.5-5.9x less time, and a bound higher in every data set where N <= D
-    (by 2.5e-4 to 3.2e-3 per point) and lower in every one where N = 5 D (by 1e-4 to 6.9e-4 per point), where the
-    random start's optima are not all Heywood points; the test log-likelihood was 0.0005-0.004 per point lower
-    where N <= D. The first call compiles the Diagonal fit too (5-7 s instead of 2-4 s). A is dense: where
-    D > 4096 (`HEYWOOD_MAX_DIM`), A is singular or the start's bound is not finite, `fit` starts at random.
-    `start="random"`: Theta a small deterministic random matrix, d^2 the initial variances (papers/000's start;
-    Theta = 0 is a saddle point of the bound). A factor given with `theta` and `d`, or a `q0`, is started from as
-    given.
+    Heywood optima: where N <= D the optima L-BFGS finds from a random start have K uniquenesses at the floor, so
+    S is the Chevron(rows=K) family with those K coordinates first. `start="heywood"` (the default) therefore
+    starts `fit` on such a point: a Diagonal fit gives the precision A of a Gaussian approximation,
+    `from_precision` picks the K coordinates greedily and sets S to that Gaussian's optimum in the Heywood family,
+    and L-BFGS takes it from there (`Result.num_steps` counts its steps, not the Diagonal fit's). Where
+    D > 4096 (`HEYWOOD_MAX_DIM`; A is dense), A is singular or the start's bound is not finite, `fit` starts at
+    random. `start="random"`: Theta a small deterministic random matrix, d^2 the initial variances (the start of
+    Challis & Barber 2013; Theta = 0 is a saddle point of the bound). A factor given with `theta` and `d`, or a
+    `q0`, is started from as given. The measurements behind these choices are on the docs' design-decisions page.
 
     The bound is NOT concave in (Theta, d) (log det S is not even unimodal, §4.1.2): `fit` uses L-BFGS and may stop
     at a local optimum, which depends on the start.
@@ -66,6 +51,16 @@ class FactorAnalysis(AbstractFactor):
     `dense()` returns the square root C = (I + Q diag(sqrt(1 + sigma^2) - 1) Q^T) diag(sqrt(psi)), with
     diag(psi^{-1/2}) Theta = Q diag(sigma) V^T (thin SVD), so that C^T C = S; C is not triangular. It is formed in
     O(D K^2) by `matvec`/`rmatvec` (used for sampling) and densely only by `dense()`.
+
+    Args:
+        rank: K, the number of factors (int >= 0, at most D).
+        theta: a (D, K) finite float array, or None (with d) for a template.
+        d: a (D,) finite float array, or None (with theta) for a template.
+        floor: the uniqueness floor, a finite float >= 0 (default 1e-6).
+        start: "heywood" (default) or "random", the start `fit` uses for a template.
+
+    Raises:
+        ValueError: a bad rank, floor or start, only one of theta/d, or arrays of the wrong shape or not finite.
     """
 
     rank: int = eqx.field(static=True)
@@ -130,7 +125,17 @@ class FactorAnalysis(AbstractFactor):
         rest; then the optimum for the Gaussian N(., A^{-1}) within the Chevron family with H first, written as
         factor analysis: Theta = Sigma_{:,H} L^{-T} with L L^T = Sigma_HH (Sigma = A^{-1}; Theta Theta^T is the
         Nystrom approximation of Sigma on H), d_H = 0 and d_r = A_rr^{-1/2} (q(w_H) is the exact marginal, and
-        q(w_R | w_H) has the exact conditional mean and the mean-field variances 1/A_rr). O(D^3 + K D^2)."""
+        q(w_R | w_H) has the exact conditional mean and the mean-field variances 1/A_rr). O(D^3 + K D^2).
+
+        Args:
+            precision: (D, D) symmetric positive-definite float array A.
+
+        Returns:
+            `FactorAnalysis` with this template's rank, floor and start, initialised.
+
+        Raises:
+            ValueError: rank > D.
+        """
         A = precision
         dim = A.shape[0]
         _check_rank(self.rank, dim)
@@ -149,7 +154,11 @@ class FactorAnalysis(AbstractFactor):
         return FactorAnalysis(self.rank, theta, d, floor=self.floor, start=self.start)
 
     def uniquenesses(self):
-        """psi = d^2 + floor ||theta_i||^2, the diagonal of S - Theta Theta^T."""
+        """The uniquenesses psi = d^2 + floor ||theta_i||^2, the diagonal of S - Theta Theta^T.
+
+        Returns:
+            (D,) float array.
+        """
         return jnp.square(self.d) + self.floor * jnp.sum(jnp.square(self.theta), axis=1)
 
     def logdet(self):
@@ -158,7 +167,8 @@ class FactorAnalysis(AbstractFactor):
         ||theta_i||^2 bounds the condition number of the K x K capacitance matrix by 1 + D / floor.
 
         Below that (`floor=0`, the paper's family, or float32), `_split_logdet`: the lemma cancels -inf against
-        +inf as psi_i -> 0 on rows Theta covers (a Heywood case, where the fits of papers/000 Tables 2-4 end up).
+        +inf as psi_i -> 0 on rows Theta covers (a Heywood case, where the fits of Challis & Barber 2013,
+        Tables 2-4 end up).
         With `floor=0` and two psi_i = 1e-22 it was 16 nats too high, so the bound exceeded log Z, and NaN from
         psi_i = 1e-18."""
         check_initialised(self)

@@ -1,4 +1,4 @@
-"""The full upper-triangular Cholesky factor (papers/000, Section 4.1) and the diagonal one."""
+"""The full upper-triangular Cholesky factor (Challis & Barber 2013, Section 4.1) and the diagonal one."""
 
 from typing import ClassVar, Optional
 
@@ -41,6 +41,13 @@ class Full(AbstractFixedPointFactor):
     """C upper triangular and dense: O(N D^2) per bound evaluation; the tightest G-KL bound.
 
     Only the upper triangle of `C` is used (the strictly lower part is masked out and inert).
+    (Challis & Barber 2013, Section 4.1.)
+
+    Args:
+        C: a (D, D) finite float array, or None for a template that `initialise` fills.
+
+    Raises:
+        ValueError: C not square, not 2-D or not finite.
     """
 
     C: Optional[jax.Array]
@@ -68,6 +75,11 @@ class Full(AbstractFixedPointFactor):
         return Full(jnp.diag(jnp.sqrt(broadcast_variances(variances, dim))))
 
     def upper(self):
+        """The upper triangle of the stored C, the factor in use.
+
+        Returns:
+            (D, D) float array.
+        """
         return jnp.triu(self.C)
 
     def logdet(self):
@@ -97,7 +109,14 @@ class Full(AbstractFixedPointFactor):
 
 
 class Diagonal(AbstractFixedPointFactor):
-    """C = diag(d): the mean-field Gaussian. O(N D) per bound evaluation (O(nnz(H)) for sparse H)."""
+    """C = diag(d): the mean-field Gaussian. O(N D) per bound evaluation (O(nnz(H)) for sparse H).
+
+    Args:
+        d: a (D,) finite float array, or None for a template that `initialise` fills.
+
+    Raises:
+        ValueError: d not 1-D or not finite.
+    """
 
     d: Optional[jax.Array]
     concave: ClassVar[bool] = True

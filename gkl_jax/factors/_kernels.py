@@ -1,4 +1,4 @@
-"""Kernels shared by the structured factors (papers/000, Section 4.1.3 and App. D).
+"""Kernels shared by the structured factors (Challis & Barber 2013, Section 4.1.3 and App. D).
 
 The bottleneck of every bound evaluation is the projected variances s_n^2 = ||C h_n||^2 (App. D, last column).
 The structured factors compute them without ever forming a dense D x D matrix:
@@ -9,8 +9,9 @@ The structured factors compute them without ever forming a dense D x D matrix:
   chunking over the sites.
 - `column_slot_sq_norms`: sparse H and a C given column-wise (column j holds at most T entries);
   O(nnz(H) T) time and memory.
-- `site_curvatures`: Gamma_nn = -E[psi_n''] = -2 dI_n/ds_n^2 (papers/000 eq. 11 with the sign erratum of the
-  notes), the weights of the optimal precision Sigma^{-1} + H^T Gamma H (eq. 10) that the subspace basis uses.
+- `site_curvatures`: Gamma_nn = -E[psi_n''] = -2 dI_n/ds_n^2 (Challis & Barber 2013, eq. 11, signed so that
+  Gamma >= 0 for log-concave sites), the weights of the optimal precision Sigma^{-1} + H^T Gamma H (eq. 10) that
+  the subspace basis uses.
 """
 
 import jax

@@ -1,4 +1,5 @@
-"""The sparse Cholesky factor with a fixed sparsity pattern (papers/000, Section 4.1.3, "Sparse Cholesky")."""
+"""The sparse Cholesky factor with a fixed sparsity pattern (Challis & Barber 2013, Section 4.1.3, "Sparse
+Cholesky")."""
 
 from typing import ClassVar, Optional
 
@@ -9,8 +10,13 @@ import numpy as np
 
 from .._validate import as_float_array, check_finite, check_ndim
 from ._base import AbstractFactor, check_initialised, signed_log_abs_diag
-from ._kernels import (broadcast_variances, column_slot_sq_norms, column_slots_from_pattern, operator_kind,
-                       pattern_sq_norms_dense)
+from ._kernels import (
+    broadcast_variances,
+    column_slot_sq_norms,
+    column_slots_from_pattern,
+    operator_kind,
+    pattern_sq_norms_dense,
+)
 
 
 def _pattern(mask):
@@ -37,7 +43,7 @@ def _pattern(mask):
 
 class Sparse(AbstractFactor):
     """C upper triangular with a fixed sparsity pattern `mask` (a (D, D) boolean array containing the diagonal),
-    e.g. from domain knowledge of which variables are marginally dependent (papers/000 §4.1.3).
+    e.g. from domain knowledge of which variables are marginally dependent (Challis & Barber 2013, §4.1.3).
 
     Only the pattern's entries are stored: `values[e] = C[rows[e], cols[e]]` (nnz(C) parameters); the pattern's
     index tables are integer leaves computed once at construction.
@@ -45,6 +51,14 @@ class Sparse(AbstractFactor):
     Cost of s_n^2 = ||C h_n||^2: O(N nnz(C)) for dense H (a gather of rows of H^T and a segment sum, in chunks of
     sites), O(nnz(H) T) for sparse BCOO H, T the largest number of entries in a column of C, and O(nnz(C)) for the
     identity. Matrix-free H is not supported (ValueError). Concave in (m, C) for log-concave sites.
+
+    Args:
+        mask: a (D, D) boolean (or 0/1) upper-triangular array containing the diagonal.
+        values: a (nnz,) finite float array, one per mask entry in row-major order, or None for a template.
+
+    Raises:
+        ValueError: mask not square, not boolean, with entries below the diagonal or without the full diagonal;
+            values of the wrong length or not finite.
     """
 
     rows: jax.Array

@@ -1,4 +1,4 @@
-"""The subspace Cholesky factor (papers/000, Section 4.1.3 "Subspace Cholesky" and App. B.4)."""
+"""The subspace Cholesky factor (Challis & Barber 2013, Section 4.1.3 "Subspace Cholesky" and App. B.4)."""
 
 from typing import ClassVar, Optional
 
@@ -11,12 +11,20 @@ from .._linalg import invert_lower, tdot
 from .._validate import as_float_array, check_finite, check_ndim, is_concrete
 from ._base import check_initialised, signed_log_abs_diag
 from ._full import upper_factor_of_inverse
-from ._kernels import (broadcast_variances, check_count, check_shape, operator_kind, orthonormal, precision_mm,
-                       precision_trace, site_curvatures)
+from ._kernels import (
+    broadcast_variances,
+    check_count,
+    check_shape,
+    operator_kind,
+    orthonormal,
+    precision_mm,
+    precision_trace,
+    site_curvatures,
+)
+from ._krylov import _OVERSAMPLING, _extend_krylov, best_split, row_space_matrix
 from ._refinable import AbstractRefinableFactor
 
 BASIS_UPDATES = ("eigen", "gradient")
-_OVERSAMPLING = 10
 _DEFAULT_ITERATIONS = {"eigen": 2, "gradient": 4}
 """`basis_iterations` by default: Krylov steps of the eigen update, gradient steps of the gradient update."""
 
@@ -24,7 +32,7 @@ _DEFAULT_ITERATIONS = {"eigen": 2, "gradient": 4}
 class Subspace(AbstractRefinableFactor):
     """S = E C_1^T C_1 E^T + c^2 (I - E E^T): a K-dimensional orthonormal basis E (D, K) (the paper's E_1^T), an
     upper-triangular K x K factor C_1 inside the subspace and one standard deviation c in every direction
-    orthogonal to it (papers/000 §4.1.3 and App. B.4.1), K = `rank`.
+    orthogonal to it (Challis & Barber 2013, §4.1.3 and App. B.4.1), K = `rank`.
 
     s_n^2 = ||C_1 E^T h_n||^2 + c^2 (||h_n||^2 - ||E^T h_n||^2) and log det S = 2 sum_k log|C_1kk| + (D - K) log c^2,
     so with the projections E^T h_n and the norms ||h_n||^2 computed once per basis (the solvers hold E fixed, and
@@ -49,16 +57,27 @@ class Subspace(AbstractRefinableFactor):
       target the optimal (S_1, c) give KL = (D - K)/2 log(AM/GM) of the eigenvalues of A left outside the
       subspace, minimised by taking extreme eigenvalues from either end: with N < D (the smallest eigenvalues all
       1/v) the largest win by a wide margin, with N > D the smallest often do (tests/test_factors.py checks both).
-      One Krylov space serves both ends. The subspace iterations towards each end that it replaced, with 6
-      candidate bases, took 16 products with A per update against 3 and 6 bounds against 2, and ended lower: in
-      the 18 cells of papers/000 Tables 2-4 the fits are 1.2-1.8x faster, with the bound per point equal or up
-      to 0.002 higher (benchmarks/README §2). With an `Isotropic` prior, one dense site group and N + K <= D
-      (p > n regression) the same Krylov degree is reached in the row space of H, from N x N products
-      (`_row_space_refine`; the D-space update where the best split takes any of the smallest eigenvalues).
+      One Krylov space serves both ends (see the docs' design-decisions page). With an `Isotropic` prior, one dense site
+      group and N + K <= D (p > n regression) the same Krylov degree is reached in the row space of H, from N x N
+      products (`_row_space_refine`; the D-space update where the best split takes any of the smallest eigenvalues).
     - "gradient" (App. B.4.2): `basis_iterations` (default 4) steps of projected gradient ascent
       E <- orth(E + alpha dB/dE), each with a backtracking step size so that the bound increases.
 
     Concave in (m, C_1, c) for log-concave sites (s_n is a norm of a linear function of (C_1, c)).
+
+    Args:
+        rank: K, the subspace dimension (int >= 1, at most D).
+        basis: a (D, K) float array with orthonormal columns, or None (with C1 and c) for a template.
+        C1: a (K, K) float array (its upper triangle is used), or None.
+        c: a float scalar, the standard deviation outside the subspace, or None.
+        num_refinements: basis updates inside `gkl_jax.fit` (int >= 0, default 5).
+        basis_update: "eigen" (default) or "gradient".
+        basis_iterations: Krylov steps (eigen, default 2) or gradient steps (gradient, default 4), int >= 1.
+        free_basis: internal: True for the copy whose basis the gradient update differentiates (default False).
+
+    Raises:
+        ValueError: a bad rank, count or basis_update, only some of basis/C1/c, arrays of the wrong shape or not
+            finite, or a basis whose columns are not orthonormal.
     """
 
     rank: int = eqx.field(static=True)
@@ -136,17 +155,31 @@ class Subspace(AbstractRefinableFactor):
     def mean_field_start(self, model):
         """Where the N sites number at most D: `fit` then starts from the Diagonal optimum's mean and `initialise`
         with the mean of its variances (`AbstractFactor.from_mean_field`), so that the first refinement sees site
-        curvatures nearer the optimum's than those of the broad start. On Tables 2-4's 120 data sets with N <= D:
-        7-10 fewer Newton steps, 1.0-1.27x faster (1000 / 500 / 100: 0.283 -> 0.235 s), bounds within -8e-6 to
-        +2.2e-4 per point. Where N = 5 D it ended 2e-4 to 1.8e-3 per point lower and 4-19% slower, so there `fit`
-        starts as before (benchmarks/README §2)."""
+        curvatures nearer the optimum's than those of the broad start. Where N > D `fit` starts as before (the
+        measurements are on the docs' design-decisions page).
+
+        Args:
+            model: the `gkl_jax.Model` to be fitted.
+
+        Returns:
+            bool, whether the sites number at most D.
+        """
         return sum(sites.operator(model.dim).shape[0] for sites in model.sites) <= model.dim
 
     def E(self):
-        """The basis; held fixed (no gradient) unless this is the free-basis copy used by the gradient update."""
+        """The basis; held fixed (no gradient) unless this is the free-basis copy used by the gradient update.
+
+        Returns:
+            (D, K) float array E with orthonormal columns.
+        """
         return self.basis if self.free_basis else lax.stop_gradient(self.basis)
 
     def upper(self):
+        """The upper triangle of C1, the factor inside the subspace.
+
+        Returns:
+            (K, K) float array.
+        """
         return jnp.triu(self.C1)
 
     @property
@@ -336,57 +369,6 @@ class Subspace(AbstractRefinableFactor):
 
         E = lax.fori_loop(0, self.basis_iterations, step, lax.stop_gradient(self.basis))
         return self._replace(E, self.C1, self.c)
-
-
-def _extend_krylov(A, Q, AQ, keys, width):
-    """len(keys) more blocks of a block Krylov space: each the image of the last `width` columns of Q, orthogonalised
-    against the earlier blocks twice (BCGS2, the second time by one Cholesky QR pass). Returns (Q, A Q)."""
-    for k in keys:   # unrolled: a static number of blocks
-        AX = AQ[:, -width:]
-        # a perturbation at round-off level keeps the block full rank where the Krylov space is (nearly)
-        # invariant; there it only lets random directions join Q
-        scale = jnp.sqrt(jnp.finfo(AX.dtype).eps) * jnp.linalg.norm(AX) / jnp.sqrt(AX.size)
-        Y = AX + scale * jax.random.normal(k, AX.shape, AX.dtype)
-        Y = orthonormal(Y - Q @ (Q.T @ Y))
-        Y = orthonormal(Y - Q @ (Q.T @ Y), nearly_orthonormal=True)
-        Q = jnp.concatenate([Q, Y], axis=1)
-        AQ = jnp.concatenate([AQ, A(Y)], axis=1)
-    return Q, AQ
-
-
-def row_space_matrix(model, rank, basis_iterations):
-    """The dense H for which `Subspace` refines its basis in the row space of H (`Subspace._row_space_refine`): one
-    site group with a dense operator, an `Isotropic` prior, N + rank <= D and basis_iterations (rank + 10) <= N;
-    else None."""
-    from ..priors import Isotropic
-
-    if len(model.sites) != 1 or not isinstance(model.prior, Isotropic):
-        return None
-    op = model.sites[0].operator(model.dim)
-    if operator_kind(op) != "dense":
-        return None
-    N = op.shape[0]
-    if N + rank > model.dim or basis_iterations * (rank + _OVERSAMPLING) > N:
-        return None
-    return op.matrix
-
-
-def best_split(w, trace_A, dim, rank):
-    """The j in 0..K whose basis of the j largest and K - j smallest of the ascending Ritz values w of A has the
-    least KL for a Gaussian target with precision A: with optimal (S_1, c), KL = (D - K)/2 log(AM/GM) of the
-    eigenvalues outside the basis, which up to the constant log det A is
-
-        (D - K) log(tr A - sum_sel w) + sum_sel log w    (tr A exact; the unknown outside eigenvalues only
-                                                           through their sum)."""
-    if dim == rank:
-        return jnp.zeros((), int)
-    j = jnp.arange(rank + 1)
-    logs = jnp.log(jnp.maximum(w, jnp.finfo(w.dtype).tiny))
-    low, low_log = (jnp.concatenate([jnp.zeros(1, w.dtype), jnp.cumsum(v[:rank])]) for v in (w, logs))
-    high, high_log = (jnp.concatenate([jnp.zeros(1, w.dtype), jnp.cumsum(v[::-1][:rank])]) for v in (w, logs))
-    kept, kept_log = low[rank - j] + high[j], low_log[rank - j] + high_log[j]
-    outside = jnp.maximum(trace_A - kept, jnp.finfo(w.dtype).tiny)
-    return jnp.argmin((dim - rank) * jnp.log(outside) + kept_log)
 
 
 def _check_rank(rank, dim):

@@ -1,4 +1,4 @@
-"""Exact inference for a Gaussian prior with Gaussian sites (GP regression, papers/003 Ch. 2):
+"""Exact inference for a Gaussian prior with Gaussian sites (GP regression, Nickisch 2010, Ch. 2):
 
     p(w) = N(w | mu, Sigma) prod_n N(y_n | h_n^T w + o_n, v_n) / Z,
     log Z = log N(r | 0, H Sigma H^T + V),   r = y - o - H mu,   V = diag(v),
@@ -18,8 +18,8 @@ import equinox as eqx
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 
-from .._linalg import full_precision, tdot
 from .._gaussian import Gaussian
+from .._linalg import full_precision, tdot
 from .._model import Model
 from .._result import Result
 from ..factors import Full
@@ -46,10 +46,20 @@ def _stacked(model):
 
 @full_precision
 def exact(model: Model) -> Result:
-    """Exact posterior and log evidence of a model with a prior and Gaussian sites (see the module doc).
+    """Exact posterior and log evidence of a model with a prior and Gaussian sites (Rasmussen & Williams 2006,
+    Ch. 2; Nickisch 2010, Ch. 2; module doc).
 
-    Returns a `Result` with `method="exact"`; differentiable in every leaf of the model (hyperparameters,
-    noise variances, targets)."""
+    Args:
+        model: a `gkl_jax.Model` with a prior and only `gkl_jax.potentials.Gaussian` sites.
+
+    Returns:
+        `gkl_jax.Result` with `method="exact"`, q the posterior (a Full factor) and `log_z` the log evidence
+        (Titsias' collapsed bound where the sites carry a variance_offset); differentiable in every leaf of the
+        model (hyperparameters, noise variances, targets).
+
+    Raises:
+        ValueError: model not a Model, without a prior or sites, or with a non-Gaussian potential.
+    """
     if not isinstance(model, Model):
         raise ValueError(f"model must be a gkl_jax.Model, got {type(model).__name__}")
     if model.prior is None:

@@ -1,4 +1,4 @@
-"""ML-II hyperparameter learning on any method's evidence estimate (papers/000 Section 6.1.3 and App. F.2).
+"""ML-II hyperparameter learning on any method's evidence estimate (Challis & Barber 2013, Section 6.1.3 and App. F.2).
 
 `fit_hyperparameters(build, params, method=...)` maximises theta -> log Z_method(build(theta)), where `build`
 maps a pytree of hyperparameters (kernels, likelihoods, inducing inputs, plain arrays; positive quantities are
@@ -56,16 +56,19 @@ from ._hyper_loop import _CONVERGED, _LBFGS, _NOT_FINITE, _Objective, _run, _run
 class HyperResult(eqx.Module):
     """Outcome of `fit_hyperparameters`.
 
-    - `params`: the learned hyperparameter pytree (same structure as the input).
-    - `model`: `build(params)`, the model at the learned parameters (predict with `gp.predict(result,
-      model.prior, X_new)` without building it again).
-    - `result`: the inner `Result` at `params` (the posterior and log_z there).
-    - `log_z`: the method's evidence estimate at `params`.
-    - `num_steps`: accepted outer steps of the best run; `converged`: its stopping rule was met.
-    - `history`: log_z at the start and after each accepted outer step of the best run.
-    - `restart_log_z`: the final log_z of every run (first entry: the run from the given params).
-    - `num_inner_unconverged`: outer steps of the best run whose inner fit did not converge.
-    - `wall_time`: seconds for all runs (compilation included).
+    Attributes:
+        params: the learned hyperparameter pytree (same structure as the input).
+        model: `build(params)`, the `gkl_jax.Model` at the learned parameters (predict with
+            `gp.predict(result, model.prior, X_new)` without building it again).
+        result: the inner `gkl_jax.Result` at `params` (the posterior and log_z there).
+        log_z: float scalar array, the method's evidence estimate at `params`.
+        num_steps: int, accepted outer steps of the best run.
+        converged: bool, whether the best run's stopping rule was met.
+        history: float numpy array, log_z at the start and after each accepted outer step of the best run.
+        restart_log_z: (restarts + 1,) float numpy array, the final log_z of every run (first entry: the run
+            from the given params).
+        num_inner_unconverged: int, outer steps of the best run whose inner fit did not converge.
+        wall_time: float, seconds for all runs (compilation included).
     """
 
     params: Any
@@ -146,19 +149,42 @@ def fit_hyperparameters(build: Callable[[Any], Model], params, *, method: Union[
     step (or less than the inner fits' own accuracy, for G-KL GP models: `_advance`), or after `max_steps` outer
     steps or a failed line search (then `converged` is False, with a warning).
     For G-KL the inner fits stop at max |grad| <= gtol / 10 (in float32 not below 1e-3) unless `method_kwargs`
-    sets `tol` (on the thesis' classification sets, gtol = 1e-3: the learned bound and test log-likelihood agree
-    with inner tol 1e-6 to 5 digits, 15-30% faster); with the site-precision solver (GP models with log-concave
+    sets `tol`; with the site-precision solver (GP models with log-concave
     likelihoods) the tolerance is looser while the outer gradient is large (`_inner_tol`). Restarts add
     N(0, restart_scale^2) noise to every selected leaf (`key` defaults to PRNGKey(0)).
 
     With L-BFGS, the first trial of each line search moves no parameter by more than `max_step` (None: no
     limit); the step is shortened along the L-BFGS direction. Kernel parameters are stored as logarithms, so the
-    default 3 is a factor e^3 ~ 20 per step. Sonar's ML-II (10 splits): L-BFGS had jumped the log signal variance
-    by 6.5 on split 6 and then backtracked, with long inner fits at the rejected points; with the limit the median
-    fit takes 18.6 instead of 20.8 ms, the learned log Z equal to 1e-6. Ionosphere, breast cancer, pima and
-    Table 1's Laplace-likelihood G-KL column are unchanged; Table 1's exact column on slump reached a higher
-    optimum (LML 15.31 -> 15.62). Put parameters on comparable scales (or pass None) when some of them, e.g.
-    inducing inputs in raw units, need larger steps.
+    default 3 is a factor e^3 ~ 20 per step. Put parameters on comparable scales (or pass None) when some of
+    them, e.g. inducing inputs in raw units, need larger steps. (ML-II: Challis & Barber 2013, Section 6.1.3 and
+    App. F.2.)
+
+    Args:
+        build: a callable mapping `params` to a `gkl_jax.Model` (ideally an `eqx.Module` holding the data).
+        params: the initial hyperparameter pytree (kernels, likelihoods, arrays).
+        method: "gkl" / None (`gk.fit`), "exact" (`gp.exact`), a `gkl_jax.baselines` name ("laplace", "ep",
+            "local", ...) or a callable `method(model, **method_kwargs) -> Result`.
+        optimizer: "lbfgs" (default, with a line search) or an `optax.GradientTransformation`.
+        max_steps: outer steps per run (int >= 1, default 100).
+        gtol: gradient tolerance of the outer loop (>= 0, default 1e-4).
+        ftol: relative log_z change that stops the outer loop (>= 0, default 1e-9).
+        restarts: extra runs from perturbed params (int >= 0, default 0); the best run is returned.
+        key: a `jax.random` key for the restarts (default PRNGKey(0)).
+        restart_scale: standard deviation of the restarts' perturbation (>= 0, default 0.5).
+        filter_spec: an equinox filter pytree selecting the leaves to learn (default: every inexact array but a
+            likelihood's targets).
+        method_kwargs: static keyword options for `method` (no arrays).
+        warm_start: start each inner fit from the previous q where the method takes `q0` (default True).
+        jit: build the model inside the compiled objective (default by method, see above).
+        gradient: "reverse" or "forward" (default by method, see above).
+        max_step: the largest first move of a parameter in an L-BFGS line search (positive, or None; default 3).
+
+    Returns:
+        `HyperResult`.
+
+    Raises:
+        ValueError: build not callable or not returning a Model, arrays in method_kwargs, an unknown method or
+            optimizer, or a bad count, tolerance or max_step.
     """
     if not callable(build):
         raise ValueError(f"build must be a callable mapping params to a gkl_jax.Model, got {type(build).__name__}")

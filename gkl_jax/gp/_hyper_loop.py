@@ -5,7 +5,7 @@ run as one compiled `lax.while_loop` (`_run_jit`) or, for methods that need conc
 The line search is a state of this loop rather than a call of `gkl_jax._optim.backtrack`: every trial is a whole
 inner fit, so the loop has one call site of the objective (one trace) whether a step is accepted or halved."""
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Union
 
 import equinox as eqx
 import jax
@@ -112,8 +112,8 @@ class _Settings(eqx.Module):
     opt: optax.GradientTransformation
     linesearch: bool
     max_steps: int
-    gtol: jax.Array
-    ftol: jax.Array
+    gtol: Union[jax.Array, np.ndarray]
+    ftol: Union[jax.Array, np.ndarray]
     adaptive: bool = False  # the inner tolerance follows the outer gradient (`_inner_tol`)
     max_step: Any = np.inf  # the largest |change| of a parameter at a line search's first trial
 
@@ -205,7 +205,7 @@ def _advance(s: _State, v, g, r, settings: _Settings, exact=True) -> _State:
                    | (~accept & ~first & (-s.t * s.slope <= resolution)))
         failed = ~accept & ~settled & (first | (s.halvings + 1 >= MAX_HALVINGS))
     else:
-        settled, failed = False, ~accept
+        settled, failed = jnp.asarray(False), ~accept
     converged = exact & ((accept & (max_grad <= settings.gtol)) | settled)
     stopped = (accept & (k >= settings.max_steps)) | failed
     status = jnp.where(first & ~finite, _NOT_FINITE,

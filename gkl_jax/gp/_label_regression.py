@@ -1,4 +1,4 @@
-"""Label regression (LR, papers/003 Section 4.8): GP classification by regressing the labels.
+"""Label regression (LR, Nickisch 2010, Section 4.8): GP classification by regressing the labels.
 
 The labels y_n in {-1, +1} are treated as real targets of GP regression with noise variance sigma_n^2,
 
@@ -25,9 +25,21 @@ NOISE_SDS = (0.5, 0.75, 1.0, 1.5, 2.0)
 
 
 def label_regression(model: Model, noise_sds=NOISE_SDS) -> Result:
-    """Label regression on a binary classification `model` (a prior and `Sites` with `Logistic` or `Probit`
-    potentials). Returns a `Result` with `method="label_regression"` whose `log_z` is the G-KL bound of `model`
-    at the LR posterior (eq. 4.12); `noise_sds` is the grid of sigma_n (the thesis: [0.5, 2])."""
+    """Label regression on a binary classification `model`: GP regression on the labels, its noise chosen on
+    a grid (Nickisch 2010, Section 4.8).
+
+    Args:
+        model: a `gkl_jax.Model` with a prior and `Sites` with `Logistic` or `Probit` potentials.
+        noise_sds: the grid of noise standard deviations sigma_n, positive finite floats (default 0.5 ... 2,
+            the range of Nickisch 2010).
+
+    Returns:
+        `gkl_jax.Result` with `method="label_regression"` whose `log_z` is the G-KL bound of `model` at the LR
+        posterior (Nickisch 2010, eq. 4.12).
+
+    Raises:
+        ValueError: model not a Model, without a prior, with other potentials, or a bad noise_sds.
+    """
     if not isinstance(model, Model):
         raise ValueError(f"model must be a gkl_jax.Model, got {type(model).__name__}")
     if model.prior is None:
@@ -49,8 +61,8 @@ def label_regression(model: Model, noise_sds=NOISE_SDS) -> Result:
         regs.append(exact(Model(model.prior, sites)))
     # the best evidence, chosen with array operations so that jit and grad pass through (a NaN never wins)
     evidence = jnp.stack([r.log_z for r in regs])
-    i = jnp.argmax(jnp.where(jnp.isnan(evidence), -jnp.inf, evidence))
-    best = jax.tree.map(lambda *leaves: jnp.stack(leaves)[i], *regs)
+    winner = jnp.argmax(jnp.where(jnp.isnan(evidence), -jnp.inf, evidence))
+    best = jax.tree.map(lambda *leaves: jnp.stack(leaves)[winner], *regs)
     log_z = bound(model, best.q)
     return Result(q=best.q, log_z=log_z, converged=best.converged, num_steps=best.num_steps,
                   history=jnp.reshape(log_z, (1,)), method="label_regression", is_bound=True)

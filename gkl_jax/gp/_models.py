@@ -48,14 +48,41 @@ def check_likelihood(likelihood, num, what: str = "X"):
 
 def model(kernel: AbstractKernel, X, likelihood: AbstractPotential, *, mean=None, jitter: float = 1e-6) -> Model:
     """The full GP model `Model(GP(kernel, X, mean, jitter), Sites(None, likelihood))`, with the inputs and the
-    likelihood's targets checked against each other."""
+    likelihood's targets checked against each other (Challis & Barber 2013, Section 6.1).
+
+    Args:
+        kernel: a `gkl_jax.kernels` kernel.
+        X: (n, d) float array of inputs (an (n,) array is read as d = 1).
+        likelihood: a `gkl_jax.potentials` potential with n sites (or scalar data).
+        mean: None (zero), a scalar or an (n,) float array, the prior mean at X.
+        jitter: a non-negative float added to the Gram matrix's diagonal (default 1e-6).
+
+    Returns:
+        `gkl_jax.Model` over the n latent function values.
+
+    Raises:
+        ValueError: X not finite or more than 2-D, a likelihood that is not a potential or has another number of
+            sites, or a bad kernel, mean or jitter (see `gkl_jax.priors.GP`).
+    """
     X = _inputs(X, "X")
     check_likelihood(likelihood, X.shape[0])
     return Model(GP(kernel, X, mean=mean, jitter=jitter), Sites(None, likelihood))
 
 
 def sparse_projection(kernel: AbstractKernel, prior_u: GP, X):
-    """(H, k_nn - q_nn): the rows h_n = K_zz^{-1} k_zn (N x M) and the extra variances, clipped at 0."""
+    """The sparse GP's site projections h_n = K_zz^{-1} k_zn and extra variances k_nn - q_nn (clipped at 0).
+
+    Args:
+        kernel: the `gkl_jax.kernels` kernel.
+        prior_u: the `gkl_jax.priors.GP` over the M inducing values u = f(Z).
+        X: (N, d) float array of data inputs.
+
+    Returns:
+        (H, extra): (N, M) float array and (N,) float array.
+
+    Raises:
+        ValueError: kernel not a kernel, prior_u not a GP prior, or X not finite or more than 2-D.
+    """
     if not isinstance(kernel, AbstractKernel):
         raise ValueError(f"kernel must be a gkl_jax.kernels kernel, got {type(kernel).__name__}")
     if not isinstance(prior_u, GP):
@@ -73,8 +100,23 @@ def sparse_model(kernel: AbstractKernel, X, Z, likelihood: AbstractPotential, *,
     """The sparse GP model over u = f(Z) for data inputs X (N x d) and a likelihood with N sites.
 
     `mean` is None (zero), a constant, or an (N,) array of prior means at X (then the inducing mean is zero
-    unless a constant is given). Returns a `Model` whose prior is `GP(kernel, Z, ...)`: predict with
-    `gp.predict(result, model.prior, X_new)`.
+    unless a constant is given). Predict with `gp.predict(result, model.prior, X_new)`. Its G-KL optimum with a
+    Gaussian likelihood is Titsias' collapsed bound.
+
+    Args:
+        kernel: a `gkl_jax.kernels` kernel.
+        X: (N, d) float array of data inputs (an (N,) array is read as d = 1).
+        Z: (M, d) float array of inducing inputs.
+        likelihood: a `gkl_jax.potentials` potential with N sites (or scalar data).
+        mean: None (zero), a scalar, or an (N,) float array of prior means at X.
+        jitter: a non-negative float added to K_zz's diagonal (default 1e-6).
+
+    Returns:
+        `gkl_jax.Model` whose prior is `GP(kernel, Z, ...)` over the M inducing values.
+
+    Raises:
+        ValueError: kernel not a kernel, inputs not finite or with different d, a likelihood with another number
+            of sites, or a mean of the wrong shape.
     """
     if not isinstance(kernel, AbstractKernel):
         raise ValueError(f"kernel must be a gkl_jax.kernels kernel, got {type(kernel).__name__}")

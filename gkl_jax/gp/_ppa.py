@@ -1,4 +1,4 @@
-"""King & Lawrence's PPA for GP classification and their KL-corrected bound (papers/004; notes Part B).
+"""King & Lawrence's PPA for GP classification and their KL-corrected bound (King & Lawrence 2006).
 
 Model: p(y_n | f_n) (probit, or any binary likelihood), f = fbar + noise, p(f | fbar) = N(f | fbar, v I) with
 v = 1 / beta, and the GP prior p(fbar) = N(0, K_theta). The variational posterior is q(fbar) q(f) with
@@ -47,7 +47,12 @@ LOG_2PI = jnp.log(2 * jnp.pi)
 
 
 class PPAParams(eqx.Module):
-    """The hyperparameters learned by PPA: the kernel and log v (v = 1 / beta, the augmentation noise)."""
+    """The hyperparameters learned by PPA (King & Lawrence 2006).
+
+    Args:
+        kernel: the `gkl_jax.kernels` kernel.
+        log_noise: float scalar array, log v (v = 1 / beta, the augmentation noise); `noise` is v.
+    """
 
     kernel: AbstractKernel
     log_noise: jax.Array
@@ -71,9 +76,20 @@ class PPAStats(eqx.Module):
 
 
 class PPAResult(eqx.Module):
-    """Outcome of `ppa`: learned `params`, the final E-step `stats`, the monitored bound per outer iteration
-    (`history`), both bounds per iteration (`history_standard`, `history_corrected`), iteration count, whether
-    the tolerance was met, and the wall time (compilation included)."""
+    """Outcome of `ppa` (King & Lawrence 2006).
+
+    Attributes:
+        params: the learned `PPAParams`.
+        stats: the final E-step's statistics (q(fbar) = N(mu, C), the q(f_n) moments, both bounds).
+        X: (n, d) float array, the training inputs.
+        history: (num_iters,) float numpy array, the monitored bound per outer iteration.
+        history_standard: (num_iters,) float numpy array, the standard bound L per iteration.
+        history_corrected: (num_iters,) float numpy array, the KL-corrected bound L' per iteration.
+        num_iters: int, outer iterations run.
+        converged: bool, whether the monitored bound settled to `tol`.
+        wall_time: float, seconds (compilation included).
+        corrected_m_step: bool, whether the M-step used L'.
+    """
 
     params: PPAParams
     stats: PPAStats
@@ -96,7 +112,18 @@ def _log_z(lik, mut, v):
 
 
 def standard_bound(params, stats, X, jitter):
-    """L(theta, v) of eq. 6 at the fixed q(fbar) = N(mu, C) and q(f) of `stats`."""
+    """The standard bound L(theta, v) of King & Lawrence (2006), eq. 6, at the fixed q(fbar) = N(mu, C) and q(f)
+    of `stats`.
+
+    Args:
+        params: `PPAParams` (kernel and log v).
+        stats: an E-step's `PPAStats`.
+        X: (n, d) float array of inputs.
+        jitter: the float added to the Gram matrix's diagonal.
+
+    Returns:
+        float scalar array.
+    """
     K = _gram(params.kernel, X, jitter)
     N = X.shape[0]
     v = params.noise
@@ -113,7 +140,18 @@ def standard_bound(params, stats, X, jitter):
 
 
 def corrected_bound(params, stats, X, jitter):
-    """L'(theta, v) of eq. 9-10: log N(<f> | 0, K + v I) - sum_n Var(f_n) / (2 v) + const."""
+    """The KL-corrected bound L'(theta, v) of King & Lawrence (2006), eq. 9-10:
+    log N(<f> | 0, K + v I) - sum_n Var(f_n) / (2 v) + const.
+
+    Args:
+        params: `PPAParams` (kernel and log v).
+        stats: an E-step's `PPAStats`.
+        X: (n, d) float array of inputs.
+        jitter: the float added to the Gram matrix's diagonal.
+
+    Returns:
+        float scalar array.
+    """
     v = params.noise
     Kv = _gram(params.kernel, X, jitter) + v * jnp.eye(X.shape[0], dtype=X.dtype)
     L = jnp.linalg.cholesky(Kv)
@@ -223,13 +261,36 @@ def ppa(kernel: AbstractKernel, X, y, *, noise=1.0, corrected: bool = True, like
     """Fit PPA GP classification with hyperparameter learning (Algorithm 1) and the standard or the
     KL-corrected M-step; `noise` is the initial v = 1 / beta. Each E-step makes up to `e_sweeps` sweeps of q
     updates (both schemes alike). With `learn_noise=False` v stays fixed: the exact marginal likelihood depends
-    on (K, v) only through K / (1 + v) (notes B1), so learning both lets them drift together slowly (the bound's
+    on (K, v) only through K / (1 + v), so learning both lets them drift together slowly (the bound's
     slack shrinks as v grows). Stops when the monitored bound (L' if `corrected`, else L) changes by less than
     `tol` between outer iterations (`converged`), or after `max_iters`.
 
     Caveat found in testing: L' is tight at the trivial point K -> 0 (there L' = -N log 2 = log p(y | K = 0)),
     and on small or weakly informative data the corrected M-step can jump there from a poor initial q; start
-    from a kernel amplitude that is not small relative to v."""
+    from a kernel amplitude that is not small relative to v. (King & Lawrence 2006, Algorithm 1.)
+
+    Args:
+        kernel: the initial `gkl_jax.kernels` kernel.
+        X: (n, d) finite float array of inputs (an (n,) array is read as d = 1).
+        y: (n,) labels in {-1, +1}.
+        noise: the initial v > 0 (default 1).
+        corrected: use the KL-corrected M-step (default True).
+        likelihood: "probit" (default) or "logistic".
+        max_iters: outer iterations (int >= 1, default 1000).
+        tol: change of the monitored bound that stops the iterations (default 1e-4).
+        m_steps: optimiser steps per M-step (int >= 1, default 10).
+        m_gtol: the M-step's gradient tolerance (default 1e-6).
+        e_sweeps: q-update sweeps per E-step (int >= 1, default 20).
+        learn_noise: learn v too (default True).
+        jitter: a non-negative float added to the Gram matrix's diagonal (default 1e-6).
+
+    Returns:
+        `PPAResult`; a warning is issued when the bound did not settle.
+
+    Raises:
+        ValueError: kernel not a kernel, X not finite, labels not in {-1, +1} or of another length, noise not
+            positive, an unknown likelihood, or bad counts or jitter.
+    """
     if not isinstance(kernel, AbstractKernel):
         raise ValueError(f"kernel must be a gkl_jax.kernels kernel, got {type(kernel).__name__}")
     X = as_float_array(X, "X")
@@ -272,6 +333,7 @@ def ppa(kernel: AbstractKernel, X, y, *, noise=1.0, corrected: bool = True, like
     if not converged:
         warnings.warn(f"gkl_jax.gp.ppa: stopped after {it} iterations without the bound settling to tol={tol:g} "
                       f"(last bound {hist[-1]:g}); the parameters are the last ones", stacklevel=2)
+    assert stats is not None  # max_iters >= 1: the loop ran at least once
     return PPAResult(params=params, stats=stats, X=X, history=np.array(hist), history_standard=np.array(hist_std),
                      history_corrected=np.array(hist_cor), num_iters=it, converged=converged,
                      wall_time=time.perf_counter() - start, corrected_m_step=bool(corrected))
@@ -279,7 +341,19 @@ def ppa(kernel: AbstractKernel, X, y, *, noise=1.0, corrected: bool = True, like
 
 def ppa_predict(result: PPAResult, X_new, jitter: float = 1e-6):
     """PPA predictive at X_new: latent N(k_*^T (K + v I)^{-1} <f>, k_** - k_*^T (K + v I)^{-1} k_*) for fbar_* and
-    p(y_* = +1) = Phi(mean / sqrt(1 + v + var)) (probit). Returns (mean, variance, probability)."""
+    p(y_* = +1) = Phi(mean / sqrt(1 + v + var)) (probit) (King & Lawrence 2006).
+
+    Args:
+        result: a `PPAResult` from `ppa`.
+        X_new: (n_new, d) finite float array (an (n_new,) array is read as d = 1).
+        jitter: a non-negative float added to the Gram matrix's diagonal (default 1e-6).
+
+    Returns:
+        (mean, variance, probability): three (n_new,) float arrays.
+
+    Raises:
+        ValueError: result not a PPAResult, X_new not finite or with another d, or a negative jitter.
+    """
     if not isinstance(result, PPAResult):
         raise ValueError(f"result must be a PPAResult (from gkl_jax.gp.ppa), got {type(result).__name__}")
     jitter = check_nonnegative(jitter, "jitter")

@@ -1,5 +1,5 @@
 """GP predictions from any fitted Gaussian q(f) = N(m, C^T C) over the latent values at the prior's inputs
-(papers/000 App. F.1; papers/003 eq. 4.10):
+(Challis & Barber 2013, App. F.1; Nickisch 2010, eq. 4.10):
 
     mu_*  = mu(x_*) + k_*^T Sigma^{-1} (m - mu)
     s2_*  = k_** - k_*^T Sigma^{-1} k_* + k_*^T Sigma^{-1} S Sigma^{-1} k_*,
@@ -25,15 +25,14 @@ import jax
 import jax.numpy as jnp
 from jax.scipy.special import log_ndtr, logsumexp, ndtr
 
-from .._linalg import full_precision, tdot
 from .._gaussian import Gaussian
+from .._linalg import full_precision, tdot
 from .._quadrature import hermite_rule
 from .._result import Result
 from .._validate import as_float_array, check_finite, check_ndim, is_concrete
 from ..operators import Dense as DenseOperator
-from ..potentials import AbstractPotential
+from ..potentials import AbstractPotential, Cauchy, Laplace, Logistic, Poisson, Probit, StudentT
 from ..potentials import Gaussian as GaussianLik
-from ..potentials import Cauchy, Laplace, Logistic, Poisson, Probit, StudentT
 from ..priors import GP
 from ._models import check_likelihood
 
@@ -41,15 +40,21 @@ PREDICTIVE_NUM_POINTS = 128
 
 
 class Prediction(eqx.Module):
-    """Predictive quantities at the test inputs.
+    """Predictive quantities at the n_new test inputs (Challis & Barber 2013, App. F.1).
 
-    - `mean`, `variance`: the latent predictive N(f_* | mean, variance) (App. F.1).
-    - `log_density`: log p(y_* | x_*) per test point, when a likelihood with test targets was given.
-    - `probability`: p(y_* = +1 | x_*) for binary (probit, logistic) likelihoods, else None.
-    - `y_mean`, `y_variance`: predictive mean and variance of y_* for regression likelihoods (Gaussian, Laplace,
-      Student-t: the latent mean and variance plus the noise variance, inf for dof <= 2; Cauchy: the location,
-      variance inf) and E[count], Var[count] for Poisson (exp(mean + variance / 2) and its log-normal
-      variance), else None.
+    Attributes:
+        mean: (n_new,) float array, the latent predictive mean.
+        variance: (n_new,) float array, the latent predictive variance: N(f_* | mean, variance).
+        log_density: (n_new,) float array of log p(y_* | x_*), when a likelihood with test targets was given,
+            else None.
+        probability: (n_new,) float array of p(y_* = +1 | x_*) for binary (probit, logistic) likelihoods, else
+            None.
+        y_mean: (n_new,) float array, the predictive mean of y_* for regression likelihoods (Gaussian, Laplace,
+            Student-t: the latent mean; Cauchy: the location) and E[count] = exp(mean + variance / 2) for
+            Poisson, else None.
+        y_variance: (n_new,) float array, the predictive variance of y_* (the latent variance plus the noise
+            variance, inf for Student-t with dof <= 2 and for Cauchy; the log-normal variance for Poisson), else
+            None.
     """
 
     mean: jax.Array
@@ -61,7 +66,21 @@ class Prediction(eqx.Module):
 
 
 def latent(q: Gaussian, prior: GP, X_new, mean_new=None):
-    """(mu_*, s2_*) of the latent predictive at the rows of X_new (App. F.1); `q` a Gaussian or a `Result`."""
+    """The latent predictive mean and variance at the rows of X_new (Challis & Barber 2013, App. F.1).
+
+    Args:
+        q: the fitted `gkl_jax.Gaussian` (or a `Result`) over the prior's n training inputs.
+        prior: the `gkl_jax.priors.GP` the fit used.
+        X_new: (n_new, d) float array (an (n_new,) array is one column when d = 1, else one point).
+        mean_new: the prior mean at X_new (scalar or (n_new,)); needed when the prior's mean is per input.
+
+    Returns:
+        (mu, s2): two (n_new,) float arrays.
+
+    Raises:
+        ValueError: q not a Gaussian or Result, prior not a GP or of another size, X_new of the wrong shape or
+            not finite, or a missing mean_new.
+    """
     q = q.q if isinstance(q, Result) else q
     if not isinstance(q, Gaussian):
         raise ValueError(f"q must be a gkl_jax.Gaussian or Result, got {type(q).__name__}")
@@ -111,8 +130,24 @@ def predict(result, prior: GP, X_new, likelihood: Optional[AbstractPotential] = 
     scale)` or `potentials.Probit(y_test)`; it adds `log_density` (and `probability` for binary likelihoods,
     `y_mean`/`y_variance` for regression ones). For unlabelled test points pass `family` instead: the training
     likelihood (its targets are ignored, its parameters used) or a name ("logistic", "probit", "poisson"); it
-    gives `probability` / `y_mean` / `y_variance` without `log_density`. `mean_new` is the prior mean at X_new
-    when the prior's mean is not a constant.
+    gives `probability` / `y_mean` / `y_variance` without `log_density`. (Challis & Barber 2013, App. F.1;
+    Rasmussen & Williams 2006, eq. 3.21-3.25.)
+
+    Args:
+        result: the fitted `gkl_jax.Result` (or a `Gaussian`) over the prior's n training inputs.
+        prior: the `gkl_jax.priors.GP` the fit used.
+        X_new: (n_new, d) float array of test inputs.
+        likelihood: a `gkl_jax.potentials` potential holding n_new test targets, or None.
+        mean_new: the prior mean at X_new when the prior's mean is not a constant.
+        num_points: Gauss-Hermite nodes for predictive integrals without a closed form (default 128).
+        family: for unlabelled test points, the training likelihood or "logistic", "probit" or "poisson".
+
+    Returns:
+        `Prediction` with (n_new,) arrays.
+
+    Raises:
+        ValueError: result not a Result or Gaussian, a bad prior or X_new, both likelihood and family, a
+            likelihood with another number of targets, or a missing mean_new.
     """
     q = result.q if isinstance(result, Result) else result
     if not isinstance(q, Gaussian):
@@ -211,7 +246,22 @@ def _check_moments(likelihood, mean, variance):
 
 
 def log_predictive_density(likelihood, mean, variance, *, num_points=PREDICTIVE_NUM_POINTS):
-    """log E_{N(f | mean, variance)}[phi(f)] elementwise (closed form where one exists, else Gauss-Hermite)."""
+    """log E_{N(f | mean, variance)}[phi(f)] elementwise (closed form for Gaussian, probit and Laplace
+    likelihoods, else Gauss-Hermite).
+
+    Args:
+        likelihood: a `gkl_jax.potentials` potential holding the n targets.
+        mean: (n,) float array of latent predictive means.
+        variance: (n,) non-negative float array of latent predictive variances.
+        num_points: Gauss-Hermite nodes (default 128).
+
+    Returns:
+        (n,) float array.
+
+    Raises:
+        ValueError: mean not 1-D, variance of another shape or negative, or a likelihood with another number
+            of targets.
+    """
     mean, variance = _check_moments(likelihood, mean, variance)
     if isinstance(likelihood, GaussianLik):
         v = variance + likelihood.variance
@@ -242,8 +292,20 @@ def _laplace_log_predictive(y, tau, m, s2):
 
 
 def class_probability(likelihood, mean, variance, *, num_points=PREDICTIVE_NUM_POINTS):
-    """p(y = +1 | x_*) for probit (Phi(mean / sqrt(1 + variance))) and logistic (quadrature) likelihoods;
-    None for other likelihoods."""
+    """p(y = +1 | x_*) for probit (Phi(mean / sqrt(1 + variance))) and logistic (quadrature) likelihoods.
+
+    Args:
+        likelihood: a `gkl_jax.potentials` potential (its per-site data, if any, of length n).
+        mean: (n,) float array of latent predictive means.
+        variance: (n,) non-negative float array of latent predictive variances.
+        num_points: Gauss-Hermite nodes for the logistic (default 128).
+
+    Returns:
+        (n,) float array, or None for likelihoods other than Probit and Logistic.
+
+    Raises:
+        ValueError: as `log_predictive_density`.
+    """
     mean, variance = _check_moments(likelihood, mean, variance)
     if isinstance(likelihood, Probit):
         return ndtr(mean / jnp.sqrt(1 + variance))

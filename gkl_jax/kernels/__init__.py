@@ -5,11 +5,11 @@ from ._kernels import AbstractKernel as AbstractKernel
 from ._kernels import AbstractStationary as AbstractStationary
 from ._kernels import Constant as Constant
 from ._kernels import Linear as Linear
-from ._kernels import Matern12 as Matern12
-from ._kernels import Matern32 as Matern32
-from ._kernels import Matern52 as Matern52
 from ._kernels import Product as Product
-from ._kernels import RationalQuadratic as RationalQuadratic
-from ._kernels import SquaredExponential as SquaredExponential
 from ._kernels import Sum as Sum
 from ._kernels import White as White
+from ._stationary import Matern12 as Matern12
+from ._stationary import Matern32 as Matern32
+from ._stationary import Matern52 as Matern52
+from ._stationary import RationalQuadratic as RationalQuadratic
+from ._stationary import SquaredExponential as SquaredExponential

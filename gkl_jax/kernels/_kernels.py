@@ -1,4 +1,4 @@
-"""Covariance functions k(x, x') for Gaussian-process priors (papers/003, Ch. 2 and 4).
+"""Covariance functions k(x, x') for Gaussian-process priors (Nickisch 2010, Ch. 2 and 4).
 
 Every kernel is an Equinox module with its positive parameters stored unconstrained (log_variance,
 log_lengthscale, ...) and exposed through properties (`variance`, `lengthscale`). A kernel evaluates on single
@@ -88,14 +88,27 @@ def _diag(kernel, X):
 
 
 class AbstractKernel(eqx.Module):
-    """k(x, x') on single points of shape (d,); `gram` and `diag` vectorise it."""
+    """k(x, x') on single points of shape (d,); `gram` and `diag` vectorise it (Rasmussen & Williams 2006, Ch. 4;
+    Nickisch 2010, Ch. 2). Kernels add and multiply with `+` and `*` (`Sum`, `Product`).
+    """
 
     @abc.abstractmethod
     def __call__(self, x1, x2):
         """k(x1, x2) for points of shape (d,); returns a scalar."""
 
     def gram(self, X1, X2=None):
-        """K[i, j] = k(X1[i], X2[j]), shape (n1, n2); X2 defaults to X1. 1-D inputs are read as (n, 1)."""
+        """The Gram matrix K[i, j] = k(X1[i], X2[j]).
+
+        Args:
+            X1: (n1, d) float array (an (n1,) array is read as (n1, 1)).
+            X2: (n2, d) float array, or None for X1.
+
+        Returns:
+            (n1, n2) float array.
+
+        Raises:
+            ValueError: inputs not finite, more than 2-D, with different d, or a d the ARD lengthscale does not fit.
+        """
         return _gram(self, *self._pair(X1, X2))
 
     def _pair(self, X1, X2):
@@ -108,13 +121,30 @@ class AbstractKernel(eqx.Module):
         return X1, X2
 
     def diag(self, X):
-        """k(x_n, x_n) for every row of X, shape (n,)."""
+        """The prior variances k(x_n, x_n) at every row of X.
+
+        Args:
+            X: (n, d) float array (an (n,) array is read as (n, 1)).
+
+        Returns:
+            (n,) float array.
+
+        Raises:
+            ValueError: X not finite, more than 2-D, or a d the ARD lengthscale does not fit.
+        """
         X = _points(X, "X")
         self.check_dim(X.shape[1])
         return _diag(self, X)
 
     def check_dim(self, d: int) -> None:
-        """Raise ValueError if the kernel's ARD parameters do not fit inputs of dimension d."""
+        """Check that the kernel's ARD parameters fit inputs of dimension d.
+
+        Args:
+            d: the input dimension.
+
+        Raises:
+            ValueError: an ARD lengthscale whose length is not d.
+        """
 
     def __add__(self, other):
         if not isinstance(other, AbstractKernel):
@@ -128,7 +158,12 @@ class AbstractKernel(eqx.Module):
 
 
 class AbstractStationary(AbstractKernel):
-    """k(x, x') = variance * f(r^2), r^2 = sum_d (x_d - x'_d)^2 / lengthscale_d^2."""
+    """k(x, x') = variance * f(r^2), r^2 = sum_d (x_d - x'_d)^2 / lengthscale_d^2.
+
+    Attributes:
+        log_variance: float scalar array, log of the signal variance (the `variance` property).
+        log_lengthscale: float scalar or (d,) array (ARD), log of the lengthscale(s) (the `lengthscale` property).
+    """
 
     log_variance: eqx.AbstractVar[jax.Array]
     log_lengthscale: eqx.AbstractVar[jax.Array]
@@ -143,7 +178,14 @@ class AbstractStationary(AbstractKernel):
 
     @abc.abstractmethod
     def profile(self, r2):
-        """f(r^2), with f(0) = 1."""
+        """The profile f(r^2) of the stationary kernel, with f(0) = 1.
+
+        Args:
+            r2: float array of scaled squared distances r^2 >= 0.
+
+        Returns:
+            float array shaped like r2.
+        """
 
     def __call__(self, x1, x2):
         x1, x2 = _point_pair(x1, x2)
@@ -152,14 +194,21 @@ class AbstractStationary(AbstractKernel):
 
     def gram(self, X1, X2=None):
         """As `AbstractKernel.gram`, from r^2 = |a|^2 + |b|^2 - 2 a^T b on the centred inputs: one matrix product
-        instead of n1 n2 d differences (5x faster with its gradient at n = 300, d = 9). With a scalar lengthscale
-        the inputs are scaled after the product (r^2 / l^2), so the product does not depend on the
-        hyperparameters: inside a compiled ML-II loop XLA computes it once (sonar, n = 108, d = 60: Gram value and
-        lengthscale gradient 163 -> 41 us); an ARD lengthscale scales each dimension before it. The cancellation
+        instead of n1 n2 d differences. With a scalar lengthscale the inputs are scaled after the product
+        (r^2 / l^2), so the product does not depend on the hyperparameters: inside a compiled ML-II loop XLA
+        computes it once; an ARD lengthscale scales each dimension before it. The cancellation
         error of r^2 is eps (|a|^2 + |b|^2); r^2 below 8 times that is set to 0 (duplicate points), and the diagonal
         of gram(X) is exactly 0. For 1-D inputs (`DIRECT_MAX_DIM`: time series, whose timestamps can sit far
         from the origin relative to their spacing) r^2 comes from the differences instead, exact to rounding and
-        as fast there."""
+        as fast there.
+
+        Args:
+            X1: (n1, d) float array (an (n1,) array is read as (n1, 1)).
+            X2: (n2, d) float array, or None for X1.
+
+        Returns:
+            (n1, n2) float array.
+        """
         return _stationary_gram(self, *self._pair(X1, X2), X2 is None)
 
     def diag(self, X):
@@ -173,92 +222,6 @@ class AbstractStationary(AbstractKernel):
                              f"{d} dimensions")
 
 
-def _stationary_params(variance, lengthscale):
-    log_variance = _log_positive(variance, "variance")
-    if log_variance.ndim != 0:
-        raise ValueError(f"variance must be a scalar, got shape {log_variance.shape}")
-    log_lengthscale = _log_positive(lengthscale, "lengthscale")
-    if log_lengthscale.ndim > 1 or log_lengthscale.size == 0:
-        raise ValueError(f"lengthscale must be a scalar or a non-empty 1-D (ARD) array, got shape "
-                         f"{log_lengthscale.shape}")
-    return log_variance, log_lengthscale
-
-
-class SquaredExponential(AbstractStationary):
-    """k = variance * exp(-r^2 / 2)."""
-
-    log_variance: jax.Array
-    log_lengthscale: jax.Array
-
-    def __init__(self, variance=1.0, lengthscale=1.0):
-        self.log_variance, self.log_lengthscale = _stationary_params(variance, lengthscale)
-
-    def profile(self, r2):
-        return jnp.exp(-0.5 * r2)
-
-
-class Matern12(AbstractStationary):
-    """k = variance * exp(-r) (Ornstein-Uhlenbeck)."""
-
-    log_variance: jax.Array
-    log_lengthscale: jax.Array
-
-    def __init__(self, variance=1.0, lengthscale=1.0):
-        self.log_variance, self.log_lengthscale = _stationary_params(variance, lengthscale)
-
-    def profile(self, r2):
-        return jnp.exp(-_safe_sqrt(r2))
-
-
-class Matern32(AbstractStationary):
-    """k = variance * (1 + sqrt(3) r) exp(-sqrt(3) r)."""
-
-    log_variance: jax.Array
-    log_lengthscale: jax.Array
-
-    def __init__(self, variance=1.0, lengthscale=1.0):
-        self.log_variance, self.log_lengthscale = _stationary_params(variance, lengthscale)
-
-    def profile(self, r2):
-        a = jnp.sqrt(3.0) * _safe_sqrt(r2)
-        return (1 + a) * jnp.exp(-a)
-
-
-class Matern52(AbstractStationary):
-    """k = variance * (1 + sqrt(5) r + 5 r^2 / 3) exp(-sqrt(5) r)."""
-
-    log_variance: jax.Array
-    log_lengthscale: jax.Array
-
-    def __init__(self, variance=1.0, lengthscale=1.0):
-        self.log_variance, self.log_lengthscale = _stationary_params(variance, lengthscale)
-
-    def profile(self, r2):
-        a = jnp.sqrt(5.0) * _safe_sqrt(r2)
-        return (1 + a + 5.0 * r2 / 3.0) * jnp.exp(-a)
-
-
-class RationalQuadratic(AbstractStationary):
-    """k = variance * (1 + r^2 / (2 alpha))^(-alpha); alpha -> inf gives the squared exponential."""
-
-    log_variance: jax.Array
-    log_lengthscale: jax.Array
-    log_alpha: jax.Array
-
-    def __init__(self, variance=1.0, lengthscale=1.0, alpha=1.0):
-        self.log_variance, self.log_lengthscale = _stationary_params(variance, lengthscale)
-        self.log_alpha = _log_positive(alpha, "alpha")
-        if self.log_alpha.ndim != 0:
-            raise ValueError(f"alpha must be a scalar, got shape {self.log_alpha.shape}")
-
-    @property
-    def alpha(self):
-        return jnp.exp(self.log_alpha)
-
-    def profile(self, r2):
-        return jnp.power(1 + r2 / (2 * self.alpha), -self.alpha)
-
-
 def _scalar_variance(variance):
     log_variance = _log_positive(variance, "variance")
     if log_variance.ndim != 0:
@@ -267,7 +230,14 @@ def _scalar_variance(variance):
 
 
 class Linear(AbstractKernel):
-    """k = variance * x^T x' (Bayesian linear regression through the origin)."""
+    """k = variance * x^T x' (Bayesian linear regression through the origin).
+
+    Args:
+        variance: a positive finite scalar (default 1).
+
+    Raises:
+        ValueError: variance not a positive finite scalar.
+    """
 
     log_variance: jax.Array
 
@@ -284,7 +254,14 @@ class Linear(AbstractKernel):
 
 class White(AbstractKernel):
     """k = variance * [x == x']: independent noise. `gram(X)` (one argument) is exactly variance * I, so
-    duplicate inputs still get independent noise; `gram(X1, X2)` compares points."""
+    duplicate inputs still get independent noise; `gram(X1, X2)` compares points.
+
+    Args:
+        variance: a positive finite scalar (default 1).
+
+    Raises:
+        ValueError: variance not a positive finite scalar.
+    """
 
     log_variance: jax.Array
 
@@ -308,7 +285,14 @@ class White(AbstractKernel):
 
 
 class Constant(AbstractKernel):
-    """k = variance (a random constant offset of the latent function)."""
+    """k = variance (a random constant offset of the latent function).
+
+    Args:
+        variance: a positive finite scalar (default 1).
+
+    Raises:
+        ValueError: variance not a positive finite scalar.
+    """
 
     log_variance: jax.Array
 
@@ -337,7 +321,15 @@ def _check_kernel(k, name):
 
 
 class Sum(AbstractKernel):
-    """k = k1 + k2."""
+    """k = k1 + k2 (what `k1 + k2` builds).
+
+    Args:
+        k1: a `gkl_jax.kernels` kernel.
+        k2: a `gkl_jax.kernels` kernel.
+
+    Raises:
+        ValueError: either argument not a gkl_jax kernel.
+    """
 
     k1: AbstractKernel
     k2: AbstractKernel
@@ -362,7 +354,15 @@ class Sum(AbstractKernel):
 
 
 class Product(AbstractKernel):
-    """k = k1 * k2."""
+    """k = k1 * k2 (what `k1 * k2` builds).
+
+    Args:
+        k1: a `gkl_jax.kernels` kernel.
+        k2: a `gkl_jax.kernels` kernel.
+
+    Raises:
+        ValueError: either argument not a gkl_jax kernel.
+    """
 
     k1: AbstractKernel
     k2: AbstractKernel

@@ -1,4 +1,4 @@
-"""Linear maps H: R^D -> R^N whose rows are the site projections h_n (papers/000, eq. 2).
+"""Linear maps H: R^D -> R^N whose rows are the site projections h_n (Challis & Barber 2013, eq. 2).
 
 The factors and solvers only talk to H through this interface, so a dense matrix, the identity (GP sites),
 a sparse BCOO matrix and matrix-free operators (finite differences, wavelets) are interchangeable.
@@ -27,6 +27,9 @@ class AbstractOperator(eqx.Module):
     """H with rows h_n. Concrete operators implement `shape`, `mv`, `rmv`, `sq_mv`, `sq_rmv`, `as_matrix`.
 
     `sq_mv(v)` is (H o H) v, i.e. sum_d H_nd^2 v_d: the projected variances of a diagonal covariance.
+
+    Attributes:
+        shape: (N, D), a property of every operator.
     """
 
     @property
@@ -35,46 +38,111 @@ class AbstractOperator(eqx.Module):
 
     @abc.abstractmethod
     def mv(self, x):
-        """H x for x of shape (D,)."""
+        """The projections H x.
+
+        Args:
+            x: (D,) float array.
+
+        Returns:
+            (N,) float array.
+        """
 
     @abc.abstractmethod
     def rmv(self, y):
-        """H^T y for y of shape (N,)."""
+        """The transposed product H^T y.
+
+        Args:
+            y: (N,) float array.
+
+        Returns:
+            (D,) float array.
+        """
 
     @abc.abstractmethod
     def sq_mv(self, v):
-        """(H o H) v: sum_d H_nd^2 v_d."""
+        """(H o H) v = sum_d H_nd^2 v_d: the projected variances of a diagonal covariance diag(v).
+
+        Args:
+            v: (D,) float array.
+
+        Returns:
+            (N,) float array.
+        """
 
     @abc.abstractmethod
     def sq_rmv(self, y):
-        """(H o H)^T y: sum_n H_nd^2 y_n."""
+        """(H o H)^T y = sum_n H_nd^2 y_n.
+
+        Args:
+            y: (N,) float array.
+
+        Returns:
+            (D,) float array.
+        """
 
     @abc.abstractmethod
     def as_matrix(self):
-        """The dense (N, D) matrix (for tests, small problems and the dense fixed point)."""
+        """The dense matrix H (for tests, small problems and the dense fixed point).
+
+        Returns:
+            (N, D) float array.
+        """
 
     def mm(self, X):
-        """H X for X of shape (D, K)."""
+        """The product H X, column by column.
+
+        Args:
+            X: (D, K) float array.
+
+        Returns:
+            (N, K) float array.
+        """
         return jax.vmap(self.mv, in_axes=1, out_axes=1)(X)
 
     def with_squares(self):
         """This operator with H o H stored for `sq_mv`/`sq_rmv`; itself where there is nothing to store. The
         solvers iterate on such a copy: otherwise a dense H is squared again at every bound evaluation, since XLA
-        does not hoist the square out of the line search's conditional."""
+        does not hoist the square out of the line search's conditional.
+
+        Returns:
+            an `AbstractOperator` equal to this one.
+        """
         return self
 
     def rmm(self, Y):
-        """H^T Y for Y of shape (N, K)."""
+        """The transposed product H^T Y, column by column.
+
+        Args:
+            Y: (N, K) float array.
+
+        Returns:
+            (D, K) float array.
+        """
         return jax.vmap(self.rmv, in_axes=1, out_axes=1)(Y)
 
     def weighted_gram(self, g):
-        """H^T diag(g) H as a dense (D, D) matrix."""
+        """The weighted Gram matrix H^T diag(g) H, dense.
+
+        Args:
+            g: (N,) float array of site weights.
+
+        Returns:
+            (D, D) float array.
+        """
         Hd = self.as_matrix()
         return tdot(Hd, check_length(g, self.shape[0], "g")[:, None] * Hd)
 
 
 class Dense(AbstractOperator):
-    """A dense (N, D) matrix. `squared` is H o H where `with_squares()` stored it, else None."""
+    """A dense (N, D) matrix. `squared` is H o H where `with_squares()` stored it, else None.
+
+    Args:
+        matrix: (N, D) finite float array.
+        name: the argument name that error messages use (default "H").
+
+    Raises:
+        ValueError: matrix not 2-D or not finite.
+    """
 
     matrix: jax.Array
     squared: Optional[jax.Array]
@@ -119,7 +187,14 @@ class Dense(AbstractOperator):
 
 
 class Identity(AbstractOperator):
-    """h_n = e_n: one site per latent variable (Gaussian processes)."""
+    """h_n = e_n: one site per latent variable (Gaussian processes); N = D.
+
+    Args:
+        dim: D, an int >= 1.
+
+    Raises:
+        ValueError: dim not an int >= 1.
+    """
 
     dim: int = eqx.field(static=True)
 
@@ -156,7 +231,15 @@ class Identity(AbstractOperator):
 
 
 class Sparse(AbstractOperator):
-    """A sparse (N, D) matrix in `jax.experimental.sparse.BCOO` format; never densified on the hot path."""
+    """A sparse (N, D) matrix in `jax.experimental.sparse.BCOO` format; never densified on the hot path.
+
+    Args:
+        matrix: a 2-D `jax.experimental.sparse.BCOO` matrix with finite entries.
+        name: the argument name that error messages use (default "H").
+
+    Raises:
+        ValueError: matrix not a 2-D BCOO matrix or with non-finite entries.
+    """
 
     matrix: jsparse.BCOO
 
@@ -210,7 +293,18 @@ def _is_scipy_sparse(H) -> bool:
 
 def as_operator(H, name: str = "H") -> AbstractOperator:
     """Wrap an array, a BCOO matrix, a scipy.sparse matrix (converted to BCOO) or an operator as an
-    `AbstractOperator`."""
+    `AbstractOperator`.
+
+    Args:
+        H: an (N, D) array, BCOO or scipy.sparse matrix, or an `AbstractOperator` (returned as is).
+        name: the argument name that error messages use (default "H").
+
+    Returns:
+        `AbstractOperator`: `Dense`, `Sparse` or H itself.
+
+    Raises:
+        ValueError: an array that is not 2-D or not finite.
+    """
     if isinstance(H, AbstractOperator):
         return H
     if _is_scipy_sparse(H):

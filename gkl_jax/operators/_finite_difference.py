@@ -5,7 +5,7 @@ w[i * width + j]). The horizontal difference filters are
 
     (D_h w)_{i, j} = w_{i, j+1} - w_{i, j},     0 <= i < height, 0 <= j < width - 1   ("valid" boundary)
 
-and the vertical ones (D_v w)_{i, j} = w_{i+1, j} - w_{i, j}. With boundary="valid" (papers/003 Ch. 5:
+and the vertical ones (D_v w)_{i, j} = w_{i+1, j} - w_{i, j}. With boundary="valid" (Nickisch 2010, Ch. 5:
 D in {-1, 0, 1}^{2(n - sqrt n) x n} for a square image of n pixels) there is no wrap-around; with
 boundary="periodic" the last column (row) is differenced against the first, giving exactly one row per pixel.
 
@@ -73,7 +73,16 @@ class FiniteDifference2D(AbstractOperator):
     """Horizontal and/or vertical finite differences of a (height, width) image (see the module docstring).
 
     direction="both" stacks [D_h; D_v] (the TV filters), so B = Stack([FiniteDifference2D(h, w), Wavelet2D(...)])
-    is the sparse-linear-model filter bank of papers/000 Section 6.3.4.
+    is the sparse-linear-model filter bank of Challis & Barber 2013, Section 6.3.4.
+
+    Args:
+        height: image height (int >= 1; >= 2 for vertical differences with boundary "valid").
+        width: image width (int >= 1; >= 2 for horizontal differences with boundary "valid").
+        direction: "horizontal", "vertical" or "both" (default, [D_h; D_v]).
+        boundary: "valid" (differences inside the image, default) or "periodic" (wrap-around, D rows each).
+
+    Raises:
+        ValueError: a size that is not a positive integer or too small, or an unknown direction or boundary.
     """
 
     height: int = eqx.field(static=True)

@@ -10,7 +10,14 @@ from ._wavelets import Wavelet2D
 
 class Stack(AbstractOperator):
     """B = [B_1; ...; B_k]: rows of every block in order. Each product is the blocks' own products, concatenated
-    (forward) or summed (adjoint): B x = [B_i x]_i, B^T y = sum_i B_i^T y_i, (B o B) v = [(B_i o B_i) v]_i."""
+    (forward) or summed (adjoint): B x = [B_i x]_i, B^T y = sum_i B_i^T y_i, (B o B) v = [(B_i o B_i) v]_i.
+
+    Args:
+        operators: a non-empty list of operators or arrays (each wrapped by `as_operator`), all with D columns.
+
+    Raises:
+        ValueError: not a list, empty, or blocks with different numbers of columns.
+    """
 
     operators: tuple
     row_splits: tuple = eqx.field(static=True)
@@ -72,5 +79,20 @@ class Stack(AbstractOperator):
 
 def image_filters(height: int, width: int, *, levels=None, wavelet: str = "db4", boundary: str = "valid"):
     """B = [D_h; D_v; W]: horizontal and vertical finite differences and an orthonormal wavelet transform of a
-    (height, width) image (papers/000 Section 6.3.4, M ~ 3D rows), as a `Stack` of matrix-free operators."""
+    (height, width) image (Challis & Barber 2013, Section 6.3.4, M ~ 3D rows), as a `Stack` of matrix-free
+    operators.
+
+    Args:
+        height: image height (an int >= 2, divisible by 2**levels).
+        width: image width (an int >= 2, divisible by 2**levels).
+        levels: wavelet levels (int >= 1), or None for the most that keep the coarsest block at least 4 x 4.
+        wavelet: "db4" (default) or "haar".
+        boundary: the finite differences' boundary, "valid" (default) or "periodic".
+
+    Returns:
+        `Stack` over D = height * width columns.
+
+    Raises:
+        ValueError: from `FiniteDifference2D` or `Wavelet2D` (sizes, levels, wavelet or boundary).
+    """
     return Stack([FiniteDifference2D(height, width, "both", boundary), Wavelet2D(height, width, levels, wavelet)])

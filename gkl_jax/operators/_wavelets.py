@@ -5,7 +5,7 @@ The 1-D single-level analysis of a length-n signal x (n even) with the periodise
     lowpass  a_k = sum_j h_j x_{(2k + j) mod n},      highpass  d_k = sum_j g_j x_{(2k + j) mod n},
     g_j = (-1)^j h_{L-1-j},
 
-is orthonormal (papers/003 Ch. 5.4.1, the FWTN package): Haar h = [1, 1]/sqrt 2, Daubechies-4
+is orthonormal (Nickisch 2010, Ch. 5.4.1, the FWTN package): Haar h = [1, 1]/sqrt 2, Daubechies-4
 h = [1 + sqrt 3, 3 + sqrt 3, 3 - sqrt 3, 1 - sqrt 3]/sqrt 32. The 2-D transform W of a (height, width) image
 (w = image.reshape(-1), row-major) is Mallat's pyramid: one level filters the columns (vertical) and then the
 rows (horizontal), storing
@@ -110,8 +110,17 @@ def _pyramid_transpose(Y, rows, cols):
 class Wavelet2D(AbstractOperator):
     """The orthonormal `levels`-level 2-D wavelet transform W (D x D) of a (height, width) image.
 
-    `wavelet` is "db4" (Daubechies-4, the default of papers/003 Ch. 5) or "haar". Both sides must be divisible by
+    `wavelet` is "db4" (Daubechies-4, the default of Nickisch 2010, Ch. 5) or "haar". Both sides must be divisible by
     2**levels; `levels=None` picks the most levels that keep the coarsest block at least 4 x 4.
+
+    Args:
+        height: image height (int >= 1, divisible by 2**levels).
+        width: image width (int >= 1, divisible by 2**levels).
+        levels: the number of levels (int >= 1), or None (the default choice above).
+        wavelet: "db4" (default) or "haar".
+
+    Raises:
+        ValueError: sizes not positive integers or not divisible by 2**levels, levels < 1, or an unknown wavelet.
     """
 
     height: int = eqx.field(static=True)

@@ -1,4 +1,4 @@
-"""Site-projection potentials phi_n(x), x = h_n^T w (papers/000, eq. 2).
+"""Site-projection potentials phi_n(x), x = h_n^T w (Challis & Barber 2013, eq. 2).
 
 Each potential holds its per-site data (scalars or length-N arrays) and provides log phi(x) and the Gaussian
 expectation I_n = E_{z~N(0,1)}[log phi_n(m_n + z s_n)] (eq. 8): in closed form where one exists, otherwise by
@@ -12,9 +12,8 @@ import warnings
 from typing import ClassVar
 
 import equinox as eqx
-import jax.numpy as jnp
-
 import jax
+import jax.numpy as jnp
 
 from .._quadrature import autodiff_jet, expectation, expectation_moments
 from .._validate import check_int
@@ -23,17 +22,42 @@ DEFAULT_NUM_POINTS = 64
 
 
 class AbstractPotential(eqx.Module):
-    """A positive potential phi(x) applied elementwise to the projections x_n = h_n^T w."""
+    """A positive potential phi(x) applied elementwise to the projections x_n = h_n^T w (Challis & Barber 2013,
+    eq. 2).
+
+    Subclasses are equinox modules whose fields hold the per-site data (scalars or (N,) arrays) and set the class
+    variable `log_concave` (True when log phi is concave, so that the G-KL bound is concave in (m, C)).
+
+    Attributes:
+        log_concave: bool class variable, whether log phi is concave.
+        num_sites: the N implied by the per-site data (property), or None when every field is a scalar.
+    """
 
     log_concave: ClassVar[bool]
 
     @abc.abstractmethod
     def log_phi(self, x):
-        """log phi_n(x_n), elementwise; x has shape (N,) (or broadcasts against the per-site data)."""
+        """log phi_n(x_n), elementwise.
+
+        Args:
+            x: (N,) float array of projections h_n^T w (any shape that broadcasts against the per-site data).
+
+        Returns:
+            float array shaped like the broadcast of x and the per-site data.
+        """
 
     @abc.abstractmethod
     def expected_log_phi(self, m, s2):
-        """E[log phi_n(x_n)] for x_n ~ N(m_n, s2_n), elementwise."""
+        """The site expectations I_n = E[log phi_n(x_n)] for x_n ~ N(m_n, s2_n), elementwise (Challis & Barber
+        2013, eq. 8).
+
+        Args:
+            m: (N,) float array of projected means h_n^T m.
+            s2: (N,) float array of projected variances ||C h_n||^2 (positive).
+
+        Returns:
+            (N,) float array.
+        """
 
     def expected_log_phi_moments(self, m, s2):
         """(E[log phi_n], E[(log phi_n)'], E[(log phi_n)'']) for x_n ~ N(m_n, s2_n), stacked (3, N): the value, the
@@ -53,9 +77,15 @@ class AbstractPotential(eqx.Module):
         return jnp.stack([value, first, second])
 
     def margins(self, x):
-        """For a binary-classification potential phi_n(x) = F(y_n x), F increasing to its supremum: the margins
-        y_n x_n. None for every other potential. (Prior-free fits check whether the mean separates the labels:
-        `gkl_jax._model.separated`.)"""
+        """The margins y_n x_n of a binary-classification potential phi_n(x) = F(y_n x), F increasing to its
+        supremum. (Prior-free fits check whether the mean separates the labels: `gkl_jax._model.separated`.)
+
+        Args:
+            x: (N,) float array of projections.
+
+        Returns:
+            (N,) float array y * x, or None for a potential that is not a binary classifier.
+        """
         return None
 
     @property
@@ -72,7 +102,11 @@ class AbstractQuadraturePotential(AbstractPotential):
     (m_n, s_n^2) are E[log phi'] and 1/2 E[log phi''] by the same rule (Stein's lemma).
 
     The bound is a lower bound on log Z only up to the quadrature error: the defaults reach 1e-10 relative
-    (tests/test_quadrature.py); with few nodes the computed "bound" can exceed log Z (`check_num_points` warns)."""
+    (tests/test_quadrature.py); with few nodes the computed "bound" can exceed log Z (`check_num_points` warns).
+
+    Attributes:
+        num_points: int >= 2, the number of quadrature nodes per site (a static field of every subclass).
+    """
 
     num_points: eqx.AbstractVar[int]
 
@@ -83,14 +117,27 @@ class AbstractQuadraturePotential(AbstractPotential):
         return expectation_moments(type(self)._log_phi_jet, self.num_points, self, m, s2, self.feature())
 
     def feature(self):
-        """(center, width) of log phi's non-analytic behaviour in x (complex singularities at about
-        center +- i width / 0.75), broadcasting against the sites; None selects Gauss-Hermite."""
+        """Where log phi's non-analytic behaviour sits in x (complex singularities at about center +- i width /
+        0.75), for the feature-adapted trapezoid rule.
+
+        Returns:
+            (center, width): float arrays broadcasting against the sites (width > 0); or None, which selects
+            Gauss-Hermite quadrature.
+        """
         return None
 
     def log_phi_jet(self, x, order: int):
-        """[log phi, its first `order` derivatives] (each shaped like x) at the nodes x (..., K) of each site,
-        by automatic differentiation; a potential overrides it with a closed form that shares work between the
-        orders (broadcasting its per-site data against the trailing node axis)."""
+        """log phi and its first `order` derivatives at the quadrature nodes of each site, by automatic
+        differentiation; a potential overrides it with a closed form that shares work between the orders
+        (broadcasting its per-site data against the trailing node axis).
+
+        Args:
+            x: (..., K) float array, K nodes per site on the trailing axis.
+            order: the highest derivative wanted (0, 1 or 2).
+
+        Returns:
+            list of `order + 1` float arrays, each shaped like x: [log phi, (log phi)', ...].
+        """
         return autodiff_jet(type(self)._log_phi_fn)(self, x, order)
 
     @staticmethod

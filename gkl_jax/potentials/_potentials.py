@@ -14,12 +14,17 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.scipy.special import gammaln, log_ndtr, ndtr
+from jax.scipy.special import gammaln, ndtr
 
-from .._quadrature import continued_fraction
 from .._validate import as_float_array, check_finite, check_positive, is_concrete, site_count, site_vector
-from ._base import (DEFAULT_NUM_POINTS, AbstractPotential, AbstractQuadraturePotential, check_num_points,
-                    std_normal_logpdf)
+from ._base import (
+    DEFAULT_NUM_POINTS,
+    AbstractPotential,
+    AbstractQuadraturePotential,
+    check_num_points,
+    std_normal_logpdf,
+)
+from ._special import log_ndtr_stable, student_t_log_norm
 
 
 def _labels(y, name="y"):
@@ -31,7 +36,15 @@ def _labels(y, name="y"):
 
 
 class Gaussian(AbstractPotential):
-    """phi(x) = N(y | x, variance).  E[log phi] = -1/2 log(2 pi v) - ((y - m)^2 + s^2) / (2 v)."""
+    """phi(x) = N(y | x, variance).  E[log phi] = -1/2 log(2 pi v) - ((y - m)^2 + s^2) / (2 v).
+
+    Args:
+        y: the observations, a scalar or an (N,) float array.
+        variance: the noise variance v > 0, a scalar or an (N,) array (default 1).
+
+    Raises:
+        ValueError: y or variance not finite, not a scalar or 1-D, variance not positive, or lengths that differ.
+    """
 
     y: jax.Array
     variance: jax.Array
@@ -51,10 +64,17 @@ class Gaussian(AbstractPotential):
 
 
 class Laplace(AbstractPotential):
-    """phi(x) = exp(-|y - x| / scale) / (2 scale)  (papers/000 App. B.2.1).
+    """phi(x) = exp(-|y - x| / scale) / (2 scale)  (Challis & Barber 2013, App. B.2.1).
 
     With r = (m - y)/s:  E|x - y| = 2 s N(r) + (m - y)(2 Phi(r) - 1), smooth in (m, s) although phi is not
     differentiable (Section 3.1).
+
+    Args:
+        y: the observations, a scalar or an (N,) float array.
+        scale: the scale > 0, a scalar or an (N,) array (default 1).
+
+    Raises:
+        ValueError: y or scale not finite, not a scalar or 1-D, scale not positive, or lengths that differ.
     """
 
     y: jax.Array
@@ -79,7 +99,14 @@ class Laplace(AbstractPotential):
 
 
 class Poisson(AbstractPotential):
-    """phi(x) = Poisson(y | exp(x)).  E[log phi] = y m - exp(m + s^2/2) - log y!."""
+    """phi(x) = Poisson(y | exp(x)).  E[log phi] = y m - exp(m + s^2/2) - log y!.
+
+    Args:
+        y: the counts, a scalar or an (N,) array of non-negative integers (stored as floats).
+
+    Raises:
+        ValueError: y not finite, not a scalar or 1-D, or not non-negative integers.
+    """
 
     y: jax.Array
     log_concave: ClassVar[bool] = True
@@ -104,6 +131,13 @@ class Logistic(AbstractQuadraturePotential):
     the other potentials): E[log phi] and its first two derivatives in m and s^2 agree with a 256-node rule to
     6e-14 relative to max(1, |E|) for |m| <= 30, s^2 in [1e-6, 1e3] (40 nodes: 1e-11; 32: 4e-8), and each
     quadrature costs 3/4 of the 64-node one.
+
+    Args:
+        y: the labels, a scalar or an (N,) array with entries in {-1, +1}.
+        num_points: quadrature nodes per site (int >= 2, default 48; fewer than 16 warns).
+
+    Raises:
+        ValueError: a label other than -1 or +1, or num_points not an int >= 2.
     """
 
     y: jax.Array
@@ -159,6 +193,13 @@ class Probit(AbstractQuadraturePotential):
     Mills ratio lambda(u) = N(u)/Phi(u) and the second -lambda (u + lambda), with u + lambda from a continued
     fraction for u < -6 (no cancellation as u -> -inf, where jax's own second derivative of log_ndtr errs).
     Feature: the first complex zeros of Phi(u) at u = 1.92 +- 2.82 i: center 1.9 y, width 2.
+
+    Args:
+        y: the labels, a scalar or an (N,) array with entries in {-1, +1}.
+        num_points: quadrature nodes per site (int >= 2, default 64; fewer than 16 warns).
+
+    Raises:
+        ValueError: a label other than -1 or +1, or num_points not an int >= 2.
     """
 
     y: jax.Array
@@ -185,6 +226,16 @@ class StudentT(AbstractQuadraturePotential):
     log phi = log Gamma((nu+1)/2) - log Gamma(nu/2) - 1/2 log(nu pi) - log scale - (nu+1)/2 log(1 + r^2/nu),
     r = (y - x)/scale. Feature: the logarithmic branch points at x = y +- i scale sqrt(nu): center y,
     width 0.75 scale sqrt(nu).
+
+    Args:
+        y: the observations, a scalar or an (N,) float array.
+        dof: the degrees of freedom nu > 0, a scalar or an (N,) array.
+        scale: the scale > 0, a scalar or an (N,) array (default 1).
+        num_points: quadrature nodes per site (int >= 2, default 64; fewer than 16 warns).
+
+    Raises:
+        ValueError: non-finite or non-positive dof/scale, data not a scalar or 1-D, lengths that differ, or
+            num_points not an int >= 2.
     """
 
     y: jax.Array
@@ -212,6 +263,14 @@ class StudentT(AbstractQuadraturePotential):
 class Cauchy(AbstractQuadraturePotential):
     """phi(x) = Cauchy(y | x, scale) = 1 / (pi scale (1 + r^2)), r = (y - x)/scale (Student-t with one degree of
     freedom); not log-concave. Feature: branch points at x = y +- i scale: center y, width 0.75 scale.
+
+    Args:
+        y: the observations, a scalar or an (N,) float array.
+        scale: the scale > 0, a scalar or an (N,) array (default 1).
+        num_points: quadrature nodes per site (int >= 2, default 64; fewer than 16 warns).
+
+    Raises:
+        ValueError: non-finite y or scale, scale not positive, lengths that differ, or num_points not an int >= 2.
     """
 
     y: jax.Array
@@ -240,6 +299,18 @@ class Custom(AbstractQuadraturePotential):
     Expectations use Gauss-Hermite, accurate while s_n is below the distance of log_phi's complex singularities
     from the real axis; pass `center` and `width` (where log_phi bends, and over what scale) to use the
     feature-adapted rule instead, accurate for every s_n.
+
+    Args:
+        log_phi: a JAX function mapping an array of projections to log phi elementwise (same shape out).
+        log_concave: whether log_phi is concave (default False).
+        num_points: quadrature nodes per site (int >= 2, default 64).
+        center: where log_phi bends, a scalar or one value per site (with `width`), or None for Gauss-Hermite.
+        width: the scale of that bend (> 0), a scalar or one value per site, or None.
+
+    Raises:
+        ValueError: log_phi not callable, only one of center/width given, center not finite, width not
+            positive, either of them more than 1-D, or num_points not an int >= 2. Calling `log_phi` raises it
+            too when the function is not a JAX elementwise function.
     """
 
     fn: Callable = eqx.field(static=True)
@@ -286,68 +357,3 @@ class Custom(AbstractQuadraturePotential):
             raise ValueError(f"Custom: log_phi must be elementwise, returning an array shaped like its input; it "
                              f"mapped shape {jnp.shape(x)} to {jnp.shape(out)}")
         return out
-
-
-_MILLS_SWITCH = -6.0
-_MILLS_TERMS = 24
-
-
-def _mills_pair(u):
-    """(lambda, g) = (N(u)/Phi(u), u + lambda) without cancellation: directly for u >= -6; for u < -6 from the
-    continued fraction g = 1/(t + 2/(t + 3/(t + ...))), t = -u (Laplace's fraction for the Mills ratio; 24 terms
-    give ~1e-16 at t = 6), and lambda = t + g."""
-    direct_lam = jnp.exp(-0.5 * jnp.square(u) - 0.5 * jnp.log(2 * jnp.pi) - log_ndtr(u))
-    t = jnp.maximum(-u, -_MILLS_SWITCH)
-    gap = continued_fraction(lambda k: k, t, _MILLS_TERMS)
-    tail = u < _MILLS_SWITCH
-    return jnp.where(tail, t + gap, direct_lam), jnp.where(tail, gap, u + direct_lam)
-
-
-def student_t_log_norm(nu):
-    """log Gamma((nu + 1) / 2) - log Gamma(nu / 2) - log(nu pi) / 2, the log normaliser of a unit-scale Student-t.
-
-    The difference of log-gammas cancels for large nu (1e-7 absolute at nu = 1e8, every digit lost at 1e16), and
-    jax's betaln is off by up to 6e-7 near nu = 16; for nu >= 200 the asymptotic series in x = nu / 2,
-    log Gamma(x + 1/2) - log Gamma(x) = log(x) / 2 - 1/(8x) + 1/(192x^3) + 1/(640x^5) - 17/(14336x^7) + O(x^-9),
-    is exact to round-off (x^-9 < 1e-20); below it the log-gamma difference is (error < 3e-14 at nu = 100)."""
-    large = nu >= 200
-    x = jnp.where(large, 0.5 * nu, 100.0)
-    series = 0.5 * jnp.log(x) - 1 / (8 * x) + 1 / (192 * x**3) + 1 / (640 * x**5) - 17 / (14336 * x**7)
-    small = jnp.where(large, 1.0, nu)
-    direct = gammaln(0.5 * (small + 1)) - gammaln(0.5 * small)
-    return jnp.where(large, series, direct) - 0.5 * jnp.log(nu * jnp.pi)
-
-
-@jax.custom_jvp
-def _inverse_mills(u):
-    return _mills_pair(u)[0]
-
-
-@jax.custom_jvp
-def _mills_gap(u):
-    return _mills_pair(u)[1]
-
-
-@_inverse_mills.defjvp
-def _inverse_mills_jvp(primals, tangents):
-    (u,), (du,) = primals, tangents
-    lam = _inverse_mills(u)
-    return lam, -lam * _mills_gap(u) * du          # lambda' = -lambda (u + lambda)
-
-
-@_mills_gap.defjvp
-def _mills_gap_jvp(primals, tangents):
-    (u,), (du,) = primals, tangents
-    return _mills_gap(u), (1 - _inverse_mills(u) * _mills_gap(u)) * du     # g' = 1 + lambda'
-
-
-@jax.custom_jvp
-def log_ndtr_stable(u):
-    """log Phi(u) with derivatives lambda(u) = N(u)/Phi(u), -lambda (u + lambda), ... accurate for all u."""
-    return log_ndtr(u)
-
-
-@log_ndtr_stable.defjvp
-def _log_ndtr_stable_jvp(primals, tangents):
-    (u,), (du,) = primals, tangents
-    return log_ndtr_stable(u), _inverse_mills(u) * du

@@ -1,4 +1,5 @@
-"""The Gaussian-process prior f ~ GP(mean, k) at training inputs X (papers/003, Ch. 2; papers/000 Section 6.1):
+"""The Gaussian-process prior f ~ GP(mean, k) at training inputs X (Nickisch 2010, Ch. 2;
+Challis & Barber 2013, Section 6.1):
 
     p(f) = N(f | mu, Sigma),   Sigma = K(X, X) + jitter I,
 
@@ -32,6 +33,16 @@ class GP(AbstractDensePrior):
 
     `mean` is None (zero), a scalar (a constant mean function, also used at test inputs) or an (n,) array (then
     predictions need the mean at the test inputs). `jitter` (a float) stabilises the Cholesky factorisation.
+
+    Args:
+        kernel: a `gkl_jax.kernels` kernel k(x, x').
+        X: (n, d) float array of training inputs (an (n,) array is read as d = 1).
+        mean: None (zero mean), a scalar constant mean or an (n,) float array.
+        jitter: a non-negative float added to the diagonal of K(X, X) (default 1e-6).
+
+    Raises:
+        ValueError: kernel not a gkl_jax kernel, X empty, more than 2-D or not finite, jitter negative, mean of
+            the wrong shape, or K(X, X) + jitter I not positive definite.
     """
 
     kernel: AbstractKernel
@@ -70,9 +81,23 @@ class GP(AbstractDensePrior):
             self.constant_mean = None
 
     def cross_covariance(self, X_new):
-        """K(X, X_new), shape (n, n_new)."""
+        """The prior covariance between the training and new inputs.
+
+        Args:
+            X_new: (n_new, d) float array.
+
+        Returns:
+            (n, n_new) float array K(X, X_new).
+        """
         return self.kernel.gram(self.X, X_new)
 
     def solve(self, B):
-        """Sigma^{-1} B = L^{-T} (L^{-1} B) with the stored inverse factor."""
+        """Sigma^{-1} B = L^{-T} (L^{-1} B) with the stored inverse factor.
+
+        Args:
+            B: (n,) or (n, k) float array.
+
+        Returns:
+            float array shaped like B.
+        """
         return tdot(self.inv_chol, self.inv_chol @ B)

@@ -1,6 +1,6 @@
 """Gaussian priors N(w | mu, Sigma) in structured form.
 
-Each prior gives the expected log density under q = N(m, S) (the second term of papers/000 eq. 7),
+Each prior gives the expected log density under q = N(m, S) (the second term of Challis & Barber 2013, eq. 7),
 
     E_q[log N(w | mu, Sigma)] = -1/2 [D log 2 pi + log det Sigma + tr(Sigma^{-1} S) + (m - mu)^T Sigma^{-1} (m - mu)],
 
@@ -21,7 +21,12 @@ from ..operators import Dense as DenseOperator
 
 
 class AbstractPrior(eqx.Module):
-    """N(w | mean, Sigma) over w in R^D."""
+    """N(w | mean, Sigma) over w in R^D, the prior p(w) of Challis & Barber (2013), eq. 1.
+
+    Attributes:
+        mean: (D,) float array, the prior mean.
+        dim: int property, D.
+    """
 
     mean: eqx.AbstractVar[jax.Array]
 
@@ -31,40 +36,88 @@ class AbstractPrior(eqx.Module):
 
     @abc.abstractmethod
     def logdet(self):
-        """log det Sigma."""
+        """log det Sigma.
+
+        Returns:
+            float scalar.
+        """
 
     @abc.abstractmethod
     def trace_precision(self, factor):
-        """tr(Sigma^{-1} S) for S = C^T C given by `factor`."""
+        """tr(Sigma^{-1} S) for S = C^T C.
+
+        Args:
+            factor: an initialised `gkl_jax.factors.AbstractFactor` over D variables, giving S.
+
+        Returns:
+            float scalar.
+        """
 
     @abc.abstractmethod
     def precision_mv(self, v):
-        """Sigma^{-1} v."""
+        """The precision product Sigma^{-1} v.
+
+        Args:
+            v: (D,) float array.
+
+        Returns:
+            (D,) float array.
+        """
 
     @abc.abstractmethod
     def precision_dense(self):
-        """Sigma^{-1} as a dense (D, D) matrix."""
+        """Sigma^{-1} as a dense matrix.
+
+        Returns:
+            (D, D) float array.
+        """
 
     @abc.abstractmethod
     def precision_diagonal(self):
-        """diag(Sigma^{-1})."""
+        """The diagonal of Sigma^{-1}.
+
+        Returns:
+            (D,) float array.
+        """
 
     @abc.abstractmethod
     def cholesky(self):
-        """Lower-triangular L with L L^T = Sigma (dense; used for whitening and sampling)."""
+        """The lower-triangular Cholesky factor of Sigma (dense; used for whitening and sampling).
+
+        Returns:
+            (D, D) float array L with L L^T = Sigma.
+        """
 
     @abc.abstractmethod
     def marginal_variances(self):
-        """diag(Sigma)."""
+        """The prior marginal variances diag(Sigma).
+
+        Returns:
+            (D,) float array.
+        """
 
     def expected_log_density(self, q):
-        """E_{N(m, C^T C)}[log N(w | mu, Sigma)] (papers/000, eq. 7, second term)."""
+        """E_q[log N(w | mu, Sigma)] under q = N(m, C^T C) (Challis & Barber 2013, eq. 7, second term).
+
+        Args:
+            q: a `gkl_jax.Gaussian` over the same D variables.
+
+        Returns:
+            float scalar.
+        """
         d = q.mean - self.mean
         return -0.5 * (self.dim * jnp.log(2 * jnp.pi) + self.logdet() + self.trace_precision(q.factor)
                        + d @ self.precision_mv(d))
 
     def log_density(self, w):
-        """log N(w | mu, Sigma)."""
+        """The prior log density log N(w | mu, Sigma).
+
+        Args:
+            w: (D,) float array.
+
+        Returns:
+            float scalar.
+        """
         d = w - self.mean
         return -0.5 * (self.dim * jnp.log(2 * jnp.pi) + self.logdet() + d @ self.precision_mv(d))
 
@@ -84,7 +137,17 @@ def _mean(mean, dim, like):
 
 
 class Isotropic(AbstractPrior):
-    """N(w | mean, variance * I)."""
+    """N(w | mean, variance * I).
+
+    Args:
+        dim: the dimension D, an int >= 1.
+        variance: the prior variance, a positive finite scalar (default 1).
+        mean: the prior mean, None (zeros), a scalar or a (D,) float array.
+
+    Raises:
+        ValueError: dim not an int >= 1, variance not a positive finite scalar, or mean of the wrong shape or
+            not finite.
+    """
 
     mean: jax.Array
     variance: jax.Array
@@ -122,7 +185,15 @@ class Isotropic(AbstractPrior):
 
 
 class Diagonal(AbstractPrior):
-    """N(w | mean, diag(variance))."""
+    """N(w | mean, diag(variance)).
+
+    Args:
+        variance: the (D,) positive finite prior variances.
+        mean: the prior mean, None (zeros), a scalar or a (D,) float array.
+
+    Raises:
+        ValueError: variance not 1-D, empty, not positive or not finite, or mean of the wrong shape.
+    """
 
     mean: jax.Array
     variance: jax.Array
@@ -216,7 +287,16 @@ class AbstractDensePrior(AbstractPrior):
 
 
 class Dense(AbstractDensePrior):
-    """N(w | mean, covariance) with a dense covariance; its Cholesky factor is computed once here."""
+    """N(w | mean, covariance) with a dense covariance; its Cholesky factor is computed once here.
+
+    Args:
+        covariance: (D, D) symmetric positive-definite float array.
+        mean: the prior mean, None (zeros), a scalar or a (D,) float array.
+
+    Raises:
+        ValueError: covariance not square, empty, not finite, not symmetric or not positive definite, or mean of
+            the wrong shape.
+    """
 
     mean: jax.Array
     covariance: jax.Array

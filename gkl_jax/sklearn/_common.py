@@ -116,6 +116,7 @@ def quiet_convergence():
 
 def warn_not_converged(name, what):
     import warnings
+
     from sklearn.exceptions import ConvergenceWarning
     warnings.warn(f"{name}: {what} did not converge; the fitted attributes are the last iterate (converged_=False)",
                   ConvergenceWarning, stacklevel=3)

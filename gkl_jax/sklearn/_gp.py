@@ -6,6 +6,7 @@ GP classifier of `gkl_jax.multiclass` (Chai 2012) behind one import.
   Barber 2013, Section 6.1.3). predict_proba is the predictive integral E[sigmoid(f_*)] under the latent
   predictive N(mu_*, s_*^2) (`gkl_jax.gp.predict`). More than two classes: one-vs-rest, as scikit-learn's
   GaussianProcessClassifier; `MulticlassGPClassifier` is the joint multinomial model.
+- `MulticlassGPClassifier` (in `_multiclass`): the joint multinomial-logit model of `gkl_jax.multiclass`.
 - `GPRegressor`: Gaussian (exact inference, the exact evidence), Student-t or Laplace (G-KL, robust) likelihood;
   the kernel and the noise by ML-II; the targets are standardised inside `fit` (as scikit-learn's
   normalize_y=True) and every output is in the original units.
@@ -26,9 +27,17 @@ from ..gp import fit_hyperparameters
 from ..gp import model as gp_model
 from ..gp import predict as gp_predict
 from ..kernels import AbstractKernel, SquaredExponential
-from ..multiclass import GPClassifier as _MulticlassGP
-from ._common import (check_choice, check_positive_float, check_steps, encode_labels, float64, quiet_convergence,
-                      validate_fit, validate_predict, warn_not_converged)
+from ._common import (
+    check_choice,
+    check_positive_float,
+    check_steps,
+    encode_labels,
+    float64,
+    quiet_convergence,
+    validate_fit,
+    validate_predict,
+    warn_not_converged,
+)
 
 _LIKELIHOODS = {"logistic": P.Logistic, "probit": P.Probit}
 
@@ -99,7 +108,20 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
     @float64
     def fit(self, X, y):
-        """Fit to inputs X (n, d) and labels y (n,) of any type; returns self."""
+        """Fit the GP posterior (and by default the kernel hyperparameters, by ML-II) to the labels
+        (one-vs-rest for more than two classes).
+
+        Args:
+            X: (n, d) array-like of inputs, n >= 2.
+            y: (n,) array-like of labels of any type, at least two classes.
+
+        Returns:
+            self, with classes_, kernel_, log_evidence_ and converged_ set (a warning is issued when a fit did not
+            converge).
+
+        Raises:
+            ValueError: an unknown likelihood, NaN/inf data, lengths that differ, fewer than 2 samples or 2 classes.
+        """
         check_choice(self.likelihood, "likelihood", tuple(_LIKELIHOODS))
         X, y = validate_fit(self, X, y, classifier=True)
         self.classes_, codes = encode_labels(y)
@@ -123,22 +145,68 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
                          for r, prior in self._fits], axis=1)
 
     def predict_proba(self, X):
-        """Class probabilities (n, K) by the predictive integral, columns in `classes_` order."""
+        """Class probabilities by the predictive integral (one-vs-rest: normalised over the classes).
+
+        Args:
+            X: (n, d) array-like of inputs (d as in `fit`).
+
+        Returns:
+            (n, K) float64 numpy array, columns in `classes_` order, rows summing to 1.
+
+        Raises:
+            sklearn.exceptions.NotFittedError: before `fit`.
+            ValueError: X with NaN/inf or the wrong number of features (scikit-learn's checks).
+        """
         p = self._positive_probabilities(X)
         if p.shape[1] == 1:
             return np.hstack([1 - p, p])
         return p / np.sum(p, axis=1, keepdims=True)
 
     def predict_log_proba(self, X):
+        """The logarithm of `predict_proba`.
+
+        Args:
+            X: (n, d) array-like of inputs (d as in `fit`).
+
+        Returns:
+            (n, K) float64 numpy array.
+
+        Raises:
+            sklearn.exceptions.NotFittedError: before `fit`.
+            ValueError: X with NaN/inf or the wrong number of features (scikit-learn's checks).
+        """
         return np.log(self.predict_proba(X))
 
     def decision_function(self, X):
-        """The moderated log-odds of the predictive probability ((n,) binary, (n, K) one-vs-rest)."""
+        """The moderated log-odds of the predictive probability. Its sign (argmax) agrees with `predict`.
+
+        Args:
+            X: (n, d) array-like of inputs (d as in `fit`).
+
+        Returns:
+            float64 numpy array: (n,) for two classes (positive: `classes_[1]`), (n, K) one-vs-rest.
+
+        Raises:
+            sklearn.exceptions.NotFittedError: before `fit`.
+            ValueError: X with NaN/inf or the wrong number of features (scikit-learn's checks).
+        """
         p = np.clip(self._positive_probabilities(X), 1e-300, 1 - 1e-16)
         logit = np.log(p) - np.log1p(-p)
         return logit[:, 0] if logit.shape[1] == 1 else logit
 
     def predict(self, X):
+        """The most probable class for each row of X (the argmax of `predict_proba`).
+
+        Args:
+            X: (n, d) array-like of inputs (d as in `fit`).
+
+        Returns:
+            (n,) numpy array of labels from `classes_`.
+
+        Raises:
+            sklearn.exceptions.NotFittedError: before `fit`.
+            ValueError: X with NaN/inf or the wrong number of features (scikit-learn's checks).
+        """
         proba = self.predict_proba(X)
         return self.classes_[np.argmax(proba, axis=1)]
 
@@ -170,7 +238,20 @@ class GPRegressor(RegressorMixin, BaseEstimator):
 
     @float64
     def fit(self, X, y):
-        """Fit to inputs X (n, d) and targets y (n,); returns self."""
+        """Fit the GP posterior (and by default the kernel and noise, by ML-II) to the targets.
+
+        Args:
+            X: (n, d) array-like of inputs, n >= 2.
+            y: (n,) array-like of finite targets.
+
+        Returns:
+            self, with kernel_, noise_, log_evidence_ and converged_ set (a warning is issued when the fit did not
+            converge).
+
+        Raises:
+            ValueError: an unknown likelihood, non-positive noise or dof, NaN/inf data, lengths that differ or fewer
+                than 2 samples.
+        """
         check_choice(self.likelihood, "likelihood", ("gaussian", "student-t", "laplace"))
         noise = check_positive_float(self.noise, "noise")
         dof = check_positive_float(self.dof, "dof")
@@ -196,7 +277,19 @@ class GPRegressor(RegressorMixin, BaseEstimator):
 
     @float64
     def predict(self, X, return_std=False):
-        """Predictive mean (n,) and, with return_std, the predictive sd of y including the noise."""
+        """The predictive mean of y and, with `return_std`, its standard deviation including the noise.
+
+        Args:
+            X: (n, d) array-like of inputs (d as in `fit`).
+            return_std: also return the predictive standard deviation (default False).
+
+        Returns:
+            (n,) float64 numpy array of means, or (mean, std) with return_std.
+
+        Raises:
+            sklearn.exceptions.NotFittedError: before `fit`.
+            ValueError: X with NaN/inf or the wrong number of features (scikit-learn's checks).
+        """
         X = validate_predict(self, X, "_fit")
         result, prior = self._fit
         pred = gp_predict(result, prior, X, family=self._family())
@@ -207,7 +300,19 @@ class GPRegressor(RegressorMixin, BaseEstimator):
 
     @float64
     def log_predictive_density(self, X, y):
-        """log p(y_* | x_*) per test point (n,), in the original units of y."""
+        """log p(y_* | x_*) per test point, in the original units of y.
+
+        Args:
+            X: (n, d) array-like of inputs (d as in `fit`).
+            y: (n,) array-like of finite test targets.
+
+        Returns:
+            (n,) float64 numpy array.
+
+        Raises:
+            sklearn.exceptions.NotFittedError: before `fit`.
+            ValueError: y of another length or not finite, or a bad X.
+        """
         X = validate_predict(self, X, "_fit")
         y = np.asarray(y, dtype=np.float64).ravel()
         if y.shape[0] != X.shape[0] or not np.all(np.isfinite(y)):
@@ -215,52 +320,3 @@ class GPRegressor(RegressorMixin, BaseEstimator):
         result, prior = self._fit
         family = eqx.tree_at(lambda p: p.y, self._family(), jnp.asarray((y - self._y_shift) / self._y_scale))
         return np.asarray(gp_predict(result, prior, X, family).log_density) - np.log(self._y_scale)
-
-
-class MulticlassGPClassifier(ClassifierMixin, BaseEstimator):
-    """The multinomial-logit GP classifier of `gkl_jax.multiclass.GPClassifier` (Chai 2012) as a scikit-learn
-    estimator: one joint posterior over the C latent functions (not one-vs-rest).
-
-    Args:
-        kernel: a `gkl_jax.kernels` kernel (default SquaredExponential(1, 1)).
-        learn_hyperparameters: maximise the bound over the kernel parameters (default True).
-        jitter, max_steps, tol: passed on.
-
-    Attributes (after `fit`): classes_, kernel_, log_evidence_ (the bound on log p(y | X)), converged_, estimator_
-    (the underlying `gkl_jax.multiclass.GPClassifier`).
-    """
-
-    def __init__(self, kernel=None, *, learn_hyperparameters=True, jitter=1e-6, max_steps=50, tol=1e-8):
-        self.kernel = kernel
-        self.learn_hyperparameters = learn_hyperparameters
-        self.jitter = jitter
-        self.max_steps = max_steps
-        self.tol = tol
-
-    @float64
-    def fit(self, X, y):
-        X, y = validate_fit(self, X, y, classifier=True)
-        classes, codes = encode_labels(y)
-        with quiet_convergence():
-            est = _MulticlassGP(_kernel(self.kernel), learn_hyperparameters=bool(self.learn_hyperparameters),
-                                classes=np.arange(len(classes)), jitter=float(self.jitter),
-                                max_steps=check_steps(self.max_steps), tol=float(self.tol)).fit(X, codes)
-        self.estimator_, self.classes_ = est, classes
-        self.kernel_, self.log_evidence_, self.converged_ = est.kernel_, float(est.log_z_), bool(est.converged_)
-        if not self.converged_:
-            warn_not_converged(type(self).__name__, "the fit")
-        return self
-
-    @float64
-    def predict_proba(self, X):
-        """Class probabilities (n, C) (the re-normalised predictive of Chai 2012, eq. 25)."""
-        X = validate_predict(self, X, "estimator_")
-        return np.asarray(self.estimator_.predict_proba(X), dtype=np.float64)
-
-    def predict_log_proba(self, X):
-        return np.log(self.predict_proba(X))
-
-    def predict(self, X):
-        proba = self.predict_proba(X)
-        return self.classes_[np.argmax(proba, axis=1)]
-

@@ -4,8 +4,8 @@
   the predictive integral E_q[sigmoid(x^T w)] (Gauss-Hermite over the 1-D latent x^T w ~ N(mu, s^2); MacKay 1992),
   not the plug-in sigmoid(mu). More than two classes: one-vs-rest (one binary posterior per class, the
   probabilities normalised over the classes).
-- `BayesianRegression`: the same prior with a Gaussian, Student-t or Laplace likelihood (robust regression);
-  predict(X, return_std=True) gives the predictive mean and sd including the noise.
+- `BayesianRegression` (in `_regression`): the same prior with a Gaussian, Student-t or Laplace likelihood (robust
+  regression); predict(X, return_std=True) gives the predictive mean and sd including the noise.
 
 The intercept is a weight on a constant column with prior N(0, intercept_variance) (not shrunk like the others
 with the default 100). `learn_prior_variance` (and `learn_noise`) maximise the bound log Z >= B over the
@@ -16,7 +16,7 @@ bound, a lower bound on log p(y | X) (for the regression models: of the original
 import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
-from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
+from sklearn.base import BaseEstimator, ClassifierMixin
 
 from .. import factors as F
 from .. import potentials as P
@@ -26,8 +26,18 @@ from .._predict import predict as gk_predict
 from ..gp import exact as gp_exact
 from ..gp._hyper import fit_hyperparameters
 from ..priors import Diagonal
-from ._common import (check_choice, check_positive_float, check_steps, encode_labels, float64, pad_design,
-                      quiet_convergence, validate_fit, validate_predict, warn_not_converged)
+from ._common import (
+    check_choice,
+    check_positive_float,
+    check_steps,
+    encode_labels,
+    float64,
+    pad_design,
+    quiet_convergence,
+    validate_fit,
+    validate_predict,
+    warn_not_converged,
+)
 
 LIKELIHOODS = ("gaussian", "student-t", "laplace")
 
@@ -168,7 +178,19 @@ class BayesianLogisticRegression(ClassifierMixin, _BayesianLinear):
 
     @float64
     def fit(self, X, y):
-        """Fit the posterior to X (n, d) and labels y (n,); returns self."""
+        """Fit the posterior over the weights (one-vs-rest for more than two classes).
+
+        Args:
+            X: (n, d) array-like of inputs, n >= 2.
+            y: (n,) array-like of labels of any type, at least two classes.
+
+        Returns:
+            self, with coef_, intercept_, classes_, prior_variance_, log_evidence_ and converged_ set (a warning is
+            issued when a fit did not converge).
+
+        Raises:
+            ValueError: NaN/inf or complex data, lengths that differ, fewer than 2 samples or 2 classes.
+        """
         X, y = validate_fit(self, X, y, classifier=True)
         self.classes_, codes = encode_labels(y)
         H = self._design(X)
@@ -190,26 +212,71 @@ class BayesianLogisticRegression(ClassifierMixin, _BayesianLinear):
         return np.stack([np.asarray(self._latent(r, X, "logistic").probability) for r in self._results], axis=1)
 
     def predict_proba(self, X):
-        """Class probabilities (n, K) by the predictive integral E_q[sigmoid(x^T w)], columns in `classes_`
-        order (one-vs-rest: normalised over the classes)."""
+        """Class probabilities by the predictive integral E_q[sigmoid(x^T w)] (one-vs-rest: normalised over the
+        classes).
+
+        Args:
+            X: (n, d) array-like of inputs (d as in `fit`).
+
+        Returns:
+            (n, K) float64 numpy array, columns in `classes_` order, rows summing to 1.
+
+        Raises:
+            sklearn.exceptions.NotFittedError: before `fit`.
+            ValueError: X with NaN/inf or the wrong number of features (scikit-learn's checks).
+        """
         p = self._positive_probabilities(X)
         if p.shape[1] == 1:
             return np.hstack([1 - p, p])
         return p / np.sum(p, axis=1, keepdims=True)
 
     def predict_log_proba(self, X):
+        """The logarithm of `predict_proba`.
+
+        Args:
+            X: (n, d) array-like of inputs (d as in `fit`).
+
+        Returns:
+            (n, K) float64 numpy array.
+
+        Raises:
+            sklearn.exceptions.NotFittedError: before `fit`.
+            ValueError: X with NaN/inf or the wrong number of features (scikit-learn's checks).
+        """
         return np.log(self.predict_proba(X))
 
     def decision_function(self, X):
-        """The moderated log-odds log p / (1 - p) of the predictive probability: shape (n,) for two classes
-        (positive: `classes_[1]`), (n, K) one-vs-rest. Its sign (argmax) agrees with `predict`."""
+        """The moderated log-odds log p / (1 - p) of the predictive probability. Its sign (argmax) agrees with
+        `predict`.
+
+        Args:
+            X: (n, d) array-like of inputs (d as in `fit`).
+
+        Returns:
+            float64 numpy array: (n,) for two classes (positive: `classes_[1]`), (n, K) one-vs-rest.
+
+        Raises:
+            sklearn.exceptions.NotFittedError: before `fit`.
+            ValueError: X with NaN/inf or the wrong number of features (scikit-learn's checks).
+        """
         p = np.clip(self._positive_probabilities(X), 1e-300, 1 - 1e-16)
         logit = np.log(p) - np.log1p(-p)
         return logit[:, 0] if logit.shape[1] == 1 else logit
 
     @float64
     def latent(self, X):
-        """(mean, sd) of the latent x^T w (+ intercept) under q, each (n,) or (n, K)."""
+        """The posterior mean and standard deviation of the latent x^T w (+ intercept) under q.
+
+        Args:
+            X: (n, d) array-like of inputs (d as in `fit`).
+
+        Returns:
+            (mean, sd): float64 numpy arrays, each (n,) for two classes or (n, K) one-vs-rest.
+
+        Raises:
+            sklearn.exceptions.NotFittedError: before `fit`.
+            ValueError: X with NaN/inf or the wrong number of features (scikit-learn's checks).
+        """
         X = validate_predict(self, X, "_results")
         preds = [self._latent(r, X) for r in self._results]
         mean = np.stack([np.asarray(p.mean) for p in preds], axis=1)
@@ -217,101 +284,17 @@ class BayesianLogisticRegression(ClassifierMixin, _BayesianLinear):
         return (mean[:, 0], sd[:, 0]) if mean.shape[1] == 1 else (mean, sd)
 
     def predict(self, X):
-        """The most probable class for each row of X."""
+        """The most probable class for each row of X (the argmax of `predict_proba`).
+
+        Args:
+            X: (n, d) array-like of inputs (d as in `fit`).
+
+        Returns:
+            (n,) numpy array of labels from `classes_`.
+
+        Raises:
+            sklearn.exceptions.NotFittedError: before `fit`.
+            ValueError: X with NaN/inf or the wrong number of features (scikit-learn's checks).
+        """
         proba = self.predict_proba(X)
         return self.classes_[np.argmax(proba, axis=1)]
-
-
-class BayesianRegression(RegressorMixin, _BayesianLinear):
-    """Bayesian linear regression with a Gaussian, Student-t or Laplace likelihood by G-KL inference.
-
-    The targets are standardised inside `fit`, z = (y - median(y)) / sd(y); `prior_variance` and `noise` are in
-    those units (with the default scale, prior_variance = 1 says a coefficient moves y by about one sd per unit
-    feature), and every output (coef_, predictions, log_evidence_) is in the original units.
-
-    Args:
-        likelihood: "gaussian" (noise = variance), "student-t" (noise = scale, `dof` degrees of freedom) or
-            "laplace" (noise = scale).
-        prior_variance: prior variance of the coefficients (start value when learned).
-        noise: the likelihood's variance or scale in standardised units (start value when learned).
-        dof: Student-t degrees of freedom (fixed).
-        factor, fit_intercept, intercept_variance, max_steps: as `BayesianLogisticRegression` (with the Gaussian
-            likelihood the posterior is Gaussian and computed exactly, whatever `factor`).
-        learn_prior_variance, learn_noise: ML-II on the bound over each (default both, as BayesianRidge).
-
-    Attributes (after `fit`): coef_ (d,), coef_std_ (d,), intercept_, intercept_std_, covariance_ (d + 1, d + 1),
-    log_evidence_ (the bound on log p(y | X)), prior_variance_, noise_ (learned values, standardised units),
-    converged_.
-    """
-
-    def __init__(self, likelihood="gaussian", *, prior_variance=1.0, noise=0.1, dof=4.0, factor="full",
-                 fit_intercept=True, intercept_variance=100.0, learn_prior_variance=True, learn_noise=True,
-                 max_steps=100):
-        self.likelihood = likelihood
-        self.prior_variance = prior_variance
-        self.noise = noise
-        self.dof = dof
-        self.factor = factor
-        self.fit_intercept = fit_intercept
-        self.intercept_variance = intercept_variance
-        self.learn_prior_variance = learn_prior_variance
-        self.learn_noise = learn_noise
-        self.max_steps = max_steps
-
-    @float64
-    def fit(self, X, y):
-        """Fit the posterior (and by default the prior variance and noise) to X (n, d) and targets y (n,)."""
-        check_choice(self.likelihood, "likelihood", LIKELIHOODS)
-        noise = check_positive_float(self.noise, "noise")
-        dof = check_positive_float(self.dof, "dof")
-        X, y = validate_fit(self, X, y, classifier=False)
-        self._y_shift = float(np.median(y)) if self.fit_intercept else 0.0
-        sd = float(np.std(y))
-        self._y_scale = sd if sd > 0 else 1.0
-        z = (y - self._y_shift) / self._y_scale
-        result, v, s, log_z, converged = self._fit_one(self._design(X), z, self.likelihood, noise,
-                                                       self.learn_noise, dof)
-        self._results = [result]
-        mean, cov = self._moments(result, X)
-        self._set_coefficients([(mean * self._y_scale, cov * self._y_scale**2)])
-        self.coef_, self.coef_std_ = self.coef_[0], self.coef_std_[0]
-        self.intercept_ = float(self.intercept_[0]) + self._y_shift
-        self.intercept_std_ = float(self.intercept_std_[0])
-        self.covariance_ = self.covariance_[0]
-        self.prior_variance_, self.noise_ = v, s
-        self.log_evidence_ = log_z - len(y) * np.log(self._y_scale)
-        self.converged_ = converged
-        if not converged:
-            warn_not_converged(type(self).__name__, "the fit")
-        return self
-
-    def _family(self):
-        dof = float(self.dof)
-        return {"gaussian": lambda: P.Gaussian(jnp.zeros(1), self.noise_),
-                "laplace": lambda: P.Laplace(jnp.zeros(1), self.noise_),
-                "student-t": lambda: P.StudentT(jnp.zeros(1), dof, self.noise_)}[self.likelihood]()
-
-    @float64
-    def predict(self, X, return_std=False):
-        """Predictive mean (n,) and, with return_std, the predictive sd of y including the noise (inf for a
-        Student-t likelihood with dof <= 2)."""
-        X = validate_predict(self, X, "_results")
-        pred = self._latent(self._results[0], X, self._family())
-        mean = np.asarray(pred.y_mean) * self._y_scale + self._y_shift
-        if not return_std:
-            return mean
-        return mean, np.sqrt(np.asarray(pred.y_variance)) * self._y_scale
-
-    @float64
-    def log_predictive_density(self, X, y):
-        """log p(y_* | x_*) per test point (n,), in the original units of y."""
-        X = validate_predict(self, X, "_results")
-        y = np.asarray(y, dtype=np.float64).ravel()
-        if y.shape[0] != X.shape[0] or not np.all(np.isfinite(y)):
-            raise ValueError(f"y must hold {X.shape[0]} finite targets, got shape {np.shape(y)}")
-        H = self._design(X)
-        Hp = np.zeros((H.shape[0], self._results[0].q.dim))
-        Hp[:, :H.shape[1]] = H
-        z = (y - self._y_shift) / self._y_scale
-        pred = gk_predict(self._results[0], jnp.asarray(Hp), self._family(), y=jnp.asarray(z))
-        return np.asarray(pred.log_density) - np.log(self._y_scale)

@@ -88,13 +88,27 @@ class Problem(eqx.Module):
         return ravel_pytree(eqx.filter(self.q0, self.mask))[0]
 
     def to_q(self, x):
-        """The Gaussian whose solver leaves are the flat vector x (P,) and whose other leaves are q0's."""
+        """The Gaussian whose solver leaves are the flat vector x and whose other leaves are q0's.
+
+        Args:
+            x: (P,) float array, the solver leaves flattened as in `x0`.
+
+        Returns:
+            `gkl_jax.Gaussian`.
+        """
         params, static = eqx.partition(self.q0, self.mask)
         unravel = ravel_pytree(params)[1]
         return eqx.combine(unravel(x), static)
 
     def objective(self, x):
-        """B(model, to_q(x)), the G-KL bound (Challis & Barber 2013, eq. 7) at the flat vector x (P,)."""
+        """B(model, to_q(x)), the G-KL bound (Challis & Barber 2013, eq. 7) at a flat vector of solver leaves.
+
+        Args:
+            x: (P,) float array.
+
+        Returns:
+            float scalar array.
+        """
         return bound(self.model, self.to_q(x))
 
 
@@ -106,6 +120,13 @@ class AbstractSolver(eqx.Module):
     `max_steps` (None: the solver's `default_max_steps`); subclasses add their own settings as fields.
     `check(model, factor)` raises a ValueError where the solver cannot apply, `solve(problem, tol, max_steps)`
     runs it. Adding a solver is one new subclass (and one export in `gkl_jax.solvers`).
+
+    Args:
+        tol: the gradient tolerance (positive float), or None for the dtype's default.
+        max_steps: the step limit (int >= 1), or None for the solver's `default_max_steps`.
+
+    Raises:
+        ValueError: a tol that is not a positive float, or a max_steps that is not an int >= 1.
     """
 
     tol: float | None = None

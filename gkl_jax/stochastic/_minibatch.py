@@ -1,7 +1,7 @@
 """Data larger than one pass: stochastic maximisation of the G-KL bound over minibatches of sites, and the
 full-data bound streamed in chunks.
 
-The bound (papers/000 eq. 7) splits into the sites-independent part and a sum over sites,
+The bound (Challis & Barber 2013, eq. 7) splits into the sites-independent part and a sum over sites,
 
     B(m, C) = H[q] + E_q[log N(w | mu, Sigma)] + sum_groups sum_{n=1}^{N_g} I_n(m_n, s_n),
 
@@ -26,15 +26,15 @@ import optax
 from jax import lax
 from jax.flatten_util import ravel_pytree
 
-from .._linalg import full_precision
 from .._adjoint import stop_gradients
-from .._start import initial_q as _initial_q
-from .._whiten import whitening
 from .._bound import check_model_and_q
 from .._gaussian import Gaussian
+from .._linalg import full_precision
 from .._model import Model, check_fittable
 from .._result import Result
+from .._start import initial_q as _initial_q
 from .._validate import as_int, check_indices, check_int, check_key, check_max_steps, check_tol, is_concrete
+from .._whiten import whitening
 from ..factors import AbstractFactor, Full
 from ..priors._priors import AbstractDensePrior
 from ._subsample import check_subsampling, num_sites, slice_sites, take_sites
@@ -81,8 +81,20 @@ def bound_chunked(model: Model, q: Gaussian, chunk_size=None):
     its rows already counted are masked), each chunk rematerialised in the backward pass (`jax.checkpoint`),
     so neither the value nor the gradient ever holds more than one chunk's projections: memory
     O(chunk_size * D) instead of O(N * D) for the full factor. Equal to `bound(model, q)` up to summation
-    order. `chunk_size`: rows per chunk, one integer or one per sites group (default: about 2^22 entries of H,
-    at least 1024 rows); static under `jit`. Jit-able and differentiable in both arguments.
+    order (Challis & Barber 2013, eq. 7). Jit-able and differentiable in both arguments.
+
+    Args:
+        model: a `gkl_jax.Model` whose site groups have a dense H or H=None (where a group needs chunking).
+        q: a `gkl_jax.Gaussian` over model.dim variables.
+        chunk_size: rows per chunk, one int or one per sites group (default: about 2^22 entries of H, at least
+            1024 rows); static under `jit`.
+
+    Returns:
+        float scalar array, the bound.
+
+    Raises:
+        ValueError: q does not match the model, a bad chunk_size, or a chunked group whose H is neither dense
+            nor the identity.
     """
     q = check_model_and_q(model, q)
     sizes = _chunk_sizes(model, chunk_size)
@@ -116,8 +128,20 @@ def bound_chunked(model: Model, q: Gaussian, chunk_size=None):
 @full_precision
 def minibatch_bound(model: Model, q: Gaussian, indices):
     """The unbiased estimate B_hat of the bound from the rows `indices[g]` of each sites group g (sampled
-    uniformly without replacement): global terms plus (N_g / b_g) times the batch's site terms. `indices`: one
-    non-empty 1-D integer array of rows in [0, N_g) per sites group."""
+    uniformly without replacement): global terms plus (N_g / b_g) times the batch's site terms.
+
+    Args:
+        model: a `gkl_jax.Model` whose site groups have a dense H or H=None.
+        q: a `gkl_jax.Gaussian` over model.dim variables.
+        indices: a list with one non-empty 1-D integer array of rows in [0, N_g) per sites group.
+
+    Returns:
+        float scalar array B_hat.
+
+    Raises:
+        ValueError: q does not match the model, indices not one array per group, empty or out of range, or an
+            H that cannot be subsampled.
+    """
     q = check_model_and_q(model, q)
     if not isinstance(indices, (tuple, list)) or len(indices) != len(model.sites):
         got = f"length {len(indices)}" if isinstance(indices, (tuple, list)) else type(indices).__name__
@@ -162,32 +186,45 @@ def fit_minibatch(model: Model, factor: AbstractFactor | None = None, *, batch_s
                   num_epochs: float | None = None, optimizer: optax.GradientTransformation | None = None,
                   learning_rate: float = 3e-2, key=None, q0: Gaussian | None = None, chunk_size: int | None = None,
                   tol: float | None = None, whiten: bool = False) -> Result:
-    """Maximise the G-KL bound by stochastic gradients on minibatches of sites (module doc).
+    """Maximise the G-KL bound (Challis & Barber 2013, eq. 7) by stochastic gradients on minibatches of sites.
 
-    - `batch_size`: sites per step, one integer for every group or one per group (1 <= b <= N_g).
-    - `num_steps` or `num_epochs` (exactly one): optimiser steps, or passes over the largest group.
-    - `optimizer`: any `optax.GradientTransformation` (it minimises -B_hat); default Adam with a cosine decay
-      from `learning_rate` to `learning_rate / 100` over the run. Pass the same object again to reuse the
-      compiled program (a new optax object is a new static argument).
-    - `key`: PRNG key for the batches (default `jax.random.key(0)`); `q0`, `factor` as in `gkl_jax.fit`.
-      Without `q0` the start is the prior mean with variances min(v0, 1 / Lambda_jj), Lambda_jj a minibatch
-      estimate of the diagonal of the fixed-point precision Sigma^{-1} + H^T Gamma H (eq. 10).
-    - The optimiser sees the mean in its own units and the factor entries in units of s, the geometric mean
-      of the starting marginal standard deviations, so that one step size suits both (the posterior standard
-      deviations shrink like N^{-1/2} while the mean does not).
-    - `chunk_size`: rows per chunk of the final streamed full-data pass (`bound_chunked`).
-    - `whiten`: as in `gkl_jax.fit`, run in the basis w = mu + L v, L L^T = Sigma (App. E; the sites become the
-      dense H L), and report q in the original basis with a Full factor. Under a GP prior this is what lets
-      Adam converge: in w the prior precision spans the kernel's condition number.
+    Without `q0` the start is the prior mean with variances min(v0, 1 / Lambda_jj), Lambda_jj a minibatch
+    estimate of the diagonal of the fixed-point precision Sigma^{-1} + H^T Gamma H (eq. 10). The optimiser sees
+    the mean in its own units and the factor entries in units of s, the geometric mean of the starting marginal
+    standard deviations, so that one step size suits both (the posterior standard deviations shrink like
+    N^{-1/2} while the mean does not). Finishing with `gkl_jax.fit(model, q0=result.q)` polishes a minibatch
+    fit to a tight tolerance when a few full passes fit the budget. Compiled once per (shapes, batch sizes,
+    num_steps, optimiser).
 
-    Returns a `Result` whose `log_z` is the exact full-data bound at the final q (a valid lower bound on
-    log Z, differentiable in the model; q itself carries no derivative: use `gkl_jax.fit` for that), whose
-    `history[k]` is the unbiased estimate B_hat(q_k) from the k-th batch (noisy; k < num_steps) and
-    `history[num_steps]` the exact full-data bound at the end, and whose `converged` says whether
-    the full-data gradient met max |dB/d(m, C)| / N <= tol, N the total number of sites (a per-site
-    tolerance, default 1e-3); a warning is issued when it did not. Finishing with
-    `gkl_jax.fit(model, q0=result.q)` polishes a minibatch fit to a tight tolerance when a few full passes fit
-    the budget. Compiled once per (shapes, batch sizes, num_steps, optimiser).
+    Args:
+        model: a `gkl_jax.Model` whose site groups have a dense H or H=None.
+        factor: the covariance factor (default `q0`'s, else `gkl_jax.factors.Full()`).
+        batch_size: sites per step, one int for every group or one per group (1 <= b <= N_g).
+        num_steps: optimiser steps (give exactly one of num_steps and num_epochs).
+        num_epochs: passes over the largest group (a positive float).
+        optimizer: any `optax.GradientTransformation` (it minimises -B_hat); default Adam with a cosine decay
+            from `learning_rate` to `learning_rate / 100` over the run. Pass the same object again to reuse
+            the compiled program (a new optax object is a new static argument).
+        learning_rate: the default optimiser's initial step size (default 3e-2).
+        key: PRNG key for the batches (default `jax.random.key(0)`).
+        q0: a starting `gkl_jax.Gaussian` or `Result` (as in `gkl_jax.fit`).
+        chunk_size: rows per chunk of the final streamed full-data pass (`bound_chunked`).
+        tol: per-site gradient tolerance for `converged` (default 1e-3).
+        whiten: as in `gkl_jax.fit`, run in the basis w = mu + L v, L L^T = Sigma (Challis & Barber 2013,
+            App. E; the sites become the dense H L), and report q in the original basis with a Full factor.
+            Under a GP prior this is what lets Adam converge.
+
+    Returns:
+        `gkl_jax.Result`: `log_z` is the exact full-data bound at the final q (a valid lower bound on log Z,
+        differentiable in the model; q itself carries no derivative: use `gkl_jax.fit` for that); `history` is
+        a (num_steps + 1,) array, `history[k]` the unbiased estimate B_hat(q_k) from the k-th batch and
+        `history[num_steps]` the exact full-data bound at the end; `converged` says whether the full-data
+        gradient met max |dB/d(m, C)| / N <= tol, N the total number of sites (a warning is issued when not).
+
+    Raises:
+        ValueError: a model that cannot be fitted, q0 or factor of the wrong type, both or neither of
+            num_steps/num_epochs, bad batch sizes, optimizer not an optax transformation, or an H that cannot
+            be subsampled.
     """
     check_fittable(model, "fit_minibatch")
     q0 = q0.q if isinstance(q0, Result) else q0

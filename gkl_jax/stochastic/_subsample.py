@@ -1,6 +1,6 @@
 """Row subsets of a `Sites` group: minibatches (gathered rows) and chunks (contiguous slices).
 
-The bound (papers/000 eq. 7) is a sum over sites, so any subset of rows of H with the matching per-site data
+The bound (Challis & Barber 2013, eq. 7) is a sum over sites, so any subset of rows of H with the matching per-site data
 (labels, scales, offsets) is again a `Sites` group; `take_sites` and `slice_sites` build it inside `jit`
 without copying the rest of the data. Per-site data are the potential's array fields whose leading axis has
 length N (scalars are shared by every site and kept as they are).
@@ -21,6 +21,13 @@ class SelectRows(AbstractOperator):
 
     A minibatch or chunk of `Sites(None, ...)` (one site per latent variable, e.g. Gaussian-process sites)
     without forming the identity: projections are gathers and transposed products are scatter-adds.
+
+    Args:
+        indices: (k,) integer array of rows in [0, dim).
+        dim: D, an int >= 1.
+
+    Raises:
+        ValueError: dim not an int >= 1, or indices not a 1-D integer array within [0, dim).
     """
 
     indices: jax.Array
@@ -85,7 +92,19 @@ def _unsupported(op):
 
 
 def take_sites(sites: Sites, indices, dim: int) -> Sites:
-    """The group restricted to the rows `indices` (a 1-D integer array in [0, N); may repeat rows)."""
+    """The group restricted to the rows `indices` (rows may repeat).
+
+    Args:
+        sites: a `gkl_jax.Sites` group with a dense H, H=None or a `SelectRows` H.
+        indices: (k,) integer array of rows in [0, N).
+        dim: D, the model's dimension.
+
+    Returns:
+        `gkl_jax.Sites` with k rows (per-site data of length N subset alike).
+
+    Raises:
+        ValueError: indices not 1-D integers in [0, N), or an H that cannot be subsampled.
+    """
     indices = check_indices(indices, num_sites(sites, dim))
 
     def rows_of_operator(op):
@@ -101,8 +120,21 @@ def take_sites(sites: Sites, indices, dim: int) -> Sites:
 
 
 def slice_sites(sites: Sites, start, size: int, dim: int) -> Sites:
-    """The group restricted to rows start, ..., start + size - 1 (`start` may be traced; `size` is static and
-    at most N; like `lax.dynamic_slice`, a start past N - size is clamped to N - size)."""
+    """The group restricted to rows start, ..., start + size - 1 (like `lax.dynamic_slice`, a start past
+    N - size is clamped to N - size).
+
+    Args:
+        sites: a `gkl_jax.Sites` group with a dense H, H=None or a `SelectRows` H.
+        start: the first row, an int or an int scalar array (may be traced).
+        size: the number of rows, a static int in [1, N].
+        dim: D, the model's dimension.
+
+    Returns:
+        `gkl_jax.Sites` with `size` rows.
+
+    Raises:
+        ValueError: size not an int in [1, N], or an H that cannot be sliced.
+    """
     n = num_sites(sites, dim)
     size = check_int(size, "size", 1)
     if size > n:
