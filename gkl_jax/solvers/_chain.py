@@ -52,6 +52,7 @@ class Chain(AbstractSolver):
             history = _append(history, solution.history, filled, first=i == 0)
             filled = filled + solution.num_steps + (1 if i == 0 else 0)
             x, total = solution.x, total + solution.num_steps
+        assert solution is not None     # stages is non-empty (__check_init__)
         return Solution(x, total, solution.converged, history, solution.status, solution.extras)
 
 
