@@ -1,6 +1,6 @@
 """The numerical building blocks every solver shares, one implementation each: conjugate gradients
-(`conjugate_gradient`), the backtracking line search (`backtrack`), and the tolerance and round-off rules of a
-dtype (`default_tol`, `roundoff`)."""
+(`conjugate_gradient`), the backtracking line search (`backtrack`), the host L-BFGS two-loop recursion
+(`lbfgs_direction`), and the tolerance and round-off rules of a dtype (`default_tol`, `roundoff`)."""
 
 from ._cg import conjugate_gradient as conjugate_gradient
 from ._linesearch import backtrack as backtrack
@@ -9,3 +9,4 @@ from ._tolerance import MAX_STALLS as MAX_STALLS
 from ._tolerance import default_tol as default_tol
 from ._tolerance import max_abs as max_abs
 from ._tolerance import roundoff as roundoff
+from ._lbfgs import lbfgs_direction as lbfgs_direction
