@@ -410,6 +410,48 @@ def test_predictions_bounds_and_sum_to_zero(fitted):
         assert bound <= math.log(float(probs[j, c])) + 0.02
 
 
+def test_kronecker_predictive_and_integrated_probabilities(fitted):
+    """The Kronecker-structured predictive equals the dense eq.-25 moments; the Monte Carlo integrated
+    probabilities equal a 24^3-point Gauss-Hermite product rule for E[softmax(f)] to Monte Carlo accuracy."""
+    from gkl_jax.multiclass._predict import kronecker_predictive
+
+    X, labels, Y, K, post = fitted
+    kernel = gk.kernels.SquaredExponential(2.0, 1.0)
+    Xs = np.random.default_rng(10).normal(size=(3, 2))
+    T = post.t_matrix(K)
+    K_cross = jnp.kron(kernel.gram(X, Xs), jnp.eye(N_CLASSES))
+    K_star = kernel.diag(Xs)[:, None, None] * jnp.eye(N_CLASSES)
+    dense = mc.predictive_moments(post.alpha, T, K_cross, K_star)
+    kron = kronecker_predictive(kernel, jnp.asarray(X), jnp.asarray(Xs), post.alpha, T)
+    np.testing.assert_allclose(kron.mean, dense.mean, atol=1e-10)
+    np.testing.assert_allclose(kron.covariance, dense.covariance, atol=1e-10)
+    mc_p = np.asarray(kron.integrated_probabilities(jax.random.PRNGKey(0), 20000))
+    x, w = np.polynomial.hermite_e.hermegauss(24)
+    grid = np.stack(np.meshgrid(x, x, x, indexing="ij"), -1).reshape(-1, 3)
+    weights = np.prod(np.stack(np.meshgrid(w, w, w, indexing="ij"), -1).reshape(-1, 3), axis=1) / (2 * np.pi)**1.5
+    for j in range(3):
+        f = np.asarray(kron.mean[j]) + grid @ np.linalg.cholesky(np.asarray(kron.covariance[j])).T
+        e = np.exp(f - f.max(axis=1, keepdims=True))
+        quad = weights @ (e / e.sum(axis=1, keepdims=True))
+        np.testing.assert_allclose(mc_p[j], quad, atol=4e-3)
+    np.testing.assert_allclose(mc_p.sum(axis=1), 1.0, atol=1e-12)
+    assert np.max(np.abs(mc_p - np.asarray(kron.renormalised_probabilities()))) > 1e-2  # the two rules differ
+
+
+def test_host_lbfgs_direction_satisfies_the_secant_equation():
+    """BFGS' inverse-Hessian approximation maps the newest gradient change to the newest step (H y = s), and
+    with no pairs the direction is the gradient scaled to at most unit length."""
+    from gkl_jax._optim import lbfgs_direction
+
+    rng = np.random.default_rng(0)
+    A = rng.normal(size=(4, 4))
+    A = A @ A.T + np.eye(4)
+    pairs = [(s, A @ s) for s in rng.normal(size=(3, 4))]
+    np.testing.assert_allclose(lbfgs_direction(pairs[-1][1], pairs), pairs[-1][0], rtol=1e-12)
+    g = np.array([3.0, 4.0, 0.0, 0.0])
+    np.testing.assert_allclose(lbfgs_direction(g, []), g / 5.0)
+
+
 # ------------------------------------------------------------------------------------------ learning, classifier
 
 @pytest.fixture(scope="module")

@@ -185,14 +185,33 @@ def fit_hyperparameters(kernel, X, Y, *, fixed=(), class_covariance=None, jitter
                         covariance="full", max_steps=50, ftol=1e-7, inner_tol=1e-8, inner_steps=100,
                         max_step=1.0, memory=10) -> HyperResult:
     """Maximise log Z_h*(theta) (Section 6) over the kernel's unconstrained parameters (all inexact arrays except
-    the attribute names in `fixed`), by L-BFGS with warm-started inner fits.
+    the attribute names in `fixed`), by L-BFGS on the host with warm-started compiled inner fits.
 
-    X: (n, d) inputs; Y: (n, C) one-hot labels. Each outer step moves every log-parameter by at most `max_step`.
-    `inner_tol` is the inner fits' `fit_full` tolerance: 1e-8 (about 2e-6 nats on glass, a tenth of the outer
-    settling threshold ftol (1 + |log Z|)) gave the same learned bound to 1e-4 nats as 1e-10 in 30% less time.
     Stops when a step raises the bound by at most ftol * (1 + |log Z|), when the line search fails, or after
-    `max_steps` steps. Returns a `HyperResult`; `converged` is False (with a warning) when `max_steps` was reached
-    first or the line search failed while the first-order gain of the step was still above that tolerance.
+    `max_steps` steps; `converged` is False (with a warning) when `max_steps` was reached first or the line search
+    failed while the first-order gain of the step was still above that tolerance.
+
+    Args:
+        kernel: a `gk.kernels` kernel (its parameters are the starting point).
+        X: (n, d) inputs.
+        Y: (n, C) one-hot labels.
+        fixed: names of kernel attributes held fixed (e.g. ("log_variance",) for eq. 44).
+        class_covariance: (C, C) K^c, or None for the identity (then K = (K^x + jitter I) (x) I_C is factorised
+            through the (n, n) Cholesky factor of K^x + jitter I).
+        jitter: added to the diagonal of the prior.
+        site, covariance: the bound variant (see `fit_full`).
+        max_steps: the most outer steps; 0 fits the variational posterior at the given kernel only.
+        ftol: the outer settling tolerance.
+        inner_tol: the final inner fit's `fit_full` tolerance: 1e-8 (about 2e-6 nats on glass) gave the same
+            learned bound to 1e-4 nats as 1e-10; line-search fits use a looser one that follows the outer gains
+            (`_learn`).
+        inner_steps: the most sweeps of an inner fit.
+        max_step: the most an outer step moves any log-parameter.
+        memory: the L-BFGS memory.
+
+    Returns:
+        A `HyperResult`: the learned kernel, the posterior at it, log Z_h*, T = W - W V W for predictions, and the
+        bookkeeping (history of the bound per outer step, number of inner fits).
     """
     if not isinstance(kernel, eqx.Module):
         raise ValueError(f"kernel must be a gkl_jax.kernels kernel (an Equinox module), got {type(kernel).__name__}")
