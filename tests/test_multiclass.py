@@ -304,7 +304,7 @@ def test_fit_reaches_the_previous_implementations_optimum(seed, variance, expect
     _, _, Y, K = _problem(seed=seed, variance=variance)
     variants = {"theorem6": {}, "knowles_minka": dict(site="knowles_minka"),
                 "class_factorised": dict(covariance="class_factorised"),
-                "fixed_point": dict(v_update="fixed_point", max_steps=2000)}
+                "fixed_point": dict(v_update="fixed_point", max_steps=200)}
     for name, kwargs in variants.items():
         post = mc.fit_full(K, Y, tol=1e-13, **kwargs)
         np.testing.assert_allclose(float(post.log_z), expected[name], rtol=0, atol=1e-9, err_msg=name)
