@@ -28,9 +28,6 @@ from ._hyper import prior_covariance as prior_covariance
 from ._predict import Predictive as Predictive
 from ._predict import predictive_moments as predictive_moments
 from ._predict import theorem12_bound as theorem12_bound
-from ._sparse import SparsePosterior as SparsePosterior
-from ._sparse import fit_sparse as fit_sparse
-from ._sparse import sparse_log_z as sparse_log_z
 from ._sampling import ImportanceEstimate as ImportanceEstimate
 from ._sampling import importance_predictive as importance_predictive
 from ._sampling import importance_sampling as importance_sampling
@@ -50,6 +47,9 @@ from ._site import s_fixed_point as s_fixed_point
 from ._site import site_bound as site_bound
 from ._site import site_statistics as site_statistics
 from ._site import softmax_upper_bound as softmax_upper_bound
+from ._sparse import SparsePosterior as SparsePosterior
+from ._sparse import fit_sparse as fit_sparse
+from ._sparse import sparse_log_z as sparse_log_z
 from ._theory import lemma29_value as lemma29_value
 from ._theory import theorem9_bound as theorem9_bound
 from ._theory import theorem10_bound as theorem10_bound

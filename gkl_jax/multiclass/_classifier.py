@@ -9,14 +9,17 @@ the eq. 24 lower bounds (`predict_log_proba_bounds`). The estimator is an ordina
 scikit-learn's `fit` protocol requires; everything numerical lives in the functional API underneath.
 """
 
-import numpy as np
-import jax.numpy as jnp
+import warnings
 
-from .._validate import check_max_steps, check_nonnegative, check_tol
+import jax
+import numpy as np
+
+from .._validate import check_int, check_max_steps, check_nonnegative, check_tol
 from ..kernels import AbstractKernel, SquaredExponential
-from ._full import COVARIANCES, SITES, fit_full
-from ._hyper import fit_hyperparameters, prior_covariance
-from ._predict import predictive_moments
+from ._full import COVARIANCES, SITES
+from ._hyper import fit_hyperparameters
+from ._predict import kronecker_predictive
+from ._threads import single_blas_thread
 
 
 def _as_inputs(X, name):
@@ -106,28 +109,32 @@ class GPClassifier:
         return classes, np.eye(len(classes))[idx]
 
     def fit(self, X, y):
-        """Fit the variational posterior (and, by default, the kernel hyper-parameters) to inputs X (n, d) and
-        labels y (n,)."""
+        """Fit the variational posterior (and, by default, the kernel hyper-parameters).
+
+        Args:
+            X: (n, d) inputs.
+            y: (n,) class labels.
+
+        Returns:
+            self.
+        """
         X = _as_inputs(X, "X")
         self.classes_, Y = self._encode(y, X.shape[0])
-        C = Y.shape[1]
-        if self.learn_hyperparameters:
-            res = fit_hyperparameters(self.kernel, X, Y, fixed=self.fixed, jitter=self.jitter, site=self.site,
-                                      covariance=self.covariance, max_steps=self.max_steps, inner_tol=self.tol)
-            self.kernel_ = res.kernel
-            post = res.posterior
-            self.converged_ = bool(res.converged)
-        else:
-            self.kernel_ = self.kernel
-            K = prior_covariance(self.kernel_, X, C, None, self.jitter)
-            post = fit_full(K, Y, site=self.site, covariance=self.covariance, tol=self.tol)
-            self.converged_ = bool(post.converged)
-        K = prior_covariance(self.kernel_, X, C, None, self.jitter)
+        # one compiled program serves both cases: without learning, the outer loop takes no step
+        res = fit_hyperparameters(self.kernel, X, Y, fixed=self.fixed, jitter=self.jitter, site=self.site,
+                                  covariance=self.covariance, inner_tol=self.tol,
+                                  max_steps=self.max_steps if self.learn_hyperparameters else 0)
+        self.kernel_ = res.kernel
+        post = res.posterior
+        self.converged_ = bool(res.converged) and bool(post.converged)
+        if not bool(post.converged):
+            warnings.warn("gkl_jax.multiclass.GPClassifier: the variational fit did not settle within its sweep "
+                          "limit; the bound is valid but not the optimum (converged_ is False)", stacklevel=2)
         self.posterior_ = post
         self.log_z_ = float(post.log_z)
         self.X_train_ = X
         self._alpha = post.alpha
-        self._T = post.t_matrix(K)
+        self._T = res.t_matrix
         return self
 
     def _check_fitted(self):
@@ -135,21 +142,47 @@ class GPClassifier:
             raise ValueError("this GPClassifier is not fitted yet; call fit(X, y) first")
 
     def predictive(self, X_new):
-        """The Gaussian predictive N(m_*, V_*) of the latent values at X_new (a `Predictive`)."""
+        """The Gaussian predictive N(m_*, V_*) of the latent values at X_new.
+
+        Args:
+            X_new: (n_*, d) inputs.
+
+        Returns:
+            A `Predictive` with `mean` (n_*, C) and `covariance` (n_*, C, C).
+        """
         self._check_fitted()
         X_new = _as_inputs(X_new, "X_new")
         if X_new.shape[1] != self.X_train_.shape[1]:
             raise ValueError(f"X_new has {X_new.shape[1]} columns but the classifier was fitted on "
                              f"{self.X_train_.shape[1]}")
-        C = len(self.classes_)
-        eye = jnp.eye(C)
-        K_cross = jnp.kron(self.kernel_.gram(self.X_train_, X_new), eye)
-        K_star = self.kernel_.diag(X_new)[:, None, None] * eye
-        return predictive_moments(self._alpha, self._T, K_cross, K_star)
+        with single_blas_thread():
+            return kronecker_predictive(self.kernel_, self.X_train_, X_new, self._alpha, self._T)
 
-    def predict_proba(self, X_new):
-        """Re-normalised class probabilities softmax(m_*) (eq. 25), shape (n_*, C), columns in `classes_` order."""
-        return np.asarray(self.predictive(X_new).renormalised_probabilities())
+    def predict_proba(self, X_new, method="mean", num_samples=2000, seed=0):
+        """Class probabilities, shape (n_*, C), columns in `classes_` order.
+
+        method="mean" (the default) is softmax(m_*), the re-normalised probabilities of eq. 25: deterministic,
+        cheap, and the decision rule of Chai (2012). method="integrated" is the predictive probability
+        E[softmax(f_*)] under the latent predictive N(m_*, V_*), by Monte Carlo with `num_samples` antithetic
+        draws (fixed `seed`): better calibrated where V_* is large (far from the data), at the cost of sampling.
+
+        Args:
+            X_new: (n_*, d) inputs.
+            method: "mean" or "integrated".
+            num_samples: Monte Carlo draws per test point for "integrated" (even; rounded up).
+            seed: the integer seed of those draws.
+
+        Returns:
+            (n_*, C) NumPy array of probabilities (rows sum to one).
+        """
+        if method not in ("mean", "integrated"):
+            raise ValueError(f"method must be 'mean' or 'integrated', got {method!r}")
+        pred = self.predictive(X_new)
+        if method == "mean":
+            return np.asarray(pred.renormalised_probabilities())
+        num_samples = check_int(num_samples, "num_samples", 2)
+        with single_blas_thread():
+            return np.asarray(pred.integrated_probabilities(jax.random.PRNGKey(int(seed)), (num_samples + 1) // 2))
 
     def predict_log_proba_bounds(self, X_new):
         """The eq. 24 approximate lower bounds on log p(y_* = c | y), shape (n_*, C)."""

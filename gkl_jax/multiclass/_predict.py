@@ -16,6 +16,8 @@ K_**,j = k^x(x_*j, x_*j) K^c, the approximate posterior of f_*j is N(m_*j, V_*j)
 Theorem 12 turns eq. 24 into a proper bound: log p({y_*j = c_j} | y) >= sum_j max h(e^{c_j}) + log Z_h - log p(y).
 """
 
+import functools
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -34,6 +36,19 @@ class Predictive(eqx.Module):
         """p~(y_* = c | y) = softmax(m_*)_c (eq. 25), shape (n_*, C)."""
         return jax.nn.softmax(self.mean, axis=-1)
 
+    def integrated_probabilities(self, key, num_pairs=1000):
+        """E[softmax(f_*)] under N(m_*, V_*) by Monte Carlo with `num_pairs` antithetic pairs of draws per test
+        point (the predictive probability of the Gaussian approximation, eq. 5 with q in place of the posterior).
+
+        Args:
+            key: a `jax.random` key.
+            num_pairs: antithetic pairs per test point (static int).
+
+        Returns:
+            (n_*, C) array of probabilities.
+        """
+        return _integrated(key, self.mean, self.covariance, int(num_pairs))
+
     def log_lower_bounds(self, tol=1e-10, max_steps=300):
         """m_*^c + max_{b, S}(h - m_*^T e^c) for every class (eq. 24), shape (n_*, C); an approximate lower bound on
         log p(y_* = c | y) (a lower bound on log q(y_* = c | y), eq. 23)."""
@@ -45,6 +60,40 @@ class Predictive(eqx.Module):
         lower = self.log_lower_bounds() if log_lower is None else log_lower
         e = jnp.exp(lower)
         return 1.0 - (jnp.sum(e, axis=-1, keepdims=True) - e)
+
+
+@functools.partial(jax.jit, static_argnums=3)
+def _integrated(key, mean, cov, num_pairs):
+    n_star, C = mean.shape
+    L = jnp.linalg.cholesky(cov + 1e-12 * jnp.eye(C, dtype=cov.dtype))
+    z = jax.random.normal(key, (num_pairs, n_star, C), dtype=mean.dtype)
+    f = jnp.einsum("jab,sjb->sja", L, z)
+    p = 0.5 * (jax.nn.softmax(mean + f, axis=-1) + jax.nn.softmax(mean - f, axis=-1))
+    return jnp.mean(p, axis=0)
+
+
+@eqx.filter_jit
+def kronecker_predictive(kernel, X, X_new, alpha, T):
+    """`predictive_moments` for the prior K = K^x (x) I_C without forming the Kronecker products: with
+    k = K^x(X, X_new) (n, n_*), m_*j = sum_i k_ij alpha_i and V_*j = k(x_*j, x_*j) I - sum_{i,l} k_ij k_lj T_il.
+
+    Args:
+        kernel: the (learned) `gk.kernels` kernel.
+        X: (n, d) training inputs; X_new: (n_*, d) test inputs.
+        alpha: (nC,) datum-major K^{-1} m = y - b.
+        T: (nC, nC) datum-major W - W V W (eq. 75).
+
+    Returns:
+        A `Predictive` with mean (n_*, C) and covariance (n_*, C, C).
+    """
+    n = X.shape[0]
+    C = alpha.shape[0] // n
+    k = kernel.gram(X, X_new)
+    mean = tdot(k, alpha.reshape(n, C))
+    P = jnp.einsum("iakb,kj->iajb", T.reshape(n, C, n, C), k)
+    quad = jnp.einsum("ij,iajb->jab", k, P)
+    cov = kernel.diag(X_new)[:, None, None] * jnp.eye(C, dtype=T.dtype) - quad
+    return Predictive(mean=mean, covariance=0.5 * (cov + jnp.swapaxes(cov, -1, -2)))
 
 
 def predictive_moments(alpha, T, K_cross, K_star_blocks):

@@ -32,9 +32,10 @@ from jax import lax
 from .._linalg import full_precision, invert_lower, tdot
 from .._validate import check_max_steps, check_tol, is_concrete
 from ._blocks import blockdiag_left, sym
-from ._full import V_UPDATES, _cg, check_one_hot, s_sweeps, site_terms
-from ._linesearch import safeguarded_step, segment_search
-from ._site import profile_sensitivity, s_fixed_point_profile, site_bound_free, site_statistics
+from ._full import V_UPDATES, check_one_hot
+from ._site import monotone_step, profile_sensitivity, s_fixed_point_profile, site_bound_free, site_statistics
+from ._sweep import q_conjugate_gradient, s_sweeps, site_terms
+from ._threads import single_threaded
 
 TRACE_COUNT = {"fit_sparse": 0}
 
@@ -136,8 +137,8 @@ def _b_step(Lt, Y, st, km):
     w = jnp.linalg.solve(inner, tdot(Lt, u))
     d = -(u - ELt @ w).reshape(n, C)
     d = jnp.where(jnp.isfinite(d), d, 0.0)
-    f = lambda t: _value(Lt, Y, st.b + t * d, st.S, st.Vb, st.logdet, st.trace, km)
-    eta, val = safeguarded_step(f, st.value)
+    f = lambda t: (_value(Lt, Y, st.b + t * d, st.S, st.Vb, st.logdet, st.trace, km), ())
+    eta, (val, _) = monotone_step(f, st.value, (st.value, ()))
     return eqx.tree_at(lambda s: (s.b, s.value), st, (st.b + eta * d, val))
 
 
@@ -161,7 +162,7 @@ def _v_step(Lt, Kff, Y, st, km, newton, cg_iters):
         return jnp.einsum("ias,st,ibt->iab", H, core, H)
 
     D = lambda X: jax.vmap(profile_sensitivity)(G, phi, X)
-    delta = lax.cond(profiled, lambda _: sym(_cg(Q, D, R, cg_iters)), lambda _: R, None)
+    delta = lax.cond(profiled, lambda _: sym(q_conjugate_gradient(Q, D, R, cg_iters)), lambda _: R, None)
 
     def evaluate(t):
         W = st.W + t * delta
@@ -169,17 +170,9 @@ def _v_step(Lt, Kff, Y, st, km, newton, cg_iters):
         S = jnp.where(profiled, jax.vmap(s_fixed_point_profile)(Vb, A)[0], st.S)
         return _value(Lt, Y, st.b, S, Vb, ld, tr, km), (W, Vb, ld, tr, Z, S)
 
-    def state(val, aux):
-        W, Vb, ld, tr, Z, S = aux
-        return _SState(b=st.b, S=S, W=W, Vb=Vb, Z=Z, logdet=ld, trace=tr, value=val)
-
-    val1, aux1 = evaluate(jnp.ones((), Lt.dtype))
-
-    def search(_):
-        eta, _ = segment_search(lambda t: evaluate(t)[0], st.value)
-        return lax.cond(eta > 0, lambda _: state(*evaluate(eta)), lambda _: st, None)
-
-    return lax.cond(jnp.isfinite(val1) & (val1 >= st.value), lambda _: state(val1, aux1), search, None)
+    init = (st.value, (st.W, st.Vb, st.logdet, st.trace, st.Z, st.S))
+    _, (val, (W, Vb, ld, tr, Z, S)) = monotone_step(evaluate, st.value, init)
+    return _SState(b=st.b, S=S, W=W, Vb=Vb, Z=Z, logdet=ld, trace=tr, value=val)
 
 
 def _initial(Lt, Kff, Y, km, warm, cold, scale=1.0):
@@ -231,6 +224,7 @@ def _sparse_jit(Kzz, Kzf, Kff, Y, mask, warm, cold, km, newton, tol, max_steps, 
 
 
 @full_precision
+@single_threaded
 def fit_sparse(Kzz, Kzf, Kff_blocks, Y, *, mask=None, site="theorem6", v_update="newton", tol=1e-10,
                max_steps=200, init=None, s_sweeps=3) -> SparsePosterior:
     """Maximise log Z~_h (eq. 32) for inducing prior K_zz (s, s), cross-covariance K_zf (s, nC) (datum-major
@@ -271,7 +265,8 @@ def fit_sparse(Kzz, Kzf, Kff_blocks, Y, *, mask=None, site="theorem6", v_update=
                                                jnp.asarray(v_update == "newton"), jnp.asarray(tol, Kzz.dtype),
                                                int(max_steps), jnp.asarray(int(s_sweeps)))
     if is_concrete(converged) and not bool(converged):
-        why = "" if bool(jnp.isfinite(st.value)) else f" (the bound is {float(st.value)}: are Kzz and Kff positive definite?)"
+        why = "" if bool(jnp.isfinite(st.value)) else (
+            f" (the bound is {float(st.value)}: are Kzz and Kff positive definite?)")
         warnings.warn(f"gkl_jax.multiclass.fit_sparse stopped after {int(k)} sweeps without the bound settling{why}",
                       stacklevel=2)
     return SparsePosterior(Y=Y, b=st.b, S=st.S, W=st.W, Vf_blocks=st.Vb, log_z=st.value, converged=converged,
