@@ -28,6 +28,7 @@ from ._result import Result
 from ._start import initial_q, model_dtype, start_error
 from ._validate import check_max_steps, check_tol, is_concrete
 from ._whiten import check_whiten, whitened_structure, whitening
+from ._xla import program
 from .factors import AbstractFactor, AbstractRefinableFactor, Diagonal, Full
 from .solvers import AbstractSolver, Optax, Problem, default_solver, default_whiten
 from .solvers._base import RESULTS, status
@@ -143,9 +144,9 @@ def fit(model: Model, factor: AbstractFactor | None = None, *, solver=None, q0: 
 def _not_converged_message(solver, num_steps, tol, log_z, whiten, model, improper):
     name = type(solver).__name__
     if improper is not None and is_concrete(improper) and bool(improper):
-        return ("gkl_jax.fit: the mean separates the labels (y_n h_n^T m > 0 for every site): without a prior the "
-                "target is improper (log Z = inf), and the fit stopped only where the gradient became small; add a "
-                "prior (e.g. gkl_jax.priors.Isotropic)")
+        return ("gkl_jax.fit: the mean separates the labels (y_n h_n^T m >= 0 for every site, > 0 for some, and "
+                "any Gaussian sites flat along m): without a prior the target is improper (log Z = inf), and the fit "
+                "stopped only where the gradient became small; add a prior (e.g. gkl_jax.priors.Isotropic)")
     hint = "; try whiten=True (L-BFGS on an ill-conditioned prior)" if (
         name == "LBFGS" and not whiten and model.prior is not None) else ""
     if not is_concrete(log_z):
@@ -160,7 +161,7 @@ def _not_converged_message(solver, num_steps, tol, log_z, whiten, model, imprope
             f"(tol {tol}); {valid}{hint}")
 
 
-@eqx.filter_jit
+@program
 def _fit_jit(model, factor, q0, solver, tol, max_steps, whiten):
     """The whole fit as one program: start, (mean-field start,) solve, basis change, bound, impropriety."""
     TRACE_COUNT["fit"] += 1

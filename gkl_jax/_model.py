@@ -211,14 +211,39 @@ def check_fittable(model, method: str) -> Model:
 
 
 def separated(model, mean):
-    """Whether `mean` separates the labels of a prior-free model whose sites are all binary-classification
-    potentials (`margins` not None: Logistic, Probit): y_n h_n^T m > 0 for every site n (offsets left out). Then
-    prod_n phi_n(h_n^T w) tends to its supremum 1 along every w in an open cone around m, so Z = inf, and a fit's
-    stationary point is an artefact of the tolerance (the Full factor's fit of such data ended at ||m|| = 4e7).
-    A boolean array, or None where the question does not arise (a prior, or another potential)."""
+    """Whether `mean` points along a direction in which a prior-free model's target does not decay, so that Z is
+    infinite: every binary-classification site (`margins` not None: Logistic, Probit) has y_n h_n^T m >= 0 and at
+    least one > 0 (complete or quasi-complete separation), and every Gaussian site is flat along m (h_n^T m = 0),
+    to a relative tolerance sqrt(eps) ||h_n|| ||m|| (offsets left out). Along w = t m + u (t -> inf, u bounded) the
+    likelihood then stays bounded below, on a cylinder of infinite volume, and a fit's stationary point is an
+    artefact of the tolerance (the Full factor's fits of such data ended at ||m|| = 1e7-4e7 with finite `log_z`).
+
+    Args:
+        model: the `Model`.
+        mean: (D,) the fitted mean.
+
+    Returns:
+        A boolean scalar array, or None where the question does not arise (a prior, no binary-classification
+        sites, or a site group of another potential).
+    """
     if model.prior is not None or not model.sites:
         return None
-    margins = [s.potential.margins(s.operator(model.dim).mv(mean)) for s in model.sites]
-    if any(x is None for x in margins):
-        return None
-    return jnp.all(jnp.stack([jnp.min(x) for x in margins]) > 0)
+    from .potentials import Gaussian
+
+    slack = jnp.sqrt(jnp.finfo(mean.dtype).eps) * jnp.linalg.norm(mean)
+    ones = jnp.ones(model.dim, mean.dtype)
+    nonnegative, positive, binary = jnp.array(True), jnp.array(False), False
+    for s in model.sites:
+        op = s.operator(model.dim)
+        projection = op.mv(mean)
+        tolerance = slack * jnp.sqrt(op.sq_mv(ones))
+        margins = s.potential.margins(projection)
+        if margins is not None:
+            binary = True
+            nonnegative = nonnegative & jnp.all(margins >= -tolerance)
+            positive = positive | jnp.any(margins > tolerance)
+        elif isinstance(s.potential, Gaussian):
+            nonnegative = nonnegative & jnp.all(jnp.abs(projection) <= tolerance)
+        else:
+            return None
+    return (nonnegative & positive) if binary else None

@@ -13,6 +13,7 @@ from ._result import Result
 from ._site_precision import initial_point, point, posterior, site_precision
 from ._site_precision import log_z as _site_precision_log_z
 from ._start import initial_q, initial_variance
+from ._xla import program
 from .factors import Full
 from .solvers import SitePrecision, default_solver
 
@@ -89,7 +90,7 @@ def fit_warm(model, *, q0=None, tol=None) -> WarmStart:
 
 # Run eagerly (ML-II with jit=False), the solver's while loop closed over the model's arrays as constants of its
 # jaxpr, so every evaluation compiled it again; jitted on its own, it compiles once per shape.
-@eqx.filter_jit
+@program
 def _site_precision_jit(model, start, tol, max_steps):
     """`site_precision` with sigma0 = sqrt(v0) of the stopping test, as in `fit`."""
     return site_precision(model, start, tol, max_steps, jnp.sqrt(initial_variance(model)))

@@ -319,3 +319,33 @@ def test_multiclass_bad_input():
         gk.multiclass.fit_sparse(Kzz, Kzf, Kff, 2 * Y)
     with pytest.raises(ValueError, match="max_step"):
         gk.multiclass.fit_hyperparameters(se, X, Y, max_step=0.0)
+
+
+def test_prior_free_fit_of_quasi_separable_labels_reports_an_improper_target():
+    """Quasi-complete separation (issue 38): two identical rows with opposite labels pin the first direction
+    while the other rows separate along the second, so Z = inf along e_2; and a Gaussian site group flat along
+    the separating direction beside a separable Logistic group. The Full fits used to report converged=True
+    with finite log_z and ||m|| ~ 1e7; now converged is False, with the warning naming the cause in the first
+    case (`separated` tests the fitted mean's direction to sqrt(eps), which the finite component m_1 of the
+    second case exceeds: there the scale-aware stopping test alone reports it). A proper
+    prior-free target (a Gaussian group pinning every direction the labels separate) still converges."""
+    from gkl_jax._model import separated
+
+    rng = np.random.default_rng(3)
+    X = np.column_stack([rng.normal(size=30), rng.normal(size=30)])
+    y = np.sign(X[:, 1])
+    X = np.vstack([X, [[1.0, 0.0], [1.0, 0.0]]])
+    y = np.concatenate([y, [1.0, -1.0]])
+    with pytest.warns(UserWarning, match="separates the labels"):
+        res = gk.fit(gk.Model(None, gk.Sites(X, P.Logistic(y))))
+    assert not bool(res.converged)
+    flat = gk.Sites(np.column_stack([np.ones(5), np.zeros(5)]), P.Gaussian(rng.normal(size=5)))
+    separable = gk.Sites(X[:30], P.Logistic(y[:30]))
+    with pytest.warns(UserWarning, match="gkl_jax.fit"):   # the stopping test is not met (the cause unnamed)
+        mixed = gk.fit(gk.Model(None, [flat, separable]))
+    assert not bool(mixed.converged)
+    pinned = gk.Model(None, [gk.Sites(np.eye(2)[[1] * 5], P.Gaussian(rng.normal(size=5))), separable])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        proper = gk.fit(pinned, gk.factors.Diagonal())
+    assert bool(proper.converged) and not bool(separated(pinned, proper.q.mean))

@@ -32,6 +32,7 @@ from .._linalg import full_precision
 from .._result import Result
 from .._start import check_start
 from .._validate import check_int, check_key, check_tol, is_concrete
+from .._xla import program
 from ..factors import Full
 from . import _common as C
 
@@ -117,7 +118,7 @@ def schedule(num_temperatures, dtype, steepness=4.0):
     return (s - s[0]) / (s[-1] - s[0])
 
 
-@eqx.filter_jit
+@program
 def _ais_jit(model, q, key, num_chains, num_temperatures, num_leapfrog, step_size):
     TRACE_COUNT["ais"] += 1
     dtype = q.mean.dtype

@@ -34,7 +34,6 @@ K < D), and r = eps^(2/3) nu_hat a relative ridge (3.7e-11 in float64) that only
 ever formed. For K < D, q is nearly degenerate outside the Krylov space: its entropy is not meaningful there.
 """
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -45,6 +44,7 @@ from .._linalg import full_precision
 from .._optim import conjugate_gradient
 from .._result import Result
 from .._validate import as_int, check_int, check_key, check_tol
+from .._xla import program
 from ..factors import FactorAnalysis
 from . import _common as C
 from ._site_bounds import super_gaussian, tangent_coefficients
@@ -249,7 +249,7 @@ def _run(model, key, rank, max_outer, max_inner, max_cg, tol):
     return u, xis, k, hist, done
 
 
-@eqx.filter_jit
+@program
 def _double_loop_jit(model, key, rank, max_outer, max_inner, max_cg, num_probes, tol):
     TRACE_COUNT["double_loop"] += 1
     groups = C.operators(model)

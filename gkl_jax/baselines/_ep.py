@@ -41,6 +41,7 @@ from .._adjoint import filtered_jvp as _filtered_jvp
 from .._linalg import full_precision
 from .._result import Result
 from .._validate import check_max_steps, check_tol
+from .._xla import program
 from . import _common as C
 from ._tilted import tilted_moments
 
@@ -163,7 +164,7 @@ def _precision_ok(model, groups, taus):
     return jnp.all(jnp.isfinite(jnp.linalg.cholesky(0.5 * (A + A.T))))
 
 
-@eqx.filter_jit
+@program
 def _ep_jit(model, power, damping, tol, max_steps):
     """One `lax.while_loop`; iteration k evaluates the sites' parameters theta_k (marginals, cavities, tilted
     moments, log Z_EP -> history[k]) and, unless converged or k = max_steps, moves to theta_{k+1}."""

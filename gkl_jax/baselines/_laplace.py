@@ -18,7 +18,6 @@ max(W, 0) (a positive-definite majoriser of the curvature), and at the end `conv
 positive definite at the point found. Potentials that are not twice differentiable (Laplace) are refused.
 """
 
-import equinox as eqx
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 from jax import lax
@@ -27,6 +26,7 @@ from .. import potentials as P
 from .._linalg import full_precision
 from .._result import Result
 from .._validate import check_max_steps, check_tol
+from .._xla import program
 from ..solvers._newton import armijo_search
 from . import _common as C
 
@@ -86,7 +86,7 @@ def _curvature(model, groups, w):
     return grad, 0.5 * (A + A.T), 0.5 * (A_clip + A_clip.T)
 
 
-@eqx.filter_jit
+@program
 def _laplace_jit(model, tol, max_steps):
     """One `lax.while_loop`; iteration k evaluates log p, its gradient and curvature at w_k (history[k]) and,
     unless it has converged (`laplace`) or k = max_steps, takes the damped Newton step to w_{k+1}."""

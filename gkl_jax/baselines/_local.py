@@ -19,7 +19,6 @@ O(D^3 + N D^2). Challis & Barber (2013), Section 5.1.2, prove
 the ordering the tests check.
 """
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -29,6 +28,7 @@ from .._linalg import full_precision
 from .._optim import default_tol
 from .._result import Result
 from .._validate import check_max_steps, check_tol
+from .._xla import program
 from . import _common as C
 from ._site_bounds import is_supported, probit_coefficients, super_gaussian, tangent_coefficients
 
@@ -115,7 +115,7 @@ def solve(model, groups, params):
     return sol, sol.log_integral
 
 
-@eqx.filter_jit
+@program
 def _local_jit(model, tol, max_steps):
     """One `lax.while_loop` of over-relaxed EM (Salakhutdinov & Roweis 2003): from the best point xi_g found so
     far, xi <- xi_g + omega (EM(xi_g) - xi_g). A step that raises the bound is accepted and omega grows by 1.5

@@ -25,7 +25,6 @@ eps sqrt(2/pi) of |x|).
 import warnings
 from typing import Sequence, Union
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 
@@ -33,6 +32,7 @@ from .._linalg import full_precision
 from .._model import Model, Sites, check_fittable
 from .._optim import default_tol
 from .._validate import as_float_array, check_finite, check_int, check_ndim, check_tol, is_concrete
+from .._xla import program
 from ..operators import AbstractOperator, as_operator
 from ..potentials import AbstractPotential
 from ..potentials import Gaussian as GaussianPotential
@@ -167,7 +167,7 @@ def smoothed_log_density(model: Model, w, eps2):
     return value
 
 
-@eqx.filter_jit
+@program
 def _map_stage(model, w, eps2, tol, max_steps, concave):
     f = lambda x: smoothed_log_density(model, x, eps2)
     if concave:

@@ -21,6 +21,7 @@ from .._gaussian import Gaussian
 from .._model import Model
 from .._result import Result
 from .._validate import as_list, is_concrete
+from .._xla import program
 from ..operators import Dense
 
 TRACE_COUNT = {"fit_batched": 0}
@@ -149,7 +150,7 @@ def fit_batched(models, factor=None, *, q0: Gaussian | None = None, mesh: Mesh |
     return result
 
 
-@eqx.filter_jit
+@program
 def _fit_batched_jit(stacked, q0, factor, options):
     TRACE_COUNT["fit_batched"] += 1
     kwargs = dict(options)

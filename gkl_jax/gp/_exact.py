@@ -14,7 +14,6 @@ regression, H = I) and through the D x D posterior precision (Woodbury, the matr
 G-KL fixed point produces it.
 """
 
-import equinox as eqx
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 
@@ -22,6 +21,7 @@ from .._gaussian import Gaussian
 from .._linalg import full_precision, tdot
 from .._model import Model
 from .._result import Result
+from .._xla import program
 from ..factors import Full
 from ..factors._full import upper_factor_of_inverse
 from ..potentials import Gaussian as GaussianLik
@@ -73,7 +73,7 @@ def exact(model: Model) -> Result:
     return _exact_jit(model)
 
 
-@eqx.filter_jit
+@program
 def _exact_jit(model):
     prior = model.prior
     H, y, offset, v, extra = _stacked(model)

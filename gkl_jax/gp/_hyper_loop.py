@@ -19,6 +19,7 @@ from .._optim import max_abs
 from .._site_precision import initial_point as site_precision_start
 from .._start import initial_q as _initial_q
 from .._warm import WarmPoint, WarmStart, fit_warm
+from .._xla import program
 from ..factors import Full
 
 _LBFGS = optax.scale_by_lbfgs(memory_size=10)
@@ -76,7 +77,7 @@ def _value_and_grad_eager(build, fn, kwargs, use_q0, static, dyn, q0, dynamic_kw
 
 
 # Jitted on its own so that the outer loop's shape query (`filter_eval_shape`) and its one call site share a trace.
-_value_and_grad = eqx.filter_jit(_value_and_grad_eager)
+_value_and_grad = program(_value_and_grad_eager)
 
 
 class _Objective(eqx.Module):
@@ -252,7 +253,7 @@ def _run(objective: _Objective, settings: _Settings, dyn, dynamic_kwargs) -> _St
     return state
 
 
-_run_jit = eqx.filter_jit(_run)
+_run_jit = program(_run)
 
 INNER_TOL_SCALE, INNER_TOL_MAX = 1e-3, 1e-2
 """The inner tolerance of a G-KL ML-II evaluation: clip(INNER_TOL_SCALE max|g|, tol, max(tol, INNER_TOL_MAX))."""

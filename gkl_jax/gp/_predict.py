@@ -30,6 +30,7 @@ from .._linalg import full_precision, tdot
 from .._quadrature import hermite_rule
 from .._result import Result
 from .._validate import as_float_array, check_finite, check_ndim, is_concrete
+from .._xla import program
 from ..operators import Dense as DenseOperator
 from ..potentials import AbstractPotential, Cauchy, Laplace, Logistic, Poisson, Probit, StudentT
 from ..potentials import Gaussian as GaussianLik
@@ -166,7 +167,7 @@ def predict(result, prior: GP, X_new, likelihood: Optional[AbstractPotential] = 
     return out if labelled else eqx.tree_at(lambda p: p.log_density, out, None, is_leaf=lambda x: x is None)
 
 
-@eqx.filter_jit
+@program
 def _predict_jit(q, prior, X_new, mu_new, likelihood, num_points):
     mean, variance = _latent(q, prior, X_new, mu_new)
     if likelihood is None:

@@ -29,6 +29,7 @@ import jax.scipy.linalg as jsl
 
 from .._linalg import full_precision
 from .._validate import check_max_steps, check_tol, is_concrete
+from .._xla import program
 from ..priors._priors import dense_cholesky
 from ._blocks import blockdiag_dense, blockdiag_left, blocks, sym
 from ._site import site_bound_free
@@ -100,7 +101,7 @@ class FullPosterior(eqx.Module):
         return sym(blockdiag_dense(self.W) - blockdiag_left(self.W, blockdiag_left(self.W, V).T))
 
 
-@eqx.filter_jit
+@program
 def _fit_jit(K, Y, warm, cold, km, mf, newton, tol, max_steps, s_sweeps, init_scale):
     """One compiled fit per (shapes, variant): km, mf, newton and max_steps are static Python values."""
     TRACE_COUNT["fit_full"] += 1

@@ -33,6 +33,7 @@ import numpy as np
 from .._linalg import full_precision
 from .._optim import lbfgs_direction
 from .._validate import check_int, check_nonnegative, check_tol, is_concrete
+from .._xla import program
 from ._blocks import blockdiag_dense, blockdiag_left, sym
 from ._full import COVARIANCES, SITES, FullPosterior, check_labels_matrix
 from ._sweep import fit_core, initial_state
@@ -91,7 +92,7 @@ class HyperResult(eqx.Module):
     num_inner_fits: int = eqx.field(static=True, default=0)
 
 
-@eqx.filter_jit
+@program
 def _solve(params, static, X, Y, class_covariance, jitter, warm, cold, inner_tol, flags, inner_steps):
     """The inner fit at the kernel (params, static), warm-started from `warm` = (b, S, W) unless `cold`, with the
     envelope gradient of the bound in the kernel's parameters and T (eq. 75). One compiled program per (shapes,

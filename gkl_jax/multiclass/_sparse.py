@@ -31,6 +31,7 @@ from jax import lax
 
 from .._linalg import full_precision, invert_lower, tdot
 from .._validate import check_max_steps, check_tol, is_concrete
+from .._xla import program
 from ._blocks import blockdiag_left, sym
 from ._full import V_UPDATES, check_one_hot
 from ._site import monotone_step, profile_sensitivity, s_fixed_point_profile, site_bound_free, site_statistics
@@ -214,7 +215,7 @@ def sparse_core(Lt, Kff, Y, st0, km, newton, tol, max_steps, s_sweeps, cg_iters=
     return st, k, settled(st.value, prev), hist, jnp.max(jnp.abs(st.b - gbar))
 
 
-@eqx.filter_jit
+@program
 def _sparse_jit(Kzz, Kzf, Kff, Y, mask, warm, cold, km, newton, tol, max_steps, s_sweeps):
     TRACE_COUNT["fit_sparse"] += 1
     Kzz, Kzf = masked_prior(Kzz, Kzf, mask)

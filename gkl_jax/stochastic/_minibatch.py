@@ -35,6 +35,7 @@ from .._result import Result
 from .._start import initial_q as _initial_q
 from .._validate import as_int, check_indices, check_int, check_key, check_max_steps, check_tol, is_concrete
 from .._whiten import whitening
+from .._xla import program
 from ..factors import AbstractFactor, Full
 from ..priors._priors import AbstractDensePrior
 from ._subsample import check_subsampling, num_sites, slice_sites, take_sites
@@ -294,7 +295,7 @@ def _scaled_start(model, q, key, sizes, estimate):
     return q, jnp.exp(0.5 * jnp.mean(jnp.log(variances)))
 
 
-@eqx.filter_jit
+@program
 def _fit_minibatch_jit(model, q_init, key, optimizer, sizes, chunks, num_steps, estimate):
     TRACE_COUNT["fit_minibatch"] += 1
     frozen, q_init = stop_gradients((model, q_init))
