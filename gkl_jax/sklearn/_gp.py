@@ -22,19 +22,21 @@ from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
 from .. import potentials as P
 from .._fit import fit as gk_fit
 from ..gp import exact as gp_exact
-from ..gp import fit_hyperparameters
 from ..gp import model as gp_model
 from ..gp import predict as gp_predict
+from ..gp._predict import with_targets
 from ..kernels import AbstractKernel, SquaredExponential
 from ..multiclass import GPClassifier as _MulticlassGP
-from ._common import (check_choice, check_positive_float, check_steps, encode_labels, float64, quiet_convergence,
-                      validate_fit, validate_predict, warn_not_converged)
+from ._common import (ProbabilisticClassifierMixin, StandardisedRegressorMixin, binary_targets, check_choice,
+                      check_positive_float, check_steps, encode_labels, fit_hyperparameters_or_once, float64,
+                      per_problem, quiet_convergence, validate_fit, validate_predict, warn_not_converged)
 
-_LIKELIHOODS = {"logistic": P.Logistic, "probit": P.Probit}
+_LIKELIHOODS = ("logistic", "probit")
+_REGRESSION_LIKELIHOODS = ("gaussian", "student-t", "laplace")
 
 
 class _GPBuild(eqx.Module):
-    """params {"kernel", "log_noise"} -> the full GP model (a module, so ML-II reuses its compiled objective)."""
+    """params {"kernel", "log_noise"} -> the full GP model (a module, so ML-II reuses its compiled loop)."""
 
     X: jnp.ndarray
     y: jnp.ndarray
@@ -43,6 +45,7 @@ class _GPBuild(eqx.Module):
     jitter: float = eqx.field(static=True)
 
     def __call__(self, params):
+        """The GP model at `params` (a kernel, a log noise variance or scale)."""
         noise = jnp.exp(params["log_noise"])
         lik = {"logistic": lambda: P.Logistic(self.y), "probit": lambda: P.Probit(self.y),
                "gaussian": lambda: P.Gaussian(self.y, noise), "laplace": lambda: P.Laplace(self.y, noise),
@@ -59,23 +62,23 @@ def _kernel(kernel):
 
 
 def _fit_gp(est, X, y, likelihood, noise, learn_noise, dof=1.0):
-    """One GP fit: (Result, model, params, converged)."""
+    """One GP fit of `est`'s settings on inputs X (n, d) and targets y (n,).
+
+    Returns:
+        (Result, GP prior at the fitted parameters, params, converged).
+    """
     build = _GPBuild(jnp.asarray(X), jnp.asarray(y), jnp.asarray(float(dof)), likelihood,
                      check_positive_float(est.jitter, "jitter"))
     params = {"kernel": _kernel(est.kernel), "log_noise": jnp.log(jnp.asarray(noise))}
+    learn = bool(est.learn_hyperparameters)
     method = gp_exact if likelihood == "gaussian" else gk_fit
-    with quiet_convergence():
-        if est.learn_hyperparameters:
-            spec = {"kernel": True, "log_noise": bool(learn_noise)}
-            hyper = fit_hyperparameters(build, params, method=method, filter_spec=spec,
-                                        max_steps=check_steps(est.max_steps))
-            return hyper.result, hyper.model, hyper.params, bool(hyper.converged) and bool(hyper.result.converged)
-        model = build(params)
-        result = method(model)
-        return result, model, params, bool(result.converged)
+    result, params, converged = fit_hyperparameters_or_once(
+        build, params, {"kernel": learn, "log_noise": learn and bool(learn_noise)}, method,
+        check_steps(est.max_steps))
+    return result, build(params).prior, params, converged
 
 
-class GPClassifier(ClassifierMixin, BaseEstimator):
+class GPClassifier(ProbabilisticClassifierMixin, ClassifierMixin, BaseEstimator):
     """Binary GP classifier by G-KL inference (one-vs-rest for more classes).
 
     Args:
@@ -99,21 +102,26 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
 
     @float64
     def fit(self, X, y):
-        """Fit to inputs X (n, d) and labels y (n,) of any type; returns self."""
-        check_choice(self.likelihood, "likelihood", tuple(_LIKELIHOODS))
+        """Fit the posterior and (by default) the kernel.
+
+        Args:
+            X: (n, d) array-like of finite inputs.
+            y: (n,) labels of any type, at least two classes.
+
+        Returns:
+            self.
+        """
+        check_choice(self.likelihood, "likelihood", _LIKELIHOODS)
         X, y = validate_fit(self, X, y, classifier=True)
         self.classes_, codes = encode_labels(y)
-        targets = [codes == 1] if len(self.classes_) == 2 else [codes == k for k in range(len(self.classes_))]
-        fits = [_fit_gp(self, X, np.where(t, 1.0, -1.0), self.likelihood, 1.0, False) for t in targets]
-        self._fits = [(r, m.prior) for r, m, _, _ in fits]
-        kernels = [p["kernel"] for _, _, p, _ in fits]
-        log_z = [float(r.log_z) for r, _, _, _ in fits]
-        one = len(fits) == 1
-        self.kernel_ = kernels[0] if one else kernels
-        self.log_evidence_ = log_z[0] if one else np.array(log_z)
-        self.converged_ = all(c for _, _, _, c in fits)
+        fits = [_fit_gp(self, X, t, self.likelihood, 1.0, False) for t in binary_targets(codes, len(self.classes_))]
+        self._fits = [(result, prior) for result, prior, _, _ in fits]
+        kernels = [params["kernel"] for _, _, params, _ in fits]
+        self.kernel_ = kernels[0] if len(kernels) == 1 else kernels
+        self.log_evidence_ = per_problem([float(result.log_z) for result, _, _, _ in fits])
+        self.converged_ = all(converged for _, _, _, converged in fits)
         if not self.converged_:
-            warn_not_converged(type(self).__name__, "the fit")
+            warn_not_converged(self)
         return self
 
     @float64
@@ -122,28 +130,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         return np.stack([np.asarray(gp_predict(r, prior, X, family=self.likelihood).probability)
                          for r, prior in self._fits], axis=1)
 
-    def predict_proba(self, X):
-        """Class probabilities (n, K) by the predictive integral, columns in `classes_` order."""
-        p = self._positive_probabilities(X)
-        if p.shape[1] == 1:
-            return np.hstack([1 - p, p])
-        return p / np.sum(p, axis=1, keepdims=True)
 
-    def predict_log_proba(self, X):
-        return np.log(self.predict_proba(X))
-
-    def decision_function(self, X):
-        """The moderated log-odds of the predictive probability ((n,) binary, (n, K) one-vs-rest)."""
-        p = np.clip(self._positive_probabilities(X), 1e-300, 1 - 1e-16)
-        logit = np.log(p) - np.log1p(-p)
-        return logit[:, 0] if logit.shape[1] == 1 else logit
-
-    def predict(self, X):
-        proba = self.predict_proba(X)
-        return self.classes_[np.argmax(proba, axis=1)]
-
-
-class GPRegressor(RegressorMixin, BaseEstimator):
+class GPRegressor(StandardisedRegressorMixin, RegressorMixin, BaseEstimator):
     """GP regression with a Gaussian (exact), Student-t or Laplace (G-KL) likelihood.
 
     Args:
@@ -158,6 +146,8 @@ class GPRegressor(RegressorMixin, BaseEstimator):
     likelihood, else the bound; original units), converged_.
     """
 
+    _fitted_attribute = "_fit"
+
     def __init__(self, kernel=None, *, likelihood="gaussian", noise=0.1, dof=4.0, learn_hyperparameters=True,
                  jitter=1e-6, max_steps=100):
         self.kernel = kernel
@@ -170,51 +160,36 @@ class GPRegressor(RegressorMixin, BaseEstimator):
 
     @float64
     def fit(self, X, y):
-        """Fit to inputs X (n, d) and targets y (n,); returns self."""
-        check_choice(self.likelihood, "likelihood", ("gaussian", "student-t", "laplace"))
+        """Fit the posterior and (by default) the kernel and the noise; the targets are standardised,
+        z = (y - mean(y)) / sd(y).
+
+        Args:
+            X: (n, d) array-like of finite inputs.
+            y: (n,) finite targets.
+
+        Returns:
+            self.
+        """
+        check_choice(self.likelihood, "likelihood", _REGRESSION_LIKELIHOODS)
         noise = check_positive_float(self.noise, "noise")
         dof = check_positive_float(self.dof, "dof")
         X, y = validate_fit(self, X, y, classifier=False)
-        self._y_shift = float(np.mean(y))
-        sd = float(np.std(y))
-        self._y_scale = sd if sd > 0 else 1.0
-        z = (y - self._y_shift) / self._y_scale
-        result, model, params, converged = _fit_gp(self, X, z, self.likelihood, noise, True, dof)
-        self._fit = (result, model.prior)
+        z = self._standardise(y, np.mean)
+        result, prior, params, converged = _fit_gp(self, X, z, self.likelihood, noise, True, dof)
+        self._fit = (result, prior)
         self.kernel_ = params["kernel"]
         self.noise_ = float(jnp.exp(params["log_noise"]))
         self.log_evidence_ = float(result.log_z) - len(y) * np.log(self._y_scale)
         self.converged_ = converged
         if not converged:
-            warn_not_converged(type(self).__name__, "the fit")
+            warn_not_converged(self)
         return self
 
-    def _family(self):
-        return {"gaussian": lambda: P.Gaussian(jnp.zeros(1), self.noise_),
-                "laplace": lambda: P.Laplace(jnp.zeros(1), self.noise_),
-                "student-t": lambda: P.StudentT(jnp.zeros(1), float(self.dof), self.noise_)}[self.likelihood]()
-
-    @float64
-    def predict(self, X, return_std=False):
-        """Predictive mean (n,) and, with return_std, the predictive sd of y including the noise."""
-        X = validate_predict(self, X, "_fit")
+    def _predictive(self, X, family, z):
         result, prior = self._fit
-        pred = gp_predict(result, prior, X, family=self._family())
-        mean = np.asarray(pred.y_mean) * self._y_scale + self._y_shift
-        if not return_std:
-            return mean
-        return mean, np.sqrt(np.asarray(pred.y_variance)) * self._y_scale
-
-    @float64
-    def log_predictive_density(self, X, y):
-        """log p(y_* | x_*) per test point (n,), in the original units of y."""
-        X = validate_predict(self, X, "_fit")
-        y = np.asarray(y, dtype=np.float64).ravel()
-        if y.shape[0] != X.shape[0] or not np.all(np.isfinite(y)):
-            raise ValueError(f"y must hold {X.shape[0]} finite targets, got shape {np.shape(y)}")
-        result, prior = self._fit
-        family = eqx.tree_at(lambda p: p.y, self._family(), jnp.asarray((y - self._y_shift) / self._y_scale))
-        return np.asarray(gp_predict(result, prior, X, family).log_density) - np.log(self._y_scale)
+        if z is None:
+            return gp_predict(result, prior, X, family=family)
+        return gp_predict(result, prior, X, with_targets(family, jnp.asarray(z), X.shape[0]))
 
 
 class MulticlassGPClassifier(ClassifierMixin, BaseEstimator):
@@ -248,7 +223,7 @@ class MulticlassGPClassifier(ClassifierMixin, BaseEstimator):
         self.estimator_, self.classes_ = est, classes
         self.kernel_, self.log_evidence_, self.converged_ = est.kernel_, float(est.log_z_), bool(est.converged_)
         if not self.converged_:
-            warn_not_converged(type(self).__name__, "the fit")
+            warn_not_converged(self)
         return self
 
     @float64
