@@ -8,6 +8,8 @@ compilations of the checks' data sets, 10-20 min here). Both sets run only with 
 the suite's time; the bad-input and protocol tests below run always.
 """
 
+import contextlib
+import itertools
 import os
 import subprocess
 import sys
@@ -17,21 +19,23 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from scipy import special
+from sklearn.base import clone
 from sklearn.exceptions import NotFittedError
+from sklearn.utils import estimator_checks as checks
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
 import gkl_jax as gk
 from gkl_jax.sklearn import (BayesianLogisticRegression, BayesianRegression, GPClassifier, GPRegressor,
                              MulticlassGPClassifier)
-from gkl_jax.sklearn._common import bucket
+from gkl_jax.sklearn._common import bucket, combine_one_vs_rest
 
 QUICK = [BayesianLogisticRegression()]
-SLOW = [BayesianRegression(learn_prior_variance=False, learn_noise=False),
-        BayesianRegression("laplace", learn_prior_variance=False, learn_noise=False),
-        BayesianLogisticRegression(learn_prior_variance=True), BayesianRegression("student-t"),
-        GPClassifier(learn_hyperparameters=False), GPRegressor(learn_hyperparameters=False),
-        GPRegressor(likelihood="student-t", learn_hyperparameters=False),
-        MulticlassGPClassifier(learn_hyperparameters=False), GPClassifier(max_steps=5)]
+SLOW = [BayesianLogisticRegression(learn_prior_variance=True), BayesianRegression(),
+        BayesianRegression(learn_prior_variance=False, learn_noise=False),
+        BayesianRegression("laplace", learn_prior_variance=False, learn_noise=False), BayesianRegression("student-t"),
+        GPClassifier(max_steps=5), GPClassifier(learn_hyperparameters=False), GPRegressor(max_steps=5),
+        GPRegressor(learn_hyperparameters=False), GPRegressor(likelihood="student-t", learn_hyperparameters=False),
+        MulticlassGPClassifier(learn_hyperparameters=False)]
 
 
 @pytest.mark.slow
@@ -156,7 +160,8 @@ def test_estimators_compute_in_float64_without_global_x64(logistic_data):
     np.testing.assert_allclose(p, ref.predict_proba(X), rtol=1e-12)
 
 
-@pytest.mark.parametrize("est", [BayesianLogisticRegression(), BayesianRegression(learn_noise=False)])
+@pytest.mark.parametrize("est", [BayesianLogisticRegression(),
+                                 BayesianRegression(learn_prior_variance=False, learn_noise=False)])
 def test_bad_input(est, logistic_data):
     X, y = logistic_data
     y = (y == "yes").astype(float)
@@ -217,3 +222,119 @@ def test_import_without_sklearn_is_a_clear_error():
 
 def test_bucket():
     assert [bucket(n) for n in (1, 16, 17, 100, 128, 129)] == [16, 16, 32, 128, 128, 256]
+
+
+ALL = [BayesianLogisticRegression(), BayesianLogisticRegression(learn_prior_variance=True), BayesianRegression(),
+       BayesianRegression("student-t", learn_noise=False), GPClassifier(), GPClassifier(likelihood="probit"),
+       GPRegressor(), GPRegressor(likelihood="laplace"), MulticlassGPClassifier()]
+PROTOCOL = [checks.check_no_attributes_set_in_init, checks.check_parameters_default_constructible,
+            checks.check_get_params_invariance, checks.check_set_params, checks.check_estimator_cloneable,
+            checks.check_estimator_repr, checks.check_estimators_unfitted,
+            checks.check_do_not_raise_errors_in_init_or_set_params]
+
+
+@pytest.mark.parametrize("est, check", list(itertools.product(ALL, PROTOCOL)),
+                         ids=lambda x: getattr(x, "__name__", repr(x)))
+def test_protocol_checks_without_fitting(est, check):
+    """The scikit-learn checks that need no fit, for every estimator and configuration (the full
+    check_estimator runs with GKL_SKLEARN_CHECKS=1)."""
+    check(type(est).__name__, clone(est))
+
+
+@pytest.mark.parametrize("est", ALL, ids=repr)
+def test_bad_input_of_every_estimator_is_a_value_error(est, logistic_data):
+    X, y = logistic_data
+    y = (y == "yes").astype(float)
+    with pytest.raises(NotFittedError):
+        est.predict(X)
+    bad = X.copy()
+    bad[0, 0] = np.inf
+    with pytest.raises(ValueError, match="infinity"):
+        clone(est).fit(bad, y)
+    with pytest.raises(ValueError, match="inconsistent numbers of samples"):
+        clone(est).fit(X, y[:-1])
+    with pytest.raises(ValueError, match="2D array"):
+        clone(est).fit(X[:, 0], y)
+    with pytest.raises(ValueError, match="(?i)complex"):
+        clone(est).fit(X + 1j, y)
+    if hasattr(est, "predict_proba"):
+        with pytest.raises(ValueError, match="class"):
+            clone(est).fit(X, np.zeros(len(y)))
+
+
+@pytest.mark.parametrize("est, param, value", [
+    (BayesianLogisticRegression(), "intercept_variance", 0.0), (BayesianLogisticRegression(), "max_steps", 0),
+    (BayesianRegression(), "noise", np.nan), (BayesianRegression(), "dof", -1.0),
+    (BayesianRegression(), "likelihood", "cauchy"), (GPClassifier(), "likelihood", "gaussian"),
+    (GPClassifier(), "kernel", "rbf"), (GPRegressor(), "jitter", -1.0), (GPRegressor(), "likelihood", "probit")])
+def test_bad_parameters_name_the_parameter(est, param, value, logistic_data):
+    X, y = logistic_data
+    y = X[:, 0] > 0 if hasattr(est, "predict_proba") else X[:, 0]
+    with pytest.raises(ValueError, match=param):
+        clone(est).set_params(**{param: value}).fit(X, y)
+
+
+def test_one_vs_rest_combination_is_the_exactly_one_positive_conditional():
+    """p(class k) = p_k prod_{j != k} (1 - p_j) / sum_k (same), by brute force over the 2^K outcomes of K
+    independent binary events restricted to those with exactly one positive."""
+    p = np.random.default_rng(5).uniform(0.001, 0.999, size=(6, 4))
+    expected = np.zeros_like(p)
+    for bits in itertools.product([0, 1], repeat=4):
+        if sum(bits) == 1:
+            k = bits.index(1)
+            expected[:, k] = np.prod(np.where(np.array(bits) == 1, p, 1 - p), axis=1)
+    expected /= expected.sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(combine_one_vs_rest(p), expected, rtol=1e-12)
+    assert np.all(np.isfinite(combine_one_vs_rest(np.array([[0.0, 1.0, 0.5], [1.0, 1.0, 0.0]]))))
+
+
+@contextlib.contextmanager
+def compilations():
+    """The XLA compilations inside the block (jax's backend-compile events)."""
+    events = []
+
+    def listener(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            events.append(duration)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        yield events
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+
+
+def _fit_twice_counting(make, X, y, X2, y2, predict):
+    getattr(make().fit(X, y), predict)(X)
+    with compilations() as events:
+        getattr(make().fit(X2, y2), predict)(X2)
+    return len(events)
+
+
+def test_compilation_counter_counts():
+    with compilations() as events:
+        jax.jit(lambda x: x * 3.0 + 1.0)(np.arange(7.0))
+    assert len(events) >= 1
+
+
+def test_second_logistic_fit_of_a_similar_shape_compiles_nothing(logistic_data):
+    X, y = logistic_data
+    rng = np.random.default_rng(6)
+    X2 = rng.normal(size=(37, 3))                   # another size in the same padded bucket
+    y2 = np.where(X2[:, 1] + rng.normal(size=37) > 0, "yes", "no")
+    assert _fit_twice_counting(BayesianLogisticRegression, X, y, X2, y2, "predict_proba") == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("make", [lambda: BayesianLogisticRegression(learn_prior_variance=True),
+                                  BayesianRegression, lambda: BayesianRegression("student-t"),
+                                  GPClassifier, GPRegressor, lambda: GPRegressor(likelihood="laplace")],
+                         ids=["logistic-ml2", "gaussian-ml2", "student-t-ml2", "gpc-ml2", "gpr-ml2",
+                              "gpr-laplace-ml2"])
+def test_second_fit_of_the_same_shape_compiles_nothing(make):
+    rng = np.random.default_rng(7)
+    X, X2 = rng.uniform(-2, 2, size=(2, 24, 1))
+    classifier = hasattr(make(), "predict_proba")
+    f = lambda Z: np.sin(2 * Z[:, 0]) + 0.3 * rng.normal(size=24)
+    y, y2 = (f(X) > 0, f(X2) > 0) if classifier else (f(X), f(X2))
+    assert _fit_twice_counting(make, X, y, X2, y2, "predict_proba" if classifier else "predict") == 0

@@ -14,6 +14,7 @@ bound, a lower bound on log p(y | X) (for the regression models: of the original
 """
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
@@ -26,9 +27,9 @@ from .._model import Model, Sites
 from .._predict import predict as gk_predict
 from ..gp import exact as gp_exact
 from ..priors import Diagonal
-from ._common import (ProbabilisticClassifierMixin, StandardisedRegressorMixin, binary_targets, check_choice,
-                      check_positive_float, check_steps, encode_labels, fit_hyperparameters_or_once, float64,
-                      pad_design, per_problem, validate_fit, validate_predict, warn_not_converged)
+from ._common import (ProbabilisticClassifierMixin, StandardisedRegressorMixin, binary_targets, bucket,
+                      check_choice, check_positive_float, check_steps, encode_labels, fit_hyperparameters_or_once,
+                      float64, pad_design, per_problem, validate_fit, validate_predict, warn_not_converged)
 
 LIKELIHOODS = ("gaussian", "student-t", "laplace")
 
@@ -117,9 +118,9 @@ class _BayesianLinear(BaseEstimator):
         learn = {"log_prior_variance": bool(self.learn_prior_variance), "log_noise": bool(learn_noise)}
         method, kwargs = _method(likelihood, factor)
         result, params, converged = fit_hyperparameters_or_once(build, params, learn, method, max_steps, kwargs)
-        # the padded rows add the constant sum log phi(0) of their potential
-        pad = build.potential(jnp.full(Hp.shape[0] - n, fill), 1.0).log_phi(jnp.zeros(Hp.shape[0] - n))
-        log_z = float(result.log_z) - float(jnp.sum(pad))
+        # each padded row adds the constant log phi(0) of its potential (one-element arrays: no new shapes)
+        pad = float(build.potential(jnp.full(1, fill), jnp.ones(1)).log_phi(jnp.zeros(1))[0])
+        log_z = float(result.log_z) - (Hp.shape[0] - n) * pad
         return (result, float(jnp.exp(params["log_prior_variance"])), float(jnp.exp(params["log_noise"])), log_z,
                 converged)
 
@@ -131,9 +132,13 @@ class _BayesianLinear(BaseEstimator):
     def _latent(self, result, X, family=None, y=None):
         """`gk.predict` of the fit `result` at the rows of X (padded to the fitted dimension)."""
         H = self._design(X)
-        Hp = np.zeros((H.shape[0], result.q.dim))
-        Hp[:, :H.shape[1]] = H
-        return gk_predict(result, jnp.asarray(Hp), family, y=None if y is None else jnp.asarray(y))
+        n = H.shape[0]
+        Hp = np.zeros((bucket(n), result.q.dim))         # rows padded too: one compilation per bucket
+        Hp[:n, :H.shape[1]] = H
+        if y is not None:
+            y = np.concatenate([y, np.zeros(Hp.shape[0] - n)])
+        pred = gk_predict(result, jnp.asarray(Hp), family, y=None if y is None else jnp.asarray(y))
+        return jax.tree.map(lambda a: np.asarray(a)[:n], pred)
 
     def _set_coefficients(self, moments):
         means = np.stack([m for m, _ in moments])
