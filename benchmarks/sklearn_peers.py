@@ -45,8 +45,13 @@ from sklearn.model_selection import ShuffleSplit, StratifiedShuffleSplit  # noqa
 from sklearn.pipeline import make_pipeline  # noqa: E402
 from sklearn.preprocessing import StandardScaler  # noqa: E402
 
-from gkl_jax.sklearn import (BayesianLogisticRegression, BayesianRegression, GPClassifier,  # noqa: E402
-                             GPRegressor, MulticlassGPClassifier)
+from gkl_jax.sklearn import (  # noqa: E402
+    BayesianLogisticRegression,
+    BayesianRegression,
+    GPClassifier,
+    GPRegressor,
+    MulticlassGPClassifier,
+)
 
 
 def ece(proba, y_idx, bins=10):

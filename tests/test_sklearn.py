@@ -25,9 +25,15 @@ from sklearn.utils import estimator_checks as checks
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
 import gkl_jax as gk
-from gkl_jax.sklearn import (BayesianLogisticRegression, BayesianRegression, GPClassifier, GPRegressor,
-                             MulticlassGPClassifier)
-from gkl_jax.sklearn._common import bucket, combine_one_vs_rest
+from gkl_jax.sklearn import (
+    BayesianLogisticRegression,
+    BayesianRegression,
+    GPClassifier,
+    GPRegressor,
+    MulticlassGPClassifier,
+)
+from gkl_jax.sklearn._common import bucket
+from gkl_jax.sklearn._outputs import combine_one_vs_rest
 
 QUICK = [BayesianLogisticRegression()]
 SLOW = [BayesianLogisticRegression(learn_prior_variance=True), BayesianRegression(),

@@ -17,12 +17,10 @@ import functools
 import warnings
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted
 
-from .. import potentials as P
 from ..gp._hyper import fit_hyperparameters
 
 try:  # scikit-learn >= 1.6
@@ -33,8 +31,15 @@ except ImportError:  # pragma: no cover - scikit-learn 1.4 / 1.5
 
 
 def float64(method):
-    """Decorator: run an estimator method under `jax.enable_x64(True)` (the estimators always compute in
-    float64; the caller's global setting is restored afterwards)."""
+    """Decorator: run an estimator method under `jax.enable_x64(True)`.
+
+    Args:
+        method: the method; the estimators always compute in float64 and the caller's global setting is
+            restored afterwards.
+
+    Returns:
+        The wrapped method.
+    """
     @functools.wraps(method)
     def wrapped(*args, **kwargs):
         with jax.enable_x64(True):
@@ -43,8 +48,18 @@ def float64(method):
 
 
 def validate_fit(estimator, X, y, *, classifier: bool):
-    """(X, y) as float64 arrays (y: labels as given for a classifier), scikit-learn's checks and errors
-    (ValueError for NaN/inf, complex data, empty or 1-D X, mismatched lengths), `n_features_in_` set."""
+    """scikit-learn's input checks of `fit`; sets `n_features_in_`.
+
+    Args:
+        estimator: the estimator being fitted.
+        X: (n, d) array-like, n >= 2.
+        y: (n,) array-like: labels of any type for a classifier, finite numbers otherwise.
+        classifier: whether y holds class labels.
+
+    Returns:
+        (X float64 (n, d), y (n,) as given for a classifier, float64 otherwise); ValueError for NaN/inf,
+        complex data, empty or 1-D X, mismatched lengths, continuous classifier targets.
+    """
     X, y = _validate_data(estimator, X, y, dtype=np.float64, y_numeric=not classifier, ensure_min_samples=2)
     if classifier:
         check_classification_targets(y)
@@ -54,13 +69,29 @@ def validate_fit(estimator, X, y, *, classifier: bool):
 
 
 def validate_predict(estimator, X, fitted_attribute):
-    """X (n, n_features_in_) as float64 after `check_is_fitted` (NotFittedError before fit)."""
+    """scikit-learn's input checks at prediction time.
+
+    Args:
+        estimator: a fitted estimator (NotFittedError otherwise).
+        X: (n, n_features_in_) array-like.
+        fitted_attribute: an attribute that exists only after `fit`.
+
+    Returns:
+        X as float64 (n, n_features_in_); ValueError for a wrong number of features or non-finite values.
+    """
     check_is_fitted(estimator, fitted_attribute)
     return _validate_data(estimator, X, dtype=np.float64, reset=False)
 
 
 def encode_labels(y):
-    """(classes_, integer codes) of classifier labels of any type; ValueError for fewer than two classes."""
+    """Integer codes of classifier labels.
+
+    Args:
+        y: (n,) labels of any sortable type.
+
+    Returns:
+        (classes (K,) sorted, codes (n,) in [0, K)); ValueError for fewer than two classes.
+    """
     classes, codes = np.unique(y, return_inverse=True)
     if len(classes) < 2:
         raise ValueError(f"the classifier needs samples of at least 2 classes in y; got one class: {classes[0]!r}")
@@ -68,7 +99,15 @@ def encode_labels(y):
 
 
 def bucket(n: int, minimum: int = 16) -> int:
-    """The padded size for n: the next power of two >= max(n, minimum)."""
+    """The padded size for n.
+
+    Args:
+        n: a size.
+        minimum: the smallest padded size.
+
+    Returns:
+        int, the next power of two >= max(n, minimum).
+    """
     return int(max(minimum, 1 << max(int(n) - 1, 0).bit_length()))
 
 
@@ -78,7 +117,15 @@ costs a compilation (check_estimator's data sets of 10 to 300 rows and 1 to 10 c
 
 
 def pad_design(H, rows: bool = True):
-    """(H padded with zero rows and columns to bucket sizes, row mask (n_pad,), column mask (d_pad,))."""
+    """The design padded with zero rows and columns to bucket sizes (see the module doc).
+
+    Args:
+        H: (n, d) float array.
+        rows: pad the rows as well as the columns.
+
+    Returns:
+        (H padded (n_pad, d_pad), row mask (n_pad,) True on real rows, column mask (d_pad,) True on real columns).
+    """
     n, d = H.shape
     n_pad = bucket(n, ROW_BUCKET_MIN) if rows else n
     d_pad = bucket(d, COLUMN_BUCKET_MIN)
@@ -123,29 +170,18 @@ def check_positive_float(value, name):
 
 
 def check_steps(value, name="max_steps"):
-    """`value` as a positive int (ValueError naming `name` otherwise; bools refused)."""
+    """`value` as a positive int.
+
+    Args:
+        value: the parameter's value (bools refused).
+        name: the parameter's name (for the error).
+
+    Returns:
+        int; ValueError naming `name` otherwise.
+    """
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return int(value)
-
-
-def noise_family(likelihood, noise, dof):
-    """The regression likelihood named `likelihood` with one placeholder target, for predictions.
-
-    Args:
-        likelihood: "gaussian" (noise = variance), "laplace" or "student-t" (noise = scale).
-        noise: the fitted variance or scale (standardised units).
-        dof: Student-t degrees of freedom.
-
-    Returns:
-        A `gkl_jax.potentials` potential (`gk.predict` / `gk.gp.predict` replace its targets).
-    """
-    y = jnp.zeros(1)
-    if likelihood == "gaussian":
-        return P.Gaussian(y, noise)
-    if likelihood == "laplace":
-        return P.Laplace(y, noise)
-    return P.StudentT(y, float(dof), noise)
 
 
 def fit_hyperparameters_or_once(build, params, learn, method, max_steps, method_kwargs=None):
@@ -188,141 +224,32 @@ def binary_targets(codes, n_classes):
 
 
 def per_problem(values):
-    """A scalar for one binary problem, an array (K,) for one-vs-rest."""
-    return values[0] if len(values) == 1 else np.asarray(values)
-
-
-def combine_one_vs_rest(p):
-    """Class probabilities (n, K) from the K one-vs-rest predictive probabilities p_k = p(y = k vs rest).
-
-    If the K binary events were independent with these probabilities, the probability that class k is the one
-    positive event, given that exactly one is, is p_k prod_{j != k} (1 - p_j) / sum over k of the same, i.e. the
-    odds p_k / (1 - p_k) normalised over the classes (a softmax of the log-odds). Normalising p_k itself instead
-    dilutes the top class by the other classifiers' residual probabilities. Mean test log-likelihood over 10
-    stratified 75/25 splits, standardised features, prior_variance 1: wine -0.094 by normalised p_k, -0.044 by
-    normalised odds (LogisticRegression, multinomial: -0.067); iris -0.330 and -0.226 (LogisticRegression
-    -0.159; with learn_prior_variance=True -0.206 and -0.101).
+    """A fitted attribute per binary problem.
 
     Args:
-        p: (n, K) one-vs-rest probabilities in [0, 1].
+        values: list of K scalars.
 
     Returns:
-        (n, K) probabilities summing to 1 over the classes.
+        The scalar for one problem, an array (K,) for one-vs-rest.
     """
-    logit = log_odds(p)
-    logit = logit - np.max(logit, axis=1, keepdims=True)
-    e = np.exp(logit)
-    return e / np.sum(e, axis=1, keepdims=True)
-
-
-def log_odds(p):
-    """log p / (1 - p), elementwise, finite for p in [0, 1] (clipped at 1e-300 and 1 - 1e-16)."""
-    p = np.clip(p, 1e-300, 1 - 1e-16)
-    return np.log(p) - np.log1p(-p)
-
-
-class ProbabilisticClassifierMixin:
-    """predict_proba, predict_log_proba, decision_function and predict from `_positive_probabilities(X)`, the
-    predictive p(y = positive) of each binary problem, (n, 1) for two classes or (n, K) one-vs-rest."""
-
-    def predict_proba(self, X):
-        """Class probabilities by the predictive integral.
-
-        Args:
-            X: (n, n_features_in_) array-like.
-
-        Returns:
-            (n, K) float64, columns in `classes_` order; one-vs-rest by `combine_one_vs_rest`.
-        """
-        p = self._positive_probabilities(X)
-        return np.hstack([1 - p, p]) if p.shape[1] == 1 else combine_one_vs_rest(p)
-
-    def predict_log_proba(self, X):
-        """log of `predict_proba(X)`, (n, K)."""
-        return np.log(self.predict_proba(X))
-
-    def decision_function(self, X):
-        """The log-odds of the predictive probability of each binary problem.
-
-        Args:
-            X: (n, n_features_in_) array-like.
-
-        Returns:
-            (n,) for two classes (positive: `classes_[1]`), (n, K) one-vs-rest; its sign (argmax) agrees with
-            `predict`.
-        """
-        logit = log_odds(self._positive_probabilities(X))
-        return logit[:, 0] if logit.shape[1] == 1 else logit
-
-    def predict(self, X):
-        """The most probable class of each row of X, shape (n,), of `classes_`' type."""
-        proba = self.predict_proba(X)           # NotFittedError before `classes_` is looked up
-        return self.classes_[np.argmax(proba, axis=1)]
-
-
-class StandardisedRegressorMixin:
-    """Target standardisation and the predictive outputs of the regressors, from `_predictive(X, family, z)`
-    (a `gkl_jax.gp.Prediction` on the standardised scale; z: standardised test targets or None) and the fitted
-    `likelihood`, `noise_`, `dof`."""
-
-    def _standardise(self, y, centre):
-        """z = (y - centre(y)) / sd(y) (sd 1 for constant y); stores the shift and scale."""
-        self._y_shift = float(centre(y))
-        sd = float(np.std(y))
-        self._y_scale = sd if sd > 0 else 1.0
-        return (y - self._y_shift) / self._y_scale
-
-    def _family(self):
-        return noise_family(self.likelihood, self.noise_, self.dof)
-
-    @float64
-    def predict(self, X, return_std=False):
-        """Predictive mean of y and optionally its sd, noise included (original units).
-
-        Args:
-            X: (n, n_features_in_) array-like.
-            return_std: also return the predictive sd (inf for a Student-t likelihood with dof <= 2).
-
-        Returns:
-            mean (n,), or (mean, sd), float64.
-        """
-        X = validate_predict(self, X, self._fitted_attribute)
-        pred = self._predictive(X, self._family(), None)
-        mean = np.asarray(pred.y_mean) * self._y_scale + self._y_shift
-        if not return_std:
-            return mean
-        return mean, np.sqrt(np.asarray(pred.y_variance)) * self._y_scale
-
-    @float64
-    def log_predictive_density(self, X, y):
-        """log p(y_* | x_*) per test point, in the original units of y.
-
-        Args:
-            X: (n, n_features_in_) array-like.
-            y: (n,) finite targets.
-
-        Returns:
-            (n,) float64.
-        """
-        X = validate_predict(self, X, self._fitted_attribute)
-        y = np.asarray(y, dtype=np.float64).ravel()
-        if y.shape[0] != X.shape[0] or not np.all(np.isfinite(y)):
-            raise ValueError(f"y must hold {X.shape[0]} finite targets, got shape {np.shape(y)}")
-        z = (y - self._y_shift) / self._y_scale
-        return np.asarray(self._predictive(X, self._family(), z).log_density) - np.log(self._y_scale)
+    return values[0] if len(values) == 1 else np.asarray(values)
 
 
 @contextlib.contextmanager
 def quiet_convergence():
-    """Silence the library's non-convergence warnings inside a fit (the estimator reports `converged_` and issues
-    one scikit-learn ConvergenceWarning itself)."""
+    """Context manager: silence the library's non-convergence warnings inside a fit (the estimator reports
+    `converged_` and issues one scikit-learn ConvergenceWarning itself)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"gkl_jax\.")
         yield
 
 
 def warn_not_converged(estimator):
-    """One scikit-learn ConvergenceWarning naming the estimator (when `converged_` is False)."""
+    """Issue one scikit-learn ConvergenceWarning naming the estimator.
+
+    Args:
+        estimator: the estimator whose fit did not converge.
+    """
     from sklearn.exceptions import ConvergenceWarning
     warnings.warn(f"{type(estimator).__name__}: the fit did not converge; the fitted attributes are the last "
                   "iterate (converged_=False)", ConvergenceWarning, stacklevel=3)

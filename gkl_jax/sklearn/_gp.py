@@ -27,9 +27,21 @@ from ..gp import predict as gp_predict
 from ..gp._predict import with_targets
 from ..kernels import AbstractKernel, SquaredExponential
 from ..multiclass import GPClassifier as _MulticlassGP
-from ._common import (ProbabilisticClassifierMixin, StandardisedRegressorMixin, binary_targets, check_choice,
-                      check_positive_float, check_steps, encode_labels, fit_hyperparameters_or_once, float64,
-                      per_problem, quiet_convergence, validate_fit, validate_predict, warn_not_converged)
+from ._common import (
+    binary_targets,
+    check_choice,
+    check_positive_float,
+    check_steps,
+    encode_labels,
+    fit_hyperparameters_or_once,
+    float64,
+    per_problem,
+    quiet_convergence,
+    validate_fit,
+    validate_predict,
+    warn_not_converged,
+)
+from ._outputs import ProbabilisticClassifierMixin, StandardisedRegressorMixin
 
 _LIKELIHOODS = ("logistic", "probit")
 _REGRESSION_LIKELIHOODS = ("gaussian", "student-t", "laplace")
@@ -214,6 +226,15 @@ class MulticlassGPClassifier(ClassifierMixin, BaseEstimator):
 
     @float64
     def fit(self, X, y):
+        """Fit the joint posterior and (by default) the kernel.
+
+        Args:
+            X: (n, d) array-like of finite inputs.
+            y: (n,) labels of any type, at least two classes.
+
+        Returns:
+            self.
+        """
         X, y = validate_fit(self, X, y, classifier=True)
         classes, codes = encode_labels(y)
         with quiet_convergence():
@@ -228,14 +249,23 @@ class MulticlassGPClassifier(ClassifierMixin, BaseEstimator):
 
     @float64
     def predict_proba(self, X):
-        """Class probabilities (n, C) (the re-normalised predictive of Chai 2012, eq. 25)."""
+        """Class probabilities, the re-normalised predictive of Chai (2012, eq. 25).
+
+        Args:
+            X: (n, n_features_in_) array-like.
+
+        Returns:
+            (n, C) float64, columns in `classes_` order.
+        """
         X = validate_predict(self, X, "estimator_")
         return np.asarray(self.estimator_.predict_proba(X), dtype=np.float64)
 
     def predict_log_proba(self, X):
+        """log of `predict_proba(X)`, (n, C)."""
         return np.log(self.predict_proba(X))
 
     def predict(self, X):
+        """The most probable class of each row of X, shape (n,)."""
         proba = self.predict_proba(X)
         return self.classes_[np.argmax(proba, axis=1)]
 

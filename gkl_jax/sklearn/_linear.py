@@ -27,9 +27,22 @@ from .._model import Model, Sites
 from .._predict import predict as gk_predict
 from ..gp import exact as gp_exact
 from ..priors import Diagonal
-from ._common import (ProbabilisticClassifierMixin, StandardisedRegressorMixin, binary_targets, bucket,
-                      check_choice, check_positive_float, check_steps, encode_labels, fit_hyperparameters_or_once,
-                      float64, pad_design, per_problem, validate_fit, validate_predict, warn_not_converged)
+from ._common import (
+    binary_targets,
+    bucket,
+    check_choice,
+    check_positive_float,
+    check_steps,
+    encode_labels,
+    fit_hyperparameters_or_once,
+    float64,
+    pad_design,
+    per_problem,
+    validate_fit,
+    validate_predict,
+    warn_not_converged,
+)
+from ._outputs import ProbabilisticClassifierMixin, StandardisedRegressorMixin
 
 LIKELIHOODS = ("gaussian", "student-t", "laplace")
 
