@@ -137,9 +137,17 @@ def test_gaussian_regression_evidence_and_predictive_are_closed_form():
     mean, sd = reg.predict(Xt, return_std=True)
     np.testing.assert_allclose(mean, (Ht @ m) * scale + shift, rtol=1e-8)
     np.testing.assert_allclose(sd, np.sqrt(np.einsum("nd,de,ne->n", Ht, S, Ht) + 0.2) * scale, rtol=1e-8)
-    # learning: the evidence at the learned (prior variance, noise) beats the starting values
+    # learning: the evidence at the learned (prior variance, noise) beats the starting values, and the closed-form
+    # evidence has zero derivative there in both log-variances (central finite differences)
     learned = BayesianRegression().fit(X, y)
     assert learned.log_evidence_ > reg.log_evidence_ and learned.converged_
+    z = (y - shift) / scale
+    evidence = lambda a, b: _gaussian_evidence(H, z, np.array([np.exp(a), np.exp(a), 100.0]), np.exp(b))
+    a, b, h = np.log(learned.prior_variance_), np.log(learned.noise_), 1e-4
+    assert abs(evidence(a, b) - 30 * np.log(scale) - learned.log_evidence_) < 1e-8
+    grad = [(evidence(a + h, b) - evidence(a - h, b)) / (2 * h), (evidence(a, b + h) - evidence(a, b - h)) / (2 * h)]
+    curvature = abs(evidence(a + 0.5, b) - 2 * evidence(a, b) + evidence(a - 0.5, b)) / 0.25
+    assert max(abs(g) for g in grad) < 1e-3 * max(curvature, 1.0), (grad, curvature)
 
 
 @pytest.mark.slow
@@ -153,6 +161,15 @@ def test_robust_regression_resists_outliers():
     assert abs(robust.coef_[0] - 2.0) < 0.1 < abs(gauss.coef_[0] - 2.0) or abs(robust.intercept_ - 1.0) < abs(
         gauss.intercept_ - 1.0)
     assert abs(robust.coef_[0] - 2.0) < 0.1
+    # fixed hyperparameters: log_evidence_ is gk.fit's bound on the unpadded model in the original units
+    fixed = BayesianRegression("student-t", dof=3.0, prior_variance=0.5, noise=0.3, learn_prior_variance=False,
+                               learn_noise=False).fit(X, y)
+    shift, scale = np.median(y), np.std(y)
+    model = gk.Model(gk.priors.Diagonal(np.array([0.5, 100.0])),
+                     gk.Sites(np.hstack([X, np.ones((60, 1))]), gk.potentials.StudentT((y - shift) / scale, 3.0, 0.3)))
+    ref = gk.fit(model)
+    assert abs(fixed.log_evidence_ - (float(ref.log_z) - 60 * np.log(scale))) < 1e-6
+    np.testing.assert_allclose(fixed.coef_, np.asarray(ref.q.mean[:1]) * scale, atol=1e-6)
 
 
 def test_estimators_compute_in_float64_without_global_x64(logistic_data):
@@ -205,6 +222,21 @@ def test_gp_classifier_and_regressor_small():
     y = np.where(np.sin(2 * X[:, 0]) > 0, 1, 0)
     clf = GPClassifier().fit(X, y)
     assert clf.score(X, y) > 0.9 and np.isfinite(clf.log_evidence_)
+    # predict_proba = E[sigmoid(f_*)] over the dense GP predictive of q(f) = N(m, S), by Gauss-Hermite here
+    result, prior = clf._fits[0]
+    Xt = np.linspace(-2, 2, 7)[:, None]
+    K = np.asarray(clf.kernel_.gram(X)) + 1e-6 * np.eye(24)
+    Ks = np.asarray(clf.kernel_.gram(X, Xt))
+    A = np.linalg.solve(K, Ks)
+    m, S = np.asarray(result.q.mean), np.asarray(result.q.covariance())
+    kss = np.asarray(clf.kernel_.diag(Xt))
+    mu = A.T @ m
+    s2 = kss - np.einsum("nt,nt->t", Ks, A) + np.einsum("nt,nm,mt->t", A, S, A)
+    zz, ww = np.polynomial.hermite_e.hermegauss(80)
+    p = special.expit(mu[:, None] + np.sqrt(s2)[:, None] * zz) @ ww / np.sqrt(2 * np.pi)
+    # (K of 24 points on a line is ill-conditioned: numpy's LU solve and the library's Cholesky agree to ~1e-4)
+    np.testing.assert_allclose(clf.predict_proba(Xt)[:, 1], p, atol=2e-4)
+    assert np.max(np.abs(special.expit(mu) - p)) > 2e-3           # the plug-in sigmoid(mu) would fail
     fixed = GPClassifier(kernel=clf.kernel_, learn_hyperparameters=False).fit(X, y)
     assert abs(fixed.log_evidence_ - clf.log_evidence_) < 1e-6
     yr = np.sin(2 * X[:, 0]) + 0.1 * rng.normal(size=24)
