@@ -9,7 +9,9 @@ Pairs (every model behind a StandardScaler in a Pipeline, the same random splits
     two moons (200, noise 0.25)        GPClassifier                    vs GaussianProcessClassifier
     diabetes (442 x 10), 10% of the    BayesianRegression(student-t)   vs BayesianRidge, HuberRegressor
     training targets shifted by        BayesianRegression(gaussian)    vs BayesianRidge
-    +-4 sd (test targets clean)        GPRegressor(student-t)          vs GaussianProcessRegressor
+    +-4 sd (test targets clean)        GPRegressor (gaussian)          vs GaussianProcessRegressor
+                                       GPRegressor(laplace), (student-t), only with --robust-gp (G-KL over
+                                       331 latent values with ML-II: 25 s to minutes per fit on 2 shared cores)
 
 Per split: accuracy (classifiers) or RMSE, the mean test log-likelihood (log p(y_* | x_*): the predictive
 probability of the true class, or the predictive density; HuberRegressor has no predictive distribution and is
@@ -85,7 +87,7 @@ def regression_metrics(model, X, y):
     return {"rmse": float(np.sqrt(np.mean((mean - y) ** 2))), "test_ll": float(np.mean(ll))}
 
 
-def tasks(multiclass_gp=False):
+def tasks(multiclass_gp=False, robust_gp=False):
     Xb, yb = load_breast_cancer(return_X_y=True)
     Xw, yw = load_wine(return_X_y=True)
     Xm, ym = make_moons(200, noise=0.25, random_state=0)
@@ -105,14 +107,15 @@ def tasks(multiclass_gp=False):
                                                  lambda: BayesianRegression("student-t")),
                                                 ("BayesianRegression(gaussian)", BayesianRegression),
                                                 ("BayesianRidge", BayesianRidge), ("HuberRegressor", HuberRegressor),
-                                                ("GPRegressor(student-t)", lambda: GPRegressor(likelihood="student-t")),
-                                                ("GaussianProcessRegressor", sk_gpr)]),
+                                                ("GPRegressor", GPRegressor), ("GaussianProcessRegressor", sk_gpr)]
+         + ([("GPRegressor(laplace)", lambda: GPRegressor(likelihood="laplace")),
+             ("GPRegressor(student-t)", lambda: GPRegressor(likelihood="student-t"))] if robust_gp else [])),
     ]
 
 
-def run(num_splits, multiclass_gp=False, only=None, on_task=None, skip=()):
+def run(num_splits, multiclass_gp=False, only=None, on_task=None, skip=(), robust_gp=False):
     results = []
-    for name, X, y, kind, models in tasks(multiclass_gp):
+    for name, X, y, kind, models in tasks(multiclass_gp, robust_gp):
         if only and name not in only:
             continue
         models = [(m, make) for m, make in models if m not in skip]
@@ -169,6 +172,8 @@ def main():
     parser.add_argument("--multiclass-gp", action="store_true",
                         help="add MulticlassGPClassifier vs GaussianProcessClassifier on wine (its ML-II loop "
                              "compiles for many minutes on a small CPU)")
+    parser.add_argument("--robust-gp", action="store_true",
+                        help="add GPRegressor(laplace) and GPRegressor(student-t) on diabetes (slow: see above)")
     parser.add_argument("--only", default=None, help="comma-separated data set names")
     parser.add_argument("--out", default="sklearn_peers.json", help="file name under benchmarks/out/")
     parser.add_argument("--skip", default="", help="comma-separated model names to leave out")
@@ -184,11 +189,12 @@ def main():
         text = table(results)
         with open(path, "w") as f:
             json.dump({"splits": num, "machine": platform.platform(), "cpus": os.cpu_count(),
+                   "load_average": os.getloadavg(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                        "wall_s": time.perf_counter() - start, "results": results, "table": text}, f, indent=1)
         return text
 
     results = run(num, args.multiclass_gp, args.only.split(",") if args.only else None, save,
-                  tuple(filter(None, args.skip.split(","))))
+                  tuple(filter(None, args.skip.split(","))), args.robust_gp)
     print(save(results))
     print(f"wrote {path} ({time.perf_counter() - start:.0f} s)")
 

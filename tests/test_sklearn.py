@@ -8,6 +8,8 @@ compilations of the checks' data sets, 10-20 min here). Both sets run only with 
 the suite's time; the bad-input and protocol tests below run always.
 """
 
+import contextlib
+import itertools
 import os
 import subprocess
 import sys
@@ -17,7 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from scipy import special
+from sklearn.base import clone
 from sklearn.exceptions import NotFittedError
+from sklearn.utils import estimator_checks as checks
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
 import gkl_jax as gk
@@ -29,14 +33,15 @@ from gkl_jax.sklearn import (
     MulticlassGPClassifier,
 )
 from gkl_jax.sklearn._common import bucket
+from gkl_jax.sklearn._outputs import combine_one_vs_rest
 
 QUICK = [BayesianLogisticRegression()]
-SLOW = [BayesianRegression(learn_prior_variance=False, learn_noise=False),
-        BayesianRegression("laplace", learn_prior_variance=False, learn_noise=False),
-        BayesianLogisticRegression(learn_prior_variance=True), BayesianRegression("student-t"),
-        GPClassifier(learn_hyperparameters=False), GPRegressor(learn_hyperparameters=False),
-        GPRegressor(likelihood="student-t", learn_hyperparameters=False),
-        MulticlassGPClassifier(learn_hyperparameters=False), GPClassifier(max_steps=5)]
+SLOW = [BayesianLogisticRegression(learn_prior_variance=True), BayesianRegression(),
+        BayesianRegression(learn_prior_variance=False, learn_noise=False),
+        BayesianRegression("laplace", learn_prior_variance=False, learn_noise=False), BayesianRegression("student-t"),
+        GPClassifier(max_steps=5), GPClassifier(learn_hyperparameters=False), GPRegressor(max_steps=5),
+        GPRegressor(learn_hyperparameters=False), GPRegressor(likelihood="student-t", learn_hyperparameters=False),
+        MulticlassGPClassifier(learn_hyperparameters=False)]
 
 
 @pytest.mark.slow
@@ -132,9 +137,17 @@ def test_gaussian_regression_evidence_and_predictive_are_closed_form():
     mean, sd = reg.predict(Xt, return_std=True)
     np.testing.assert_allclose(mean, (Ht @ m) * scale + shift, rtol=1e-8)
     np.testing.assert_allclose(sd, np.sqrt(np.einsum("nd,de,ne->n", Ht, S, Ht) + 0.2) * scale, rtol=1e-8)
-    # learning: the evidence at the learned (prior variance, noise) beats the starting values
+    # learning: the evidence at the learned (prior variance, noise) beats the starting values, and the closed-form
+    # evidence has zero derivative there in both log-variances (central finite differences)
     learned = BayesianRegression().fit(X, y)
     assert learned.log_evidence_ > reg.log_evidence_ and learned.converged_
+    z = (y - shift) / scale
+    evidence = lambda a, b: _gaussian_evidence(H, z, np.array([np.exp(a), np.exp(a), 100.0]), np.exp(b))
+    a, b, h = np.log(learned.prior_variance_), np.log(learned.noise_), 1e-4
+    assert abs(evidence(a, b) - 30 * np.log(scale) - learned.log_evidence_) < 1e-8
+    grad = [(evidence(a + h, b) - evidence(a - h, b)) / (2 * h), (evidence(a, b + h) - evidence(a, b - h)) / (2 * h)]
+    curvature = abs(evidence(a + 0.5, b) - 2 * evidence(a, b) + evidence(a - 0.5, b)) / 0.25
+    assert max(abs(g) for g in grad) < 1e-3 * max(curvature, 1.0), (grad, curvature)
 
 
 @pytest.mark.slow
@@ -148,6 +161,15 @@ def test_robust_regression_resists_outliers():
     assert abs(robust.coef_[0] - 2.0) < 0.1 < abs(gauss.coef_[0] - 2.0) or abs(robust.intercept_ - 1.0) < abs(
         gauss.intercept_ - 1.0)
     assert abs(robust.coef_[0] - 2.0) < 0.1
+    # fixed hyperparameters: log_evidence_ is gk.fit's bound on the unpadded model in the original units
+    fixed = BayesianRegression("student-t", dof=3.0, prior_variance=0.5, noise=0.3, learn_prior_variance=False,
+                               learn_noise=False).fit(X, y)
+    shift, scale = np.median(y), np.std(y)
+    model = gk.Model(gk.priors.Diagonal(np.array([0.5, 100.0])),
+                     gk.Sites(np.hstack([X, np.ones((60, 1))]), gk.potentials.StudentT((y - shift) / scale, 3.0, 0.3)))
+    ref = gk.fit(model)
+    assert abs(fixed.log_evidence_ - (float(ref.log_z) - 60 * np.log(scale))) < 1e-6
+    np.testing.assert_allclose(fixed.coef_, np.asarray(ref.q.mean[:1]) * scale, atol=1e-6)
 
 
 def test_estimators_compute_in_float64_without_global_x64(logistic_data):
@@ -161,7 +183,8 @@ def test_estimators_compute_in_float64_without_global_x64(logistic_data):
     np.testing.assert_allclose(p, ref.predict_proba(X), rtol=1e-12)
 
 
-@pytest.mark.parametrize("est", [BayesianLogisticRegression(), BayesianRegression(learn_noise=False)])
+@pytest.mark.parametrize("est", [BayesianLogisticRegression(),
+                                 BayesianRegression(learn_prior_variance=False, learn_noise=False)])
 def test_bad_input(est, logistic_data):
     X, y = logistic_data
     y = (y == "yes").astype(float)
@@ -199,6 +222,21 @@ def test_gp_classifier_and_regressor_small():
     y = np.where(np.sin(2 * X[:, 0]) > 0, 1, 0)
     clf = GPClassifier().fit(X, y)
     assert clf.score(X, y) > 0.9 and np.isfinite(clf.log_evidence_)
+    # predict_proba = E[sigmoid(f_*)] over the dense GP predictive of q(f) = N(m, S), by Gauss-Hermite here
+    result, prior = clf._fits[0]
+    Xt = np.linspace(-2, 2, 7)[:, None]
+    K = np.asarray(clf.kernel_.gram(X)) + 1e-6 * np.eye(24)
+    Ks = np.asarray(clf.kernel_.gram(X, Xt))
+    A = np.linalg.solve(K, Ks)
+    m, S = np.asarray(result.q.mean), np.asarray(result.q.covariance())
+    kss = np.asarray(clf.kernel_.diag(Xt))
+    mu = A.T @ m
+    s2 = kss - np.einsum("nt,nt->t", Ks, A) + np.einsum("nt,nm,mt->t", A, S, A)
+    zz, ww = np.polynomial.hermite_e.hermegauss(80)
+    p = special.expit(mu[:, None] + np.sqrt(s2)[:, None] * zz) @ ww / np.sqrt(2 * np.pi)
+    # (K of 24 points on a line is ill-conditioned: numpy's LU solve and the library's Cholesky agree to ~1e-4)
+    np.testing.assert_allclose(clf.predict_proba(Xt)[:, 1], p, atol=2e-4)
+    assert np.max(np.abs(special.expit(mu) - p)) > 2e-3           # the plug-in sigmoid(mu) would fail
     fixed = GPClassifier(kernel=clf.kernel_, learn_hyperparameters=False).fit(X, y)
     assert abs(fixed.log_evidence_ - clf.log_evidence_) < 1e-6
     yr = np.sin(2 * X[:, 0]) + 0.1 * rng.normal(size=24)
@@ -222,3 +260,119 @@ def test_import_without_sklearn_is_a_clear_error():
 
 def test_bucket():
     assert [bucket(n) for n in (1, 16, 17, 100, 128, 129)] == [16, 16, 32, 128, 128, 256]
+
+
+ALL = [BayesianLogisticRegression(), BayesianLogisticRegression(learn_prior_variance=True), BayesianRegression(),
+       BayesianRegression("student-t", learn_noise=False), GPClassifier(), GPClassifier(likelihood="probit"),
+       GPRegressor(), GPRegressor(likelihood="laplace"), MulticlassGPClassifier()]
+PROTOCOL = [checks.check_no_attributes_set_in_init, checks.check_parameters_default_constructible,
+            checks.check_get_params_invariance, checks.check_set_params, checks.check_estimator_cloneable,
+            checks.check_estimator_repr, checks.check_estimators_unfitted,
+            checks.check_do_not_raise_errors_in_init_or_set_params]
+
+
+@pytest.mark.parametrize("est, check", list(itertools.product(ALL, PROTOCOL)),
+                         ids=lambda x: getattr(x, "__name__", repr(x)))
+def test_protocol_checks_without_fitting(est, check):
+    """The scikit-learn checks that need no fit, for every estimator and configuration (the full
+    check_estimator runs with GKL_SKLEARN_CHECKS=1)."""
+    check(type(est).__name__, clone(est))
+
+
+@pytest.mark.parametrize("est", ALL, ids=repr)
+def test_bad_input_of_every_estimator_is_a_value_error(est, logistic_data):
+    X, y = logistic_data
+    y = (y == "yes").astype(float)
+    with pytest.raises(NotFittedError):
+        est.predict(X)
+    bad = X.copy()
+    bad[0, 0] = np.inf
+    with pytest.raises(ValueError, match="infinity"):
+        clone(est).fit(bad, y)
+    with pytest.raises(ValueError, match="inconsistent numbers of samples"):
+        clone(est).fit(X, y[:-1])
+    with pytest.raises(ValueError, match="2D array"):
+        clone(est).fit(X[:, 0], y)
+    with pytest.raises(ValueError, match="(?i)complex"):
+        clone(est).fit(X + 1j, y)
+    if hasattr(est, "predict_proba"):
+        with pytest.raises(ValueError, match="class"):
+            clone(est).fit(X, np.zeros(len(y)))
+
+
+@pytest.mark.parametrize("est, param, value", [
+    (BayesianLogisticRegression(), "intercept_variance", 0.0), (BayesianLogisticRegression(), "max_steps", 0),
+    (BayesianRegression(), "noise", np.nan), (BayesianRegression(), "dof", -1.0),
+    (BayesianRegression(), "likelihood", "cauchy"), (GPClassifier(), "likelihood", "gaussian"),
+    (GPClassifier(), "kernel", "rbf"), (GPRegressor(), "jitter", -1.0), (GPRegressor(), "likelihood", "probit")])
+def test_bad_parameters_name_the_parameter(est, param, value, logistic_data):
+    X, y = logistic_data
+    y = X[:, 0] > 0 if hasattr(est, "predict_proba") else X[:, 0]
+    with pytest.raises(ValueError, match=param):
+        clone(est).set_params(**{param: value}).fit(X, y)
+
+
+def test_one_vs_rest_combination_is_the_exactly_one_positive_conditional():
+    """p(class k) = p_k prod_{j != k} (1 - p_j) / sum_k (same), by brute force over the 2^K outcomes of K
+    independent binary events restricted to those with exactly one positive."""
+    p = np.random.default_rng(5).uniform(0.001, 0.999, size=(6, 4))
+    expected = np.zeros_like(p)
+    for bits in itertools.product([0, 1], repeat=4):
+        if sum(bits) == 1:
+            k = bits.index(1)
+            expected[:, k] = np.prod(np.where(np.array(bits) == 1, p, 1 - p), axis=1)
+    expected /= expected.sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(combine_one_vs_rest(p), expected, rtol=1e-12)
+    assert np.all(np.isfinite(combine_one_vs_rest(np.array([[0.0, 1.0, 0.5], [1.0, 1.0, 0.0]]))))
+
+
+@contextlib.contextmanager
+def compilations():
+    """The XLA compilations inside the block (jax's backend-compile events)."""
+    events = []
+
+    def listener(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            events.append(duration)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        yield events
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+
+
+def _fit_twice_counting(make, X, y, X2, y2, predict):
+    getattr(make().fit(X, y), predict)(X)
+    with compilations() as events:
+        getattr(make().fit(X2, y2), predict)(X2)
+    return len(events)
+
+
+def test_compilation_counter_counts():
+    with compilations() as events:
+        jax.jit(lambda x: x * 3.0 + 1.0)(np.arange(7.0))
+    assert len(events) >= 1
+
+
+def test_second_logistic_fit_of_a_similar_shape_compiles_nothing(logistic_data):
+    X, y = logistic_data
+    rng = np.random.default_rng(6)
+    X2 = rng.normal(size=(37, 3))                   # another size in the same padded bucket
+    y2 = np.where(X2[:, 1] + rng.normal(size=37) > 0, "yes", "no")
+    assert _fit_twice_counting(BayesianLogisticRegression, X, y, X2, y2, "predict_proba") == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("make", [lambda: BayesianLogisticRegression(learn_prior_variance=True),
+                                  BayesianRegression, lambda: BayesianRegression("student-t"),
+                                  GPClassifier, GPRegressor, lambda: GPRegressor(likelihood="laplace")],
+                         ids=["logistic-ml2", "gaussian-ml2", "student-t-ml2", "gpc-ml2", "gpr-ml2",
+                              "gpr-laplace-ml2"])
+def test_second_fit_of_the_same_shape_compiles_nothing(make):
+    rng = np.random.default_rng(7)
+    X, X2 = rng.uniform(-2, 2, size=(2, 24, 1))
+    classifier = hasattr(make(), "predict_proba")
+    f = lambda Z: np.sin(2 * Z[:, 0]) + 0.3 * rng.normal(size=24)
+    y, y2 = (f(X) > 0, f(X2) > 0) if classifier else (f(X), f(X2))
+    assert _fit_twice_counting(make, X, y, X2, y2, "predict_proba" if classifier else "predict") == 0

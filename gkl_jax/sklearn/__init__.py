@@ -22,9 +22,9 @@ except ImportError as _err:  # pragma: no cover - exercised without scikit-learn
 
 from ._gp import GPClassifier as GPClassifier
 from ._gp import GPRegressor as GPRegressor
+from ._gp import MulticlassGPClassifier as MulticlassGPClassifier
 from ._linear import BayesianLogisticRegression as BayesianLogisticRegression
-from ._multiclass import MulticlassGPClassifier as MulticlassGPClassifier
-from ._regression import BayesianRegression as BayesianRegression
+from ._linear import BayesianRegression as BayesianRegression
 
 __all__ = ["BayesianLogisticRegression", "BayesianRegression", "GPClassifier", "GPRegressor",
            "MulticlassGPClassifier"]

@@ -14,11 +14,14 @@ those of the unpadded problem, while the data sets of cross-validation folds, gr
 
 import contextlib
 import functools
+import warnings
 
 import jax
 import numpy as np
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted
+
+from ..gp._hyper import fit_hyperparameters
 
 try:  # scikit-learn >= 1.6
     from sklearn.utils.validation import validate_data as _validate_data
@@ -28,8 +31,15 @@ except ImportError:  # pragma: no cover - scikit-learn 1.4 / 1.5
 
 
 def float64(method):
-    """Decorator: run an estimator method under `jax.enable_x64(True)` (the estimators always compute in
-    float64; the caller's global setting is restored afterwards)."""
+    """Decorator: run an estimator method under `jax.enable_x64(True)`.
+
+    Args:
+        method: the method; the estimators always compute in float64 and the caller's global setting is
+            restored afterwards.
+
+    Returns:
+        The wrapped method.
+    """
     @functools.wraps(method)
     def wrapped(*args, **kwargs):
         with jax.enable_x64(True):
@@ -38,8 +48,18 @@ def float64(method):
 
 
 def validate_fit(estimator, X, y, *, classifier: bool):
-    """(X, y) as float64 arrays (y: labels as given for a classifier), scikit-learn's checks and errors
-    (ValueError for NaN/inf, complex data, empty or 1-D X, mismatched lengths), `n_features_in_` set."""
+    """scikit-learn's input checks of `fit`; sets `n_features_in_`.
+
+    Args:
+        estimator: the estimator being fitted.
+        X: (n, d) array-like, n >= 2.
+        y: (n,) array-like: labels of any type for a classifier, finite numbers otherwise.
+        classifier: whether y holds class labels.
+
+    Returns:
+        (X float64 (n, d), y (n,) as given for a classifier, float64 otherwise); ValueError for NaN/inf,
+        complex data, empty or 1-D X, mismatched lengths, continuous classifier targets.
+    """
     X, y = _validate_data(estimator, X, y, dtype=np.float64, y_numeric=not classifier, ensure_min_samples=2)
     if classifier:
         check_classification_targets(y)
@@ -49,13 +69,29 @@ def validate_fit(estimator, X, y, *, classifier: bool):
 
 
 def validate_predict(estimator, X, fitted_attribute):
-    """X (n, n_features_in_) as float64 after `check_is_fitted` (NotFittedError before fit)."""
+    """scikit-learn's input checks at prediction time.
+
+    Args:
+        estimator: a fitted estimator (NotFittedError otherwise).
+        X: (n, n_features_in_) array-like.
+        fitted_attribute: an attribute that exists only after `fit`.
+
+    Returns:
+        X as float64 (n, n_features_in_); ValueError for a wrong number of features or non-finite values.
+    """
     check_is_fitted(estimator, fitted_attribute)
     return _validate_data(estimator, X, dtype=np.float64, reset=False)
 
 
 def encode_labels(y):
-    """(classes_, integer codes) of classifier labels of any type; ValueError for fewer than two classes."""
+    """Integer codes of classifier labels.
+
+    Args:
+        y: (n,) labels of any sortable type.
+
+    Returns:
+        (classes (K,) sorted, codes (n,) in [0, K)); ValueError for fewer than two classes.
+    """
     classes, codes = np.unique(y, return_inverse=True)
     if len(classes) < 2:
         raise ValueError(f"the classifier needs samples of at least 2 classes in y; got one class: {classes[0]!r}")
@@ -63,7 +99,15 @@ def encode_labels(y):
 
 
 def bucket(n: int, minimum: int = 16) -> int:
-    """The padded size for n: the next power of two >= max(n, minimum)."""
+    """The padded size for n.
+
+    Args:
+        n: a size.
+        minimum: the smallest padded size.
+
+    Returns:
+        int, the next power of two >= max(n, minimum).
+    """
     return int(max(minimum, 1 << max(int(n) - 1, 0).bit_length()))
 
 
@@ -73,7 +117,15 @@ costs a compilation (check_estimator's data sets of 10 to 300 rows and 1 to 10 c
 
 
 def pad_design(H, rows: bool = True):
-    """(H padded with zero rows and columns to bucket sizes, row mask (n_pad,), column mask (d_pad,))."""
+    """The design padded with zero rows and columns to bucket sizes (see the module doc).
+
+    Args:
+        H: (n, d) float array.
+        rows: pad the rows as well as the columns.
+
+    Returns:
+        (H padded (n_pad, d_pad), row mask (n_pad,) True on real rows, column mask (d_pad,) True on real columns).
+    """
     n, d = H.shape
     n_pad = bucket(n, ROW_BUCKET_MIN) if rows else n
     d_pad = bucket(d, COLUMN_BUCKET_MIN)
@@ -83,12 +135,31 @@ def pad_design(H, rows: bool = True):
 
 
 def check_choice(value, name, choices):
+    """`value` if it is one of the strings `choices`.
+
+    Args:
+        value: the parameter's value.
+        name: the parameter's name (for the error).
+        choices: the allowed strings.
+
+    Returns:
+        `value`; ValueError naming `name` otherwise.
+    """
     if not isinstance(value, str) or value not in choices:
         raise ValueError(f"{name} must be one of {choices}, got {value!r}")
     return value
 
 
 def check_positive_float(value, name):
+    """`value` as a positive finite float.
+
+    Args:
+        value: the parameter's value.
+        name: the parameter's name (for the error).
+
+    Returns:
+        float; ValueError naming `name` otherwise.
+    """
     try:
         v = float(value)
     except (TypeError, ValueError) as err:
@@ -99,24 +170,86 @@ def check_positive_float(value, name):
 
 
 def check_steps(value, name="max_steps"):
+    """`value` as a positive int.
+
+    Args:
+        value: the parameter's value (bools refused).
+        name: the parameter's name (for the error).
+
+    Returns:
+        int; ValueError naming `name` otherwise.
+    """
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return int(value)
 
 
+def fit_hyperparameters_or_once(build, params, learn, method, max_steps, method_kwargs=None):
+    """`method(build(params))`, or with any `learn` flag set ML-II over the selected parameters first.
+
+    Args:
+        build: params -> `gkl_jax.Model` (an `eqx.Module`, so that the compiled ML-II loop is reused).
+        params: dict of starting hyperparameters.
+        learn: dict of bools, the same keys: which to learn (ML-II on the method's log_z,
+            `gkl_jax.gp.fit_hyperparameters`).
+        method: `gkl_jax.fit` (G-KL) or `gkl_jax.gp.exact`.
+        max_steps: outer ML-II steps.
+        method_kwargs: static options of the method (e.g. a solver object).
+
+    Returns:
+        (Result, params at the end, converged): converged requires the ML-II stopping rule and the inner fit.
+    """
+    kwargs = dict(method_kwargs or {})
+    with quiet_convergence():
+        if any(jax.tree.leaves(learn)):
+            hyper = fit_hyperparameters(build, params, method=method, filter_spec=learn, max_steps=max_steps,
+                                        method_kwargs=kwargs or None)
+            return hyper.result, hyper.params, bool(hyper.converged) and bool(hyper.result.converged)
+        result = method(build(params), **kwargs)
+        return result, params, bool(result.converged)
+
+
+def binary_targets(codes, n_classes):
+    """+-1 targets of the binary problems: one (positive: class 1) for two classes, one per class (one-vs-rest).
+
+    Args:
+        codes: (n,) integer class codes in [0, n_classes).
+        n_classes: K >= 2.
+
+    Returns:
+        list of (n,) float arrays.
+    """
+    positives = [codes == 1] if n_classes == 2 else [codes == k for k in range(n_classes)]
+    return [np.where(t, 1.0, -1.0) for t in positives]
+
+
+def per_problem(values):
+    """A fitted attribute per binary problem.
+
+    Args:
+        values: list of K scalars.
+
+    Returns:
+        The scalar for one problem, an array (K,) for one-vs-rest.
+    """
+    return values[0] if len(values) == 1 else np.asarray(values)
+
+
 @contextlib.contextmanager
 def quiet_convergence():
-    """Silence the library's non-convergence warnings inside a fit (the estimator reports `converged_` and issues
-    one scikit-learn ConvergenceWarning itself)."""
-    import warnings
+    """Context manager: silence the library's non-convergence warnings inside a fit (the estimator reports
+    `converged_` and issues one scikit-learn ConvergenceWarning itself)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"gkl_jax\.")
         yield
 
 
-def warn_not_converged(name, what):
-    import warnings
+def warn_not_converged(estimator):
+    """Issue one scikit-learn ConvergenceWarning naming the estimator.
 
+    Args:
+        estimator: the estimator whose fit did not converge.
+    """
     from sklearn.exceptions import ConvergenceWarning
-    warnings.warn(f"{name}: {what} did not converge; the fitted attributes are the last iterate (converged_=False)",
-                  ConvergenceWarning, stacklevel=3)
+    warnings.warn(f"{type(estimator).__name__}: the fit did not converge; the fitted attributes are the last "
+                  "iterate (converged_=False)", ConvergenceWarning, stacklevel=3)
