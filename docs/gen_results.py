@@ -86,12 +86,16 @@ def missing(commands, path):
 
 
 def recorded(heading, tables=(0,)):
-    """The last recorded run of a benchmark, copied from benchmarks/README.md: the command block and the given
-    tables (by index) of the section whose heading contains `heading`. Used where our JSON is missing."""
-    with open(os.path.join(ROOT, "benchmarks", "README.md"), encoding="utf-8") as fh:
-        lines = fh.read().splitlines()
-    start = next((i for i, line in enumerate(lines) if line.startswith("#") and heading in line), None)
-    if start is None:
+    """The last recorded run of a benchmark, copied from benchmarks/README.md (or the RESULTS_gp.md it links):
+    the command block and the given tables (by index) of the section whose heading contains `heading`. Used where
+    our JSON is missing."""
+    for source in ("README.md", "RESULTS_gp.md"):
+        with open(os.path.join(ROOT, "benchmarks", source), encoding="utf-8") as fh:
+            lines = fh.read().splitlines()
+        start = next((i for i, line in enumerate(lines) if line.startswith("#") and heading in line), None)
+        if start is not None:
+            break
+    else:
         raise ValueError(f"benchmarks/README.md has no section {heading!r}")
     level = len(lines[start]) - len(lines[start].lstrip("#"))
     end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("#")
@@ -111,9 +115,9 @@ def recorded(heading, tables=(0,)):
             found.append(current)
             current = []
     if max(tables) >= len(found):
-        raise ValueError(f"benchmarks/README.md section {heading!r} has {len(found)} tables, wanted {tables}")
+        raise ValueError(f"benchmarks/{source} section {heading!r} has {len(found)} tables, wanted {tables}")
     title = lines[start].lstrip("# ")
-    md = [f"### The last recorded run\n\nCopied by this script from `benchmarks/README.md` (section "
+    md = [f"### The last recorded run\n\nCopied by this script from `benchmarks/{source}` (section "
           f"\"{title}\"), where the run's machine and notes are recorded"]
     md.append(":\n\n```bash\n" + "\n".join(command) + "\n```\n\n" if command else ".\n\n")
     for k in tables:

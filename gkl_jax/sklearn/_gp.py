@@ -261,11 +261,25 @@ class MulticlassGPClassifier(ClassifierMixin, BaseEstimator):
         return np.asarray(self.estimator_.predict_proba(X), dtype=np.float64)
 
     def predict_log_proba(self, X):
-        """log of `predict_proba(X)`, (n, C)."""
+        """The log of `predict_proba(X)`.
+
+        Args:
+            X: (n, d) array-like of inputs.
+
+        Returns:
+            (n, C) float numpy array.
+        """
         return np.log(self.predict_proba(X))
 
     def predict(self, X):
-        """The most probable class of each row of X, shape (n,)."""
+        """The most probable class of each row of X.
+
+        Args:
+            X: (n, d) array-like of inputs.
+
+        Returns:
+            (n,) numpy array of labels from `classes_`.
+        """
         proba = self.predict_proba(X)
         return self.classes_[np.argmax(proba, axis=1)]
 
