@@ -2,7 +2,7 @@
 
 Proposal: the multivariate t with nu = 4 degrees of freedom, centred at the optimised variational mean m* and with
 scale matrix Sigma = K (covariance nu/(nu - 2) Sigma = 2K, as the paper states; the density exponent is
--(nu + p)/2, see the notes' erratum 5), or Sigma = V (the paper's choice for glass, Section 9.2.2). With
+-(nu + p)/2, that of the multivariate t), or Sigma = V (the paper's choice for glass, Section 9.2.2). With
 f^(s) ~ t, w^(s) = p(y | f^(s)) N(f^(s) | 0, K) / t(f^(s)) and p^(y) = mean(w). The reported value is the
 99.9% upper confidence bound p^(y) + 3.09 sigma^/sqrt(n_s) (Section 9), in logs; predictive probabilities use the
 self-normalised weights and f_* ~ p(f_* | f) (App. F.1).

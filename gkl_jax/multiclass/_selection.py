@@ -10,7 +10,7 @@ optimum (m, V, {b_i}, {S_i}) kept and q(z_*) extended by (m_*, v_**) with v_* = 
 with kappa = k_** - k_*^T K^{-1} k_* (prior conditional variance), k = (k_f* - K_f^T K^{-1} k_*)/kappa (blocks k_i),
 omega_i = 1 - k_i^T V_fi^{-1} k_i (kappa - nu) (eq. 73 with psi = 0), mu = m_* - k_*^T K^{-1} m, nu the new
 Schur complement. d_2 (eq. 42, w = 1, all data) maximises over mu (Newton, D.2.1) and nu (the "beyond Newton"
-update of eq. 74, with the linear local model of the notes' erratum 4); d_2 >= 0, with 0 at (mu, nu) = (0, kappa)
+update of eq. 74 of Chai 2012, with a linear local model); d_2 >= 0, with 0 at (mu, nu) = (0, kappa)
 (Lemma 16). d_3 (eq. 43) sums over a random subset of |S| data, scaled by w = n/|S|. The greedy protocol
 (Section 9.3): d_3 for every candidate, d_2 for the top t, add the best delta, re-fit.
 
