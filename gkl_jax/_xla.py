@@ -1,12 +1,12 @@
 """The XLA compiler options of the library's solver programs (`program`): compile time is what a user fitting a
 new shape waits for.
 
-On the CPU the programs are compiled at LLVM optimisation level 1 and without XLA's CPU fusion emitters. For the
-first `gk.fit` of Bayesian logistic regression on ionosphere (Full factor) that compiled in 6.4 s instead of
-13.2 s with XLA's defaults, and ran in 89 instead of 99 ms (the same loaded 2-core machine, one run each; level
-0 compiled in 2.1 s but ran 2-3x slower). The arithmetic is the same IEEE arithmetic either way (no fast-math).
-Other backends keep XLA's defaults. An option the user sets in `XLA_FLAGS` wins, and `GKL_JAX_XLA_OPTIONS=0` turns
-these off.
+On the CPU the programs are compiled without XLA's CPU fusion emitters. The first `gk.fit` of Bayesian logistic
+regression on ionosphere compiled in 2.9-3.2 s instead of 5.8-6.0 s with the Full factor (warm fit 73-76 against
+66-72 ms) and in 1.9-2.6 s instead of 3.5-3.6 s with the Diagonal factor (warm 25-26 against 18-20 ms): an idle
+2-core EPYC, `benchmarks/compile.py`, two runs each. LLVM optimisation level 1 as well compiled no faster and ran
+the Full fit in 71-77 ms. The arithmetic is the same IEEE arithmetic either way (no fast-math). Other backends
+keep XLA's defaults. An option the user sets in `XLA_FLAGS` wins, and `GKL_JAX_XLA_OPTIONS=0` turns it off.
 """
 
 import functools
@@ -15,7 +15,7 @@ import os
 import equinox as eqx
 import jax
 
-CPU_OPTIONS = {"xla_backend_optimization_level": 1, "xla_cpu_use_fusion_emitters": False}
+CPU_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
 """The compiler options of `program` on the CPU backend."""
 
 

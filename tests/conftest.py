@@ -2,10 +2,11 @@ import gc
 import os
 
 # The suite is compile-bound. XLA's CPU backend at LLVM optimisation level 0 and without its fusion emitters
-# compiles the ionosphere Full fit in 2.1 s instead of 13.2 s (defaults; the library's own choice, O1 without
-# fusion emitters, 6.4 s; `gkl_jax._xla`), running it 2-3x slower; the compiled programs compute the same IEEE
-# results (no fast-math either way). Set before the backend starts; inherited by the notebook kernels and CLI
-# subprocesses the tests launch, and respected by `gkl_jax._xla` (options set in XLA_FLAGS win).
+# compiled the ionosphere Full fit in 2.1 s instead of 13.2 s with XLA's defaults (the loaded machine; the
+# library's own choice, no fusion emitters at level 2, took 8.8 s there: `gkl_jax._xla`), and ran it 2-3x
+# slower; the compiled programs compute the same IEEE results (no fast-math either way). Set before the backend
+# starts; inherited by the notebook kernels and CLI subprocesses the tests launch, and respected by
+# `gkl_jax._xla` (options set in XLA_FLAGS win).
 for _flag in ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false"):
     if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
