@@ -35,7 +35,7 @@ from .._xla import program
 from ._blocks import blockdiag_left, sym
 from ._full import V_UPDATES, check_one_hot
 from ._site import monotone_step, profile_sensitivity, s_fixed_point_profile, site_bound_free, site_statistics
-from ._sweep import q_conjugate_gradient, s_sweeps, site_terms
+from ._sweep import ascend, q_conjugate_gradient, s_sweeps, site_terms
 from ._threads import single_threaded
 
 TRACE_COUNT = {"fit_sparse": 0}
@@ -194,25 +194,15 @@ def _initial(Lt, Kff, Y, km, warm, cold, scale=1.0):
 
 
 def sparse_core(Lt, Kff, Y, st0, km, newton, tol, max_steps, s_sweeps, cg_iters=50):
-    hist0 = jnp.full((max_steps + 1,), jnp.nan, Lt.dtype).at[0].set(st0.value)
-    settled = lambda v, prev: (v - prev <= tol * (1 + jnp.abs(v))) & jnp.isfinite(v)
-
-    def cond(carry):
-        st, prev, k, _ = carry
-        return (k < max_steps) & ~settled(st.value, prev) & jnp.isfinite(st.value)
-
-    def body(carry):
-        st, _, k, hist = carry
-        prev = st.value
+    def step(st, prev):
         st = _b_step(Lt, Y, st, km)
         st = _s_step(Lt, Y, st, km, s_sweeps)
-        st = _v_step(Lt, Kff, Y, st, km, newton, cg_iters)
-        return st, prev, k + 1, hist.at[k + 1].set(st.value)
+        return _v_step(Lt, Kff, Y, st, km, newton, cg_iters)
 
-    st, prev, k, hist = lax.while_loop(cond, body, (st0, jnp.asarray(-jnp.inf, Lt.dtype), 0, hist0))
+    st, k, converged, hist = ascend(step, st0, tol, max_steps)
     gbar, A = _gbar(Lt, Y, st.b, st.S, st.Vb, km)
     st = eqx.tree_at(lambda s: s.S, st, jnp.where(km, sym(jnp.linalg.inv(st.Vb) + A), st.S))
-    return st, k, settled(st.value, prev), hist, jnp.max(jnp.abs(st.b - gbar))
+    return st, k, converged, hist, jnp.max(jnp.abs(st.b - gbar))
 
 
 @program

@@ -298,7 +298,35 @@ def fit_core(K, Y, st0, km, mf, newton, tol, max_steps, s_sweeps_, cg_iters=50, 
 
     Returns (state, num_steps, converged, history, stationarity)."""
     LK = prior_factor(K, Lx)
-    hist0 = jnp.full((max_steps + 1,), jnp.nan, K.dtype).at[0].set(st0.value)
+
+    def step(st, prev):
+        st = b_step(K, Y, st, km)
+        st = s_sweeps(_means(K, Y, st.b), st, km, s_sweeps_)
+        return v_step(K, LK, Y, st, km, mf, newton, cg_iters, Lx,
+                      skip_below=tol * (1 + jnp.abs(st.value)) - (st.value - prev))
+
+    st, k, converged, hist = ascend(step, st0, tol, max_steps)
+    gbar, A = site_moments(K, Y, st.b, st.S, st.Vb, km)
+    if km:
+        st = eqx.tree_at(lambda s: s.S, st, sym(spd_inverse(st.Vb) + A))
+    return st, k, converged, hist, jnp.max(jnp.abs(st.b - gbar))
+
+
+def ascend(step, st0, tol, max_steps):
+    """Repeat `st <- step(st, prev)` (prev: the value before the step) from `st0` until the value rises by at most
+    tol (1 + |value|), stops being finite, or after `max_steps` steps: the outer loop of the full and the sparse
+    block-coordinate ascents.
+
+    Args:
+        step: (state, previous value) -> state; states have a scalar `value`.
+        st0: the starting state.
+        tol: relative tolerance on the rise of the value.
+        max_steps: the most steps.
+
+    Returns:
+        (state, num_steps, settled, history): history[k] the value after step k (NaN past the last).
+    """
+    hist0 = jnp.full((max_steps + 1,), jnp.nan, st0.value.dtype).at[0].set(st0.value)
     settled = lambda v, prev: (v - prev <= tol * (1 + jnp.abs(v))) & jnp.isfinite(v)
 
     def cond(carry):
@@ -308,14 +336,9 @@ def fit_core(K, Y, st0, km, mf, newton, tol, max_steps, s_sweeps_, cg_iters=50, 
     def body(carry):
         st, _, k, hist = carry
         prev = st.value
-        st = b_step(K, Y, st, km)
-        st = s_sweeps(_means(K, Y, st.b), st, km, s_sweeps_)
-        st = v_step(K, LK, Y, st, km, mf, newton, cg_iters, Lx,
-                    skip_below=tol * (1 + jnp.abs(st.value)) - (st.value - prev))
+        st = step(st, prev)
         return st, prev, k + 1, hist.at[k + 1].set(st.value)
 
-    st, prev, k, hist = lax.while_loop(cond, body, (st0, jnp.asarray(-jnp.inf, K.dtype), 0, hist0))
-    gbar, A = site_moments(K, Y, st.b, st.S, st.Vb, km)
-    if km:
-        st = eqx.tree_at(lambda s: s.S, st, sym(spd_inverse(st.Vb) + A))
-    return st, k, settled(st.value, prev), hist, jnp.max(jnp.abs(st.b - gbar))
+    init = (st0, jnp.asarray(-jnp.inf, st0.value.dtype), 0, hist0)
+    st, prev, k, hist = lax.while_loop(cond, body, init)
+    return st, k, settled(st.value, prev), hist
