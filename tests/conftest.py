@@ -31,6 +31,23 @@ vm.max_map_count of 65530 the next compilation segfaults inside XLA (seen at 65,
 test_multiclass). Past this count the jit caches are cleared between tests, which frees them."""
 
 
+def pytest_addoption(parser):
+    parser.addoption("--extended", action="store_true", default=False,
+                     help="also run the tests marked `extended` (large example budgets, whole-notebook runs, "
+                          "long sessions); the nightly workflow runs them. GKL_EXTENDED=1 does the same.")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Three tiers: `-m "not slow"` is the quick subset; the default run adds the `slow` tests; `--extended`
+    (or GKL_EXTENDED=1) adds the `extended` ones, which are otherwise skipped with the reason."""
+    if config.getoption("--extended") or os.environ.get("GKL_EXTENDED", "") == "1":
+        return
+    skip = pytest.mark.skip(reason="extended tier: run with `pytest --extended` (nightly workflow)")
+    for item in items:
+        if "extended" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(autouse=True)
 def _release_compiled_programs():
     yield
