@@ -39,6 +39,17 @@ def bound(model: Model, q: Gaussian):
 
     Raises:
         ValueError: model not a Model, q not a Gaussian or Result, or dimensions that differ.
+
+    Example:
+        >>> import numpy as np, gkl_jax as gk
+        >>> H = np.array([[1.0, 0.5], [-0.3, 1.0], [0.2, -1.0]])
+        >>> model = gk.Model(gk.priors.Isotropic(2, 1.0), gk.Sites(H, gk.potentials.Logistic([1, -1, 1])))
+        >>> result = gk.fit(model)
+        >>> bool(gk.bound(model, result.q) == result.log_z)
+        True
+        >>> prior_q = gk.Gaussian(np.zeros(2), gk.factors.Full(np.eye(2)))
+        >>> bool(gk.bound(model, prior_q) < result.log_z)
+        True
     """
     q = check_model_and_q(model, q)
     value = q.entropy()

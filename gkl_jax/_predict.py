@@ -54,6 +54,14 @@ def predict(result, H_new, family=None, *, y=None, offset=0.0,
         A `gkl_jax.gp.Prediction` with `mean`, `variance` (n,) of the latent projection; `probability`
         p(y_* = +1) for Logistic/Probit; `y_mean`, `y_variance` for regression and Poisson families; and
         `log_density` (n,) when `y` was given. Arrays in the fit's dtype.
+
+    Example:
+        >>> import numpy as np, gkl_jax as gk
+        >>> H = np.array([[1.0, 0.5], [-0.3, 1.0], [0.2, -1.0]])
+        >>> model = gk.Model(gk.priors.Isotropic(2, 1.0), gk.Sites(H, gk.potentials.Logistic([1, -1, 1])))
+        >>> pred = gk.predict(gk.fit(model), np.array([[1.0, 1.0], [0.0, 0.0]]), "logistic")
+        >>> print(np.round(pred.probability, 3))
+        [0.519 0.5  ]
     """
     q = result.q if isinstance(result, Result) else result
     if not isinstance(q, Gaussian):

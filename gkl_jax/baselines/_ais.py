@@ -82,6 +82,15 @@ def ais(model, key, *, q=None, num_chains: int = 256, num_temperatures: int = 20
     Raises:
         ValueError: a model that cannot be fitted or has variance offsets, a bad key, counts, q, step_size or
             inflation < 1.
+
+    Example:
+        >>> import numpy as np, gkl_jax as gk
+        >>> H = np.array([[1.0, 0.5], [-0.3, 1.0], [0.2, -1.0]])
+        >>> model = gk.Model(gk.priors.Isotropic(2, 1.0), gk.Sites(H, gk.potentials.Logistic([1, -1, 1])))
+        >>> import jax
+        >>> estimate = gk.ais(model, jax.random.PRNGKey(0), num_chains=64, num_temperatures=50)
+        >>> round(float(estimate.log_z), 2), bool(estimate.stderr < 0.05)
+        (-1.98, True)
     """
     C.check_model(model, "ais")
     key = check_key(key)

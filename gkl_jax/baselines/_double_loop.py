@@ -76,6 +76,15 @@ def double_loop(model, rank: int, *, key=None, max_outer: int = 20, max_inner: i
     Raises:
         ValueError: rank outside [1, D], potentials without a super-Gaussian bound (probit, Poisson, Custom), a
             model that cannot be fitted, or bad counts, key or tol.
+
+    Example:
+        >>> import numpy as np, gkl_jax as gk
+        >>> H = np.array([[1.0, 0.5], [-0.3, 1.0], [0.2, -1.0]])
+        >>> model = gk.Model(gk.priors.Isotropic(2, 1.0), gk.Sites(H, gk.potentials.Logistic([1, -1, 1])))
+        >>> import jax
+        >>> approx = gk.double_loop(model, rank=2, key=jax.random.PRNGKey(0))
+        >>> approx.is_bound, approx.q.mean.shape, round(float(approx.log_z), 2)
+        (False, (2,), -2.01)
     """
     C.check_model(model, "double_loop")
     if not model.sites:

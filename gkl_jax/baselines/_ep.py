@@ -68,6 +68,14 @@ def ep(model, power: float = 1.0, damping: float = 0.5, *, tol: float | None = N
 
     Raises:
         ValueError: power or damping outside (0, 1], a model that cannot be fitted, or a bad tol or max_steps.
+
+    Example:
+        >>> import numpy as np, gkl_jax as gk
+        >>> H = np.array([[1.0, 0.5], [-0.3, 1.0], [0.2, -1.0]])
+        >>> model = gk.Model(gk.priors.Isotropic(2, 1.0), gk.Sites(H, gk.potentials.Logistic([1, -1, 1])))
+        >>> approx = gk.ep(model)
+        >>> approx.is_bound, bool(approx.converged), round(float(approx.log_z), 3)
+        (False, True, -1.985)
     """
     C.check_model(model, "ep")
     if not model.sites:

@@ -55,6 +55,14 @@ def laplace(model, *, tol: float | None = None, max_steps: int = 100) -> Result:
     Raises:
         ValueError: a potential that is not twice differentiable (Laplace), a model that cannot be fitted, or a
             bad tol or max_steps.
+
+    Example:
+        >>> import numpy as np, gkl_jax as gk
+        >>> H = np.array([[1.0, 0.5], [-0.3, 1.0], [0.2, -1.0]])
+        >>> model = gk.Model(gk.priors.Isotropic(2, 1.0), gk.Sites(H, gk.potentials.Logistic([1, -1, 1])))
+        >>> approx = gk.laplace(model)
+        >>> approx.is_bound, bool(approx.converged), round(float(approx.log_z), 3)
+        (False, True, -2.006)
     """
     C.check_model(model, "laplace")
     for s in model.sites:

@@ -53,6 +53,16 @@ def local(model, *, tol: float | None = None, max_steps: int = 1000) -> Result:
     Raises:
         ValueError: potentials without a tight exponentiated-quadratic bound (Poisson, Custom), a model that
             cannot be fitted, or a bad tol or max_steps.
+
+    Example:
+        >>> import numpy as np, gkl_jax as gk
+        >>> H = np.array([[1.0, 0.5], [-0.3, 1.0], [0.2, -1.0]])
+        >>> model = gk.Model(gk.priors.Isotropic(2, 1.0), gk.Sites(H, gk.potentials.Logistic([1, -1, 1])))
+        >>> approx = gk.local(model)
+        >>> approx.is_bound, round(float(approx.log_z), 3)
+        (True, -2.01)
+        >>> bool(approx.log_z <= gk.fit(model).log_z)
+        True
     """
     C.check_model(model, "local")
     for s in model.sites:

@@ -185,6 +185,19 @@ def fit_hyperparameters(build: Callable[[Any], Model], params, *, method: Union[
     Raises:
         ValueError: build not callable or not returning a Model, arrays in method_kwargs, an unknown method or
             optimizer, or a bad count, tolerance or max_step.
+
+    Example:
+        >>> import numpy as np, gkl_jax as gk
+        >>> X = np.linspace(-2.0, 2.0, 8)[:, None]
+        >>> y = np.where(np.sin(2.0 * X[:, 0]) > 0, 1, -1)
+        >>> build = lambda kernel: gk.gp.model(kernel, X, gk.potentials.Logistic(y))
+        >>> start = gk.kernels.SquaredExponential(1.0, 1.0)
+        >>> learned = gk.gp.fit_hyperparameters(build, start, gtol=1e-3)
+        >>> bool(learned.converged), bool(learned.log_z > gk.fit(build(start)).log_z)
+        (True, True)
+        >>> pred = gk.gp.predict(learned.result, learned.model.prior, np.array([[-1.0], [1.0]]), family="logistic")
+        >>> print(np.round(pred.probability, 2))
+        [0.21 0.79]
     """
     if not callable(build):
         raise ValueError(f"build must be a callable mapping params to a gkl_jax.Model, got {type(build).__name__}")

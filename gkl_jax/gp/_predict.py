@@ -149,6 +149,16 @@ def predict(result, prior: GP, X_new, likelihood: Optional[AbstractPotential] = 
     Raises:
         ValueError: result not a Result or Gaussian, a bad prior or X_new, both likelihood and family, a
             likelihood with another number of targets, or a missing mean_new.
+
+    Example:
+        >>> import numpy as np, gkl_jax as gk
+        >>> X = np.linspace(-2.0, 2.0, 8)[:, None]
+        >>> y = np.where(np.sin(2.0 * X[:, 0]) > 0, 1, -1)
+        >>> build = lambda kernel: gk.gp.model(kernel, X, gk.potentials.Logistic(y))
+        >>> model = build(gk.kernels.SquaredExponential(1.0, 1.0))
+        >>> pred = gk.gp.predict(gk.fit(model), model.prior, np.array([[-1.0], [1.0]]), family="logistic")
+        >>> print(np.round(pred.probability, 2))
+        [0.39 0.61]
     """
     q = result.q if isinstance(result, Result) else result
     if not isinstance(q, Gaussian):
