@@ -31,6 +31,7 @@ def main(cells, name: str, description: str, argv=None, *, timeout: int = 1200) 
     parser.add_argument("--small", action="store_true", help="execute in the GKL_SMALL=1 setting")
     args = parser.parse_args(argv)
     nb = build(cells)
+    nb.metadata["gkl_jax"] = {"setting": "not executed"}
     if args.execute:
         from nbclient import NotebookClient
 
@@ -39,6 +40,9 @@ def main(cells, name: str, description: str, argv=None, *, timeout: int = 1200) 
         else:
             os.environ.pop("GKL_SMALL", None)
         NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": HERE}}).execute()
+        import gkl_jax
+
+        nb.metadata["gkl_jax"] = {"setting": "small" if args.small else "full", "version": gkl_jax.__version__}
     nbformat.validate(nb)
     path = os.path.join(HERE, name)
     nbformat.write(nb, path)

@@ -1,4 +1,6 @@
-"""Executable documentation: every notebooks/*.ipynb (small setting, GKL_SMALL=1) and the README quickstart."""
+"""Executable documentation: the README quickstart; every notebooks/*.ipynb is its build script's cells with the
+outputs of a full-setting run (default run), and executes in the small setting, GKL_SMALL=1 (extended tier:
+`pytest --extended`, 15-40 s of compilation each)."""
 
 import json
 import os
@@ -34,6 +36,7 @@ def test_notebooks_exist():
     assert ROOT.joinpath("notebooks", "01_quickstart.ipynb") in NOTEBOOKS
 
 
+@pytest.mark.extended
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_executes(path, kernel_env):
     nbformat = pytest.importorskip("nbformat")
@@ -70,3 +73,35 @@ def test_readme_commands_match_ci():
     assert test_command == "python -m pytest tests"
     ci = (ROOT / ".ci" / "run").read_text()
     assert re.search(r"^python -m pytest tests\b", ci, flags=re.M)
+
+
+def _build_script(path):
+    import importlib.util
+
+    number = path.name.split("_", 1)[0]
+    script = ROOT / "notebooks" / f"_build_{number}.py"
+    assert script.exists(), f"{path.name} has no build script {script.name}"
+    sys.path.insert(0, str(script.parent))
+    try:
+        spec = importlib.util.spec_from_file_location(f"_build_{number}", script)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(script.parent))
+    return module
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_stored_notebook_is_its_build_script_run_in_the_full_setting(path):
+    """The committed .ipynb has its build script's cells, every code cell executed in order without an error,
+    in the full setting (`python notebooks/_build_NN.py --execute` records it in the notebook's metadata)."""
+    nbformat = pytest.importorskip("nbformat")
+    nb = nbformat.read(path, as_version=4)
+    cells = _build_script(path).CELLS
+    assert [(c.cell_type, c.source) for c in nb.cells] == [
+        ("markdown" if kind == "md" else "code", source) for kind, source in cells], (
+        f"{path.name} differs from its build script: run python notebooks/_build_{path.name[:2]}.py --execute")
+    assert nb.metadata.get("gkl_jax", {}).get("setting") == "full", f"{path.name}: outputs not from the full setting"
+    counts = [c.execution_count for c in nb.cells if c.cell_type == "code"]
+    assert counts == list(range(1, len(counts) + 1)), f"{path.name}: cells not executed once, in order"
+    assert not [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
