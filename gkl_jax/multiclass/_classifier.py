@@ -37,17 +37,33 @@ def _as_inputs(X, name):
 
 
 class GPClassifier:
-    """Multi-class GP classifier with the multinomial-logit likelihood and the variational bound of Theorem 6.
+    """Multi-class GP classifier with the multinomial-logit likelihood and the variational bound of Chai (2012,
+    Theorem 6 and eq. 21).
 
-    - `kernel`: a `gk.kernels` kernel on the inputs (default SquaredExponential(1, 1): the sqexpiso kernel of
-      eq. 45); `fixed`: names of kernel parameters to keep fixed while learning (e.g. ("log_variance",) for the
-      unit-variance usqexpard kernel of eq. 44);
-    - `learn_hyperparameters`: maximise log Z_h* over the kernel parameters (otherwise fit at the given kernel);
-    - `classes`: optional explicit list of class labels (C = len(classes)); a class without training examples is
-      allowed here (the paper keeps the empty class 4 of glass, C = 7); by default the labels present in `y`;
-    - `site`, `covariance`: the bound variant (see `fit_full`); `jitter` is added to the prior's diagonal.
-    Attributes after `fit`: `classes_`, `kernel_`, `log_z_` (the optimised lower bound on log p(y)), `posterior_`,
-    `converged_`.
+    Args:
+        kernel: a `gk.kernels` kernel on the inputs (default SquaredExponential(1, 1): the sqexpiso kernel of
+            eq. 45).
+        fixed: names of kernel attributes kept fixed while learning (e.g. ("log_variance",) for the unit-variance
+            usqexpard kernel of eq. 44).
+        learn_hyperparameters: maximise log Z_h* over the kernel parameters (otherwise fit at the given kernel).
+        classes: optional explicit 1-D sequence of class labels (C = len(classes)); a class without training
+            examples is allowed (the paper keeps the empty class 4 of glass, C = 7); by default the labels present
+            in `y`.
+        site: "theorem6" or "knowles_minka", the site bound (see `gk.multiclass.fit`).
+        covariance: "full" or "class_factorised".
+        jitter: non-negative float added to the prior's diagonal.
+        max_steps: the most outer (ML-II) steps.
+        tol: the inner fit's tolerance on the bound.
+
+    Attributes:
+        classes_: (C,) NumPy array of the class labels, in the column order of `predict_proba` (after `fit`).
+        kernel_: the learned kernel.
+        log_z_: float, the optimised lower bound on log p(y).
+        posterior_: the `gk.multiclass.Posterior` at `kernel_`.
+        converged_: bool, whether the outer and the inner fits settled.
+
+    Raises:
+        ValueError: a bad kernel, `fixed`, `classes`, option or tolerance.
     """
 
     def __init__(self, kernel=None, *, fixed=(), learn_hyperparameters=True, classes=None, site="theorem6",
@@ -185,10 +201,24 @@ class GPClassifier:
             return np.asarray(pred.integrated_probabilities(jax.random.PRNGKey(int(seed)), (num_samples + 1) // 2))
 
     def predict_log_proba_bounds(self, X_new):
-        """The eq. 24 approximate lower bounds on log p(y_* = c | y), shape (n_*, C)."""
+        """The eq. 24 approximate lower bounds on log p(y_* = c | y).
+
+        Args:
+            X_new: (n_*, d) inputs.
+
+        Returns:
+            (n_*, C) NumPy float array, columns in `classes_` order.
+        """
         return np.asarray(self.predictive(X_new).log_lower_bounds())
 
     def predict(self, X_new):
-        """The most probable class label for each row of X_new."""
+        """The most probable class label for each row of X_new (the largest eq. 25 probability).
+
+        Args:
+            X_new: (n_*, d) inputs.
+
+        Returns:
+            (n_*,) NumPy array of labels from `classes_`.
+        """
         proba = self.predict_proba(X_new)
         return self.classes_[np.argmax(proba, axis=1)]
