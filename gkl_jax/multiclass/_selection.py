@@ -360,13 +360,19 @@ def hyper_ascent(kernel, X, Y, sites, mask, post, spec, fit, *, step=0.5, max_ha
 
 def sparse_hyper_gradient(kernel, X, Y, sites, mask, post, *, noise=1e-6, jitter=1e-6):
     """d log Z~_h* / d(kernel parameters) at the sparse optimum `post` (App. C.4): by the envelope theorem, the
-    gradient of eq. 32 in the covariances with q(z), {b_i}, {S_i} held fixed (autodiff of `sparse_log_z`)."""
+    gradient of eq. 32 in the covariances with q(z), {b_i}, {S_i} held fixed (autodiff of `sparse_log_z`); one
+    compiled program per shapes."""
+    X = jnp.asarray(X)
+    sites = check_indices(sites, X.shape[0] * jnp.shape(Y)[1], "sites")
+    return _sparse_hyper_gradient(kernel, X, jnp.asarray(Y, X.dtype), sites, jnp.asarray(mask, bool), post,
+                                  float(noise), float(jitter))
+
+
+@eqx.filter_jit
+def _sparse_hyper_gradient(kernel, X, Y, sites, mask, post, noise, jitter):
     from ._sparse import sparse_log_z
 
-    X = jnp.asarray(X)
-    Y = jnp.asarray(Y, X.dtype)
     n, C = Y.shape
-    mask = jnp.asarray(mask, bool)
     Kzz, Kzf, _ = inducing_prior(kernel, X, C, sites, noise=noise, jitter=jitter)
     m, V = jax.lax.stop_gradient(post.inducing_moments(Kzz, Kzf, mask))
 
