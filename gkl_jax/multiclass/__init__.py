@@ -21,19 +21,21 @@ Results are Equinox modules: `Posterior` and `SparsePosterior` (log_z, converged
 comparison bounds, the selection scores and the importance-sampling references are the private modules
 `_full`, `_sparse`, `_site`, `_selection`, `_sampling`, `_theory`, `_hyper` (stable for tests and benchmarks).
 
-Why the multinomial-logit site is not a potential of `gk.Model`: a `gk.Model` site is a potential of one scalar
-projection h_n^T w, whose expectation the G-KL engine evaluates by one-dimensional Gauss-Hermite quadrature
-(or in closed form) as a function of that projection's mean and variance, and whose solvers (the site-precision
-Newton and fixed point, the Kronecker-free factor updates) rely on one scalar precision per site. The softmax
-site depends on a C-dimensional projection: its expectation E_N(m_i, V_i)[log softmax(f_i)_y] has no closed
-form, and a C-dimensional quadrature rule costs p^C nodes per site (p points per axis), a Monte Carlo estimate
-would make the objective noisy and no longer a bound, and the G-KL bound would then be the exact expectation
-rather than Chai's. Chai's bound is tractable because it replaces the expectation by h(y_i; q_i, b_i, S_i) with
-C + C(C+1)/2 extra variational parameters per datum, optimised jointly with q; the engine has no place for
-per-site variational parameters, and a C x C block of site precisions per datum. Adding both (vector-valued
-projections with block site precisions, and auxiliary site parameters in every solver) would change every
-factor and solver of `gk.fit` for one likelihood, so the multiclass bound keeps its own block-coordinate solver
-here and shares the engine's pieces (the backtracking line search, `gk.kernels`, the compiled-program options).
+Why the multinomial-logit site is not a potential of `gk.Model` (issue 36 asked; it cannot be without harm):
+
+- A `gk.Model` site is a potential of one scalar projection h_n^T w: the engine needs E_N(mu, s^2)[log phi] and
+  its derivatives in (mu, s^2), by one-dimensional Gauss-Hermite quadrature or in closed form, and its solvers
+  (the fixed point, the site-precision Newton step) carry one scalar precision per site. The softmax site is a
+  function of a C-dimensional projection f_i = (f^1(x_i), ..., f^C(x_i)) with a C x C block of precisions.
+- Its expectation E_N(m_i, V_i)[log softmax(f_i)_y] has no closed form. A product quadrature rule costs p^C
+  nodes per site (p per axis), and Monte Carlo makes the objective noisy and no longer a bound.
+- Chai's bound is tractable because it replaces that expectation by h(y_i; q_i, b_i, S_i), with C + C(C+1)/2
+  further variational parameters per datum maximised jointly with q (the V step needs S_i at its optimum for
+  every trial V). The engine optimises (m, C) only; adding per-site auxiliary parameters and vector-valued
+  projections would change every factor, solver and warm start of `gk.fit` for one likelihood.
+So the multiclass bound keeps its own block-coordinate solver here and shares the engine's pieces: the
+backtracking line search (`gkl_jax._optim.backtrack`), the L-BFGS direction, `gk.kernels`, and the compiled-program
+options.
 """
 
 from ._api import fit as fit
