@@ -213,6 +213,7 @@ def test_paper_fixed_point_and_newton_reach_the_same_optimum_monotonically(fitte
     assert int(post.num_steps) < int(paper.num_steps)
 
 
+@pytest.mark.slow
 def test_v_step_cg_solves_the_newton_system_in_few_iterations(fitted):
     """The Q-inner-product CG returns the solution of (Q + Q D Q) x = Q R (dense oracle over the symmetric blocks)
     and needs far fewer iterations than unknowns, because its rate does not depend on cond(Q)."""
@@ -315,6 +316,7 @@ def test_v_step_slope_equals_the_finite_difference_and_a_skipped_step_keeps_the_
     assert bool(newton.converged)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed, variance, expected", [
     (0, 2.0, {"theorem6": -9.439982320444011, "knowles_minka": -9.696789192577821,
               "class_factorised": -9.705984044400553, "fixed_point": -9.439982320444788}),
@@ -354,6 +356,7 @@ def test_fit_traces_once_per_variant():
     assert _full.TRACE_COUNT["fit_full"] <= after_first + 1
 
 
+@pytest.mark.slow
 def test_restricted_bounds_are_below_ours_and_all_below_importance_sampling(fitted):
     """Knowles-Minka (S = V^{-1}) and the class-factorised (mean-field) family are restrictions of our family, so
     their optima are lower; every bound sits below the importance-sampling estimate of log p(y) (App. F)."""
@@ -414,6 +417,7 @@ def _predictions(fitted):
     return K_cross, K_star, pred, pred.log_lower_bounds()
 
 
+@pytest.mark.slow
 def test_predictions_bounds_and_sum_to_zero(fitted):
     """Sum-to-zero predictive means (eq. 35); eq. 24 <= ell (Monte Carlo) <= log p~ (Lemma 7); the eq. 7 upper
     bounds; Theorem 12's bound with log p(y) replaced by log Z_h is the sum of eq. 24 bounds, below the sum of ell."""
@@ -568,6 +572,7 @@ def test_classifier_label_handling_and_errors(iris_split):
 
 # ------------------------------------------------------------------------------------- sparse approximation
 
+@pytest.mark.slow
 def test_sparse_with_every_latent_inducing_equals_the_full_bound(fitted, public_fits):
     """z = f (K_zz = K_zf = K): log Z~_h* = log Z_h* (Theorem 15's equality case), at the same optimum; `fit_sparse`
     on the kernel with every latent inducing (noise = jitter) reaches the full bound and `predict` the full
