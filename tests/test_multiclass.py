@@ -13,6 +13,7 @@ import gkl_jax as gk
 from gkl_jax import multiclass as mc
 from gkl_jax._linalg import invert_lower
 from gkl_jax.multiclass import _blocks, _full, _hyper, _predict, _sampling, _selection, _site, _sparse, _sweep, _theory
+from gkl_jax.multiclass._classifier import OUTER_FTOL
 
 N_DATA, N_CLASSES = 8, 3  # one problem shape for every fit in this file (one compilation)
 
@@ -522,7 +523,7 @@ def test_ard_hyperparameter_learning_raises_the_bound_and_traces_once(iris_split
     before = _hyper.TRACE_COUNT["hyper"]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a few steps need not settle
-        res = mc.fit_hyperparameters(kernel, Xtr, ytr, max_steps=6)
+        res = mc.fit_hyperparameters(kernel, Xtr, ytr, max_steps=6, ftol=OUTER_FTOL)  # the classifier's settings
     hist = np.asarray(res.history)
     hist = hist[np.isfinite(hist)]
     assert np.all(np.diff(hist) >= 0) and float(res.log_z) > hist[0] + 1.0

@@ -21,6 +21,11 @@ from ._hyper import fit_hyperparameters
 from ._predict import kronecker_predictive
 from ._threads import single_blas_thread
 
+OUTER_FTOL = 1e-5
+"""The estimator's ML-II settling tolerance (relative gain per outer step; `fit_hyperparameters` defaults to 1e-7 for
+the paper's tables). On iris (3 splits, n = 100) it took 10-13 outer steps and 12-15 inner fits instead of 15-18
+and 18-20, and the learned bound moved by < 5e-4 nats and the mean test log-likelihood by < 5e-4."""
+
 
 def _as_inputs(X, name):
     try:
@@ -138,7 +143,7 @@ class GPClassifier:
         self.classes_, Y = self._encode(y, X.shape[0])
         # one compiled program serves both cases: without learning, the outer loop takes no step
         res = fit_hyperparameters(self.kernel, X, Y, fixed=self.fixed, jitter=self.jitter, site=self.site,
-                                  covariance=self.covariance, inner_tol=self.tol,
+                                  covariance=self.covariance, inner_tol=self.tol, ftol=OUTER_FTOL,
                                   max_steps=self.max_steps if self.learn_hyperparameters else 0)
         self.kernel_ = res.kernel
         post = res.posterior
