@@ -22,6 +22,7 @@ from ._selection import inducing_prior
 from ._sparse import SparsePosterior, masked_prior
 from ._sparse import fit_sparse as _fit_sparse_matrices
 from ._theory import gram_matrix_bound
+from ._threads import single_blas_thread
 
 
 def _inputs(kernel, X, name="X"):
@@ -185,7 +186,8 @@ def predict(posterior, X_new) -> Predictive:
     if X_new.shape[1] != posterior.X.shape[1]:
         raise ValueError(f"X_new has {X_new.shape[1]} columns but the posterior was fitted on "
                          f"{posterior.X.shape[1]}")
-    return _predictive(posterior, X_new.astype(posterior.X.dtype))
+    with single_blas_thread():
+        return _predictive(posterior, X_new.astype(posterior.X.dtype))
 
 
 @eqx.filter_jit
