@@ -56,6 +56,7 @@ import jax.numpy as jnp  # noqa: E402
 
 import gkl_jax as gk  # noqa: E402
 from gkl_jax import multiclass as mc  # noqa: E402
+from gkl_jax.multiclass import _sampling, _selection, _sparse  # noqa: E402
 
 PAPER = {  # Table 3 (KL-MNL-theta columns), Table 4 (KL-MNL, WW), Table 5 (sparse KL-MNL), from the paper
     "iris": dict(thm10=-125.28, logz=(-31.46, 1.36), err=(2.28, 1.25), eq25=(-9.45, 1.38), eq24=(-11.38, 1.48),
@@ -115,9 +116,9 @@ def table3_split(name, Xtr, ytr, Xte, yte, C, args, key):
         res = mc.fit_hyperparameters(kernel, Xtr, Y, fixed=("log_variance",), max_steps=args.hyper_steps)
     k = res.kernel
     post = res.posterior
-    K = mc.prior_covariance(k, Xtr, C)
+    K = post.prior_covariance()
     K_cross, K_star = cross(k, Xtr, Xte, C)
-    pred = mc.predictive_moments(post.alpha, post.t_matrix(K), K_cross, K_star)
+    pred = mc.predict(post, Xte)
     p25 = np.asarray(pred.renormalised_probabilities())
     lower = np.asarray(pred.log_lower_bounds())
     rows = np.arange(len(yte))
@@ -127,18 +128,18 @@ def table3_split(name, Xtr, ytr, Xte, yte, C, args, key):
                hyper_converged=bool(res.converged))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        out["mf_logz"] = float(mc.fit_full(K, Y, covariance="class_factorised").log_z)
-        out["km_logz"] = float(mc.fit_full(K, Y, site="knowles_minka").log_z)
+        out["mf_logz"] = float(mc.fit(k, Xtr, Y, covariance="class_factorised").log_z)
+        out["km_logz"] = float(mc.fit(k, Xtr, Y, site="knowles_minka").log_z)
     if args.is_samples > 0:
         scale = post.covariance(K) if name == "glass" else None
-        est = mc.importance_sampling(key, K, jnp.asarray(Y), post.mean(K), scale=scale,
+        est = _sampling.importance_sampling(key, K, jnp.asarray(Y), post.mean(K), scale=scale,
                                      num_samples=args.is_samples)
-        probs = np.asarray(mc.importance_predictive(key, K, jnp.asarray(Y), post.mean(K), K_cross, K_star,
+        probs = np.asarray(_sampling.importance_predictive(key, K, jnp.asarray(Y), post.mean(K), K_cross, K_star,
                                                     scale=scale, num_samples=args.is_pred_samples))
         out.update(mc_logz=float(est.log_z_upper), mc_logz_mean=float(est.log_z), ess=float(est.ess),
                    mc_pred=float(np.sum(np.log(np.maximum(probs[rows, yte], 1e-300)))),
                    mc_err=int(np.sum(np.argmax(probs, 1) != yte)))
-        out["thm12"] = float(mc.theorem12_bound(jnp.asarray(lower), yte, post.log_z, est.log_z_upper))
+        out["thm12"] = float(mc.joint_predictive_bound(jnp.asarray(lower), yte, post.log_z, est.log_z_upper))
     return out
 
 
@@ -162,9 +163,7 @@ def table45_split(name, Xtr, ytr, Xte, yte, C, args, seed):
         warnings.simplefilter("ignore")
         res = mc.fit_hyperparameters(kernel, Xtr, Y, max_steps=args.hyper_steps)
     k = res.kernel
-    K = mc.prior_covariance(k, Xtr, C)
-    K_cross, K_star = cross(k, Xtr, Xte, C)
-    pred = mc.predictive_moments(res.posterior.alpha, res.posterior.t_matrix(K), K_cross, K_star)
+    pred = mc.predict(res.posterior, Xte)
     out = dict(err4=int(np.sum(np.argmax(np.asarray(pred.mean), 1) != yte)), logz4=float(res.log_z),
                sigma2=float(k.variance), theta=float(k.lengthscale))
     err_svm, n_sv = svm_split(Xtr, ytr, Xte, yte, args.quick)
@@ -188,12 +187,7 @@ def table5_split(Xtr, ytr, Xte, yte, C, args, seed, kernel, k, n_sv):
             sites, hist, sp, ks = mc.select_inducing(start, Xtr, Y, s, method=method, batch=batch,
                                                      top=max(20, batch), seed=seed,
                                                      hyper_steps=args.sparse_hyper_steps, final_hyper_steps=final)
-        Kzz, Kzf, _ = mc.inducing_prior(ks, Xtr, C, sites)
-        m, V = sp.inducing_moments(Kzz, Kzf)
-        ii, cc = sites // C, sites % C
-        kzx = ks.gram(Xtr[ii], Xte)  # (s, n_te)
-        Kz_star = (kzx[:, :, None] * (cc[:, None, None] == jnp.arange(C)[None, None, :])).reshape(s, -1)
-        m_star = (Kz_star.T @ jnp.linalg.solve(Kzz, m)).reshape(-1, C)  # eq. 31 at the test inputs
+        m_star = mc.predict(sp, Xte).mean  # eq. 31 at the test inputs
         out[f"sparse_{method}_err"] = int(np.sum(np.argmax(np.asarray(m_star), 1) != yte))
         out[f"sparse_{method}_logz"] = float(sp.log_z)
     return out
@@ -247,15 +241,15 @@ def timing_sparse(args):
     Yl = np.eye(C)[yl]
     kl = gk.kernels.SquaredExponential(2.0, 1.0)
     sites = rng.choice(n * C, size=s, replace=False)
-    Kzz, Kzf, Kff = mc.inducing_prior(kl, Xl, C, sites)
+    Kzz, Kzf, Kff = _selection.inducing_prior(kl, Xl, C, sites)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         t0 = time.perf_counter()
-        sp = mc.fit_sparse(Kzz, Kzf, Kff, Yl, max_steps=50)
+        sp = _sparse.fit_sparse(Kzz, Kzf, Kff, Yl, max_steps=50)
         jax.block_until_ready(sp.log_z)
         t_first = time.perf_counter() - t0
         t0 = time.perf_counter()
-        sp = mc.fit_sparse(Kzz, Kzf, Kff, Yl, max_steps=50)
+        sp = _sparse.fit_sparse(Kzz, Kzf, Kff, Yl, max_steps=50)
         jax.block_until_ready(sp.log_z)
         t_second = time.perf_counter() - t0
     print(f"sparse: n = {n}, C = {C}, s = {s} random inducing latents, one core "
@@ -446,7 +440,7 @@ def report(results, table45):
         n_tr = int(0.6 * len(load(name)[1]))
         g = lambda k: [r.get(k) for r in rows]
         gap = [r["mc_logz"] - r["logz"] for r in rows if "mc_logz" in r]
-        print(f"| {name} | {float(mc.theorem10_bound(n_tr, C)):.2f} | {P['thm10']} | {summarise(g('logz'))} | "
+        print(f"| {name} | {float(mc.correlation_bound(n_tr, C)):.2f} | {P['thm10']} | {summarise(g('logz'))} | "
               f"{P['logz'][0]} ± "
               f"{P['logz'][1]} | {summarise(g('mc_logz'))} | {P['mc_logz'][0]} ± {P['mc_logz'][1]} | "
               f"{summarise(gap)} | {summarise(g('err'))} | {P['err'][0]} ± {P['err'][1]} | {summarise(g('eq25'))} | "

@@ -37,6 +37,7 @@ import numpy as np
 
 import gkl_jax as gk
 from gkl_jax import multiclass as mc
+from gkl_jax.multiclass import _sampling  # importance-sampling references (App. F), private
 
 SMALL = os.environ.get("GKL_SMALL", "0") == "1"
 print("gkl-jax", gk.__version__, "| small setting" if SMALL else "| full setting")"""),
@@ -93,16 +94,17 @@ For a test input, eq. 24 gives an (approximate) lower bound on $\\log q(y_* = c)
 $(b_*, S_*)$; Lemma 7 puts $\\tilde p$ above $\\exp \\ell_*$. Importance sampling of the exact model (App. F) is
 the reference."""),
     ("code", """Xs = np.array([[0.0, 0.9], [1.0, -0.4], [0.5, 1.2], [2.5, 3.0]])
-pred = clf.predictive(Xs)
+pred = mc.predict(clf.posterior_, Xs)  # = clf.predictive(Xs)
 lower = np.exp(np.asarray(pred.log_lower_bounds()))
 renorm = np.asarray(pred.renormalised_probabilities())
 C = len(clf.classes_)
-Y = np.eye(C)[np.searchsorted(clf.classes_, labels)]
-K = mc.prior_covariance(clf.kernel_, X, C)
+y = np.searchsorted(clf.classes_, labels)  # class indices 0..C-1
+Y = np.eye(C)[y]
+K = clf.posterior_.prior_covariance()  # K^x (x) I_C + jitter I, datum-major
 K_cross = np.kron(np.asarray(clf.kernel_.gram(X, Xs)), np.eye(C))
 K_star = np.asarray(clf.kernel_.diag(Xs))[:, None, None] * np.eye(C)
 num = 5_000 if SMALL else 50_000
-is_probs = np.asarray(mc.importance_predictive(jax.random.PRNGKey(0), K, Y, clf.posterior_.mean(K), K_cross,
+is_probs = np.asarray(_sampling.importance_predictive(jax.random.PRNGKey(0), K, Y, clf.posterior_.mean(K), K_cross,
                                                K_star, num_samples=num))
 for j, x in enumerate(Xs):
     print(f"x = {x}:")
@@ -118,13 +120,13 @@ importance-sampling estimate (99.9% upper value)."""),
     ("code", """post = clf.posterior_
 n = len(labels)
 rows = [
-    ("Theorem 9 (best sigma_v^2)", float(mc.theorem9_bound(K, C))),
-    ("Theorem 10", float(mc.theorem10_bound(n, C, float(clf.kernel_.variance)))),
-    ("class-factorised q (mean field)", float(mc.fit_full(K, Y, covariance="class_factorised").log_z)),
-    ("Knowles-Minka, S_i = V_i^-1", float(mc.fit_full(K, Y, site="knowles_minka").log_z)),
+    ("Theorem 9 (best sigma_v^2)", float(mc.gram_bound(clf.kernel_, X, C))),
+    ("Theorem 10", float(mc.correlation_bound(n, C, float(clf.kernel_.variance)))),
+    ("class-factorised q (mean field)", float(mc.fit(clf.kernel_, X, y, covariance="class_factorised").log_z)),
+    ("Knowles-Minka, S_i = V_i^-1", float(mc.fit(clf.kernel_, X, y, site="knowles_minka").log_z)),
     ("Theorem 6, full q (this paper)", float(post.log_z)),
 ]
-est = mc.importance_sampling(jax.random.PRNGKey(1), K, Y, post.mean(K), num_samples=20_000 if SMALL else 200_000)
+est = _sampling.importance_sampling(jax.random.PRNGKey(1), K, Y, post.mean(K), num_samples=20_000 if SMALL else 200_000)
 rows.append(("importance sampling, 99.9% upper", float(est.log_z_upper)))
 print(f"{'':36s} {'log Z':>10s}")
 for name, value in rows:

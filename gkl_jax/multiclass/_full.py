@@ -21,11 +21,13 @@ diagonal, i.e. q factorises over the classes when K^c is diagonal (the mean-fiel
 """
 
 import warnings
+from typing import Any
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
+import numpy as np
 
 from .._linalg import full_precision
 from .._validate import check_max_steps, check_tol, is_concrete
@@ -58,14 +60,32 @@ def log_z_h(K, Y, m, V, b, S):
     return neg_kl + jnp.sum(sites(Y, m.reshape(n, C), blocks(V, C), b, S))
 
 
-class FullPosterior(eqx.Module):
-    """The maximiser of log Z_h (eq. 21) over q = N(m, V), {b_i}, {S_i}.
+class Posterior(eqx.Module):
+    """The maximiser of log Z_h (Chai 2012, eq. 21) over q = N(m, V), {b_i}, {S_i}: the result of `fit`.
 
-    - `Y` (n, C) one-hot labels; `b` (n, C); `S` (n, C, C); `alpha` = K^{-1} m = y - b (tied mean, eq. 27);
-    - `W` (n, C, C) with V = (K^{-1} + W)^{-1} (eq. 28); `V_blocks` (n, C, C) the diagonal blocks V_i;
-    - `log_z` the bound; `history` its value after each sweep (non-decreasing; NaN after the last);
-    - `stationarity` max_i |b_i - gbar_i| (0 at the optimum, Lemma 26); `converged`, `num_steps`.
-    For the Knowles-Minka fit S_i is stored as V_i^{-1} + A_i (so that S_i - V_i^{-1} = W_i).
+    The latent values are datum-major nC-vectors (entry i C + c is f^c(x_i)). The mean is tied to the sites,
+    m = K alpha with alpha = y - b (eq. 27), and V = (K^{-1} + W)^{-1} with block-diagonal W (eq. 28), so the
+    posterior is held by (b, S, W) and formed for a prior covariance K on request. For the Knowles-Minka fit S_i
+    is stored as V_i^{-1} + A_i (so that S_i - V_i^{-1} = W_i).
+
+    Attributes:
+        Y: (n, C) float one-hot labels.
+        b: (n, C) float site parameters b_i (eq. 16).
+        S: (n, C, C) float site precisions S_i (eq. 19).
+        W: (n, C, C) float site precisions of V (eq. 28).
+        V_blocks: (n, C, C) float diagonal blocks V_i of the posterior covariance.
+        log_z: float scalar array, the bound log Z_h (a lower bound on log p(y)).
+        converged: bool scalar array, whether the sweeps settled to `tol`.
+        num_steps: int scalar array, sweeps taken.
+        history: (max_steps + 1,) float array, the bound after each sweep (non-decreasing; NaN after the last).
+        stationarity: float scalar array, max_i |b_i - gbar_i| (0 at the optimum, Lemma 26 of Chai 2012).
+        kernel: the `gk.kernels` kernel of the prior K = K^x (x) K^c + jitter I, or None when the fit was given
+            K itself.
+        X: (n, d) float training inputs, or None (as `kernel`).
+        class_covariance: (C, C) float K^c, or None for the identity.
+        jitter: float added to the prior's diagonal (static).
+        site: "theorem6" or "knowles_minka", the site bound (static).
+        covariance_family: "full" or "class_factorised" (static).
     """
 
     Y: jax.Array
@@ -78,35 +98,109 @@ class FullPosterior(eqx.Module):
     num_steps: jax.Array
     history: jax.Array
     stationarity: jax.Array
+    kernel: Any = None
+    X: Any = None
+    class_covariance: Any = None
+    jitter: float = eqx.field(static=True, default=1e-6)
     site: str = eqx.field(static=True, default="theorem6")
     covariance_family: str = eqx.field(static=True, default="full")
 
     @property
     def alpha(self):
-        """alpha = K^{-1} m = y - b, datum-major (nC,)."""
+        """alpha = K^{-1} m = y - b: (nC,) float, datum-major."""
         return (self.Y - self.b).reshape(-1)
 
-    def mean(self, K):
-        """m = K alpha (eq. 27)."""
-        return K @ self.alpha
+    def prior_covariance(self):
+        """K = K^x (x) K^c + jitter I of the fit: (nC, nC) float, datum-major.
 
-    def covariance(self, K):
-        """V = (K^{-1} + W)^{-1}, dense."""
-        G = _covariance(K, jnp.linalg.cholesky(K), self.W)[3]
-        return G @ G.T
+        Returns:
+            (nC, nC) float array.
 
-    def t_matrix(self, K):
-        """T = K^{-1} - K^{-1} V K^{-1} = W - W V W (eq. 75; V_* = K_** - K_*^T T K_*)."""
-        V = self.covariance(K)
-        return sym(blockdiag_dense(self.W) - blockdiag_left(self.W, blockdiag_left(self.W, V).T))
+        Raises:
+            ValueError: the posterior was fitted on a given K (no kernel stored).
+        """
+        if self.kernel is None:
+            raise ValueError("this posterior was fitted on a given K: pass K")
+        return prior_covariance(self.kernel, self.X, self.Y.shape[1], self.class_covariance, self.jitter)
+
+    def _K(self, K):
+        return self.prior_covariance() if K is None else K
+
+    def mean(self, K=None):
+        """m = K alpha (eq. 27).
+
+        Args:
+            K: (nC, nC) float prior covariance; None for the one of the fit (`prior_covariance`).
+
+        Returns:
+            (nC,) float array, datum-major.
+        """
+        return self._K(K) @ self.alpha
+
+    def covariance(self, K=None):
+        """V = (K^{-1} + W)^{-1}, dense.
+
+        Args:
+            K: (nC, nC) float prior covariance; None for the one of the fit.
+
+        Returns:
+            (nC, nC) float array, datum-major.
+        """
+        return _dense_covariance(self._K(K), self.W)
+
+    def t_matrix(self, K=None):
+        """T = K^{-1} - K^{-1} V K^{-1} = W - W V W (eq. 75; the predictive covariance is K_** - K_*^T T K_*).
+
+        Args:
+            K: (nC, nC) float prior covariance; None for the one of the fit.
+
+        Returns:
+            (nC, nC) float array, datum-major.
+        """
+        return _t_matrix(self._K(K), self.W)
+
+
+@eqx.filter_jit
+def _dense_covariance(K, W):
+    G = _covariance(K, jnp.linalg.cholesky(K), W)[3]
+    return G @ G.T
+
+
+@eqx.filter_jit
+def _t_matrix(K, W):
+    V = _dense_covariance(K, W)
+    return sym(blockdiag_dense(W) - blockdiag_left(W, blockdiag_left(W, V).T))
+
+
+@eqx.filter_jit
+def prior_covariance(kernel, X, num_classes, class_covariance=None, jitter=1e-6):
+    """K = K^x (x) K^c + jitter I, datum-major (eq. 1 of Chai 2012 with K^c = I by default).
+
+    Args:
+        kernel: a `gk.kernels` kernel (K^x = kernel.gram(X)).
+        X: (n, d) float inputs.
+        num_classes: C (static int).
+        class_covariance: (C, C) float K^c, or None for the identity.
+        jitter: float added to the diagonal.
+
+    Returns:
+        (nC, nC) float array.
+    """
+    Kx = kernel.gram(X)
+    Kc = jnp.eye(num_classes, dtype=Kx.dtype) if class_covariance is None else jnp.asarray(class_covariance, Kx.dtype)
+    N = Kx.shape[0] * num_classes
+    return jnp.kron(Kx, Kc) + jitter * jnp.eye(N, dtype=Kx.dtype)
 
 
 @program
-def _fit_jit(K, Y, warm, cold, km, mf, newton, tol, max_steps, s_sweeps, init_scale):
-    """One compiled fit per (shapes, variant): km, mf, newton and max_steps are static Python values."""
+def _fit_jit(K, Y, warm, cold, km, mf, newton, tol, max_steps, s_sweeps, init_scale, kron=False):
+    """One compiled fit per (shapes, variant): km, mf, newton, max_steps and `kron` are static Python values.
+    `kron`: K = K^x (x) I_C (+ jitter I), factorised through the (n, n) Cholesky factor of its every C-th
+    row and column."""
     TRACE_COUNT["fit_full"] += 1
-    st0 = initial_state(K, Y, km, mf, init_scale, warm, cold)
-    return fit_core(K, Y, st0, km, mf, newton, tol, max_steps, s_sweeps)
+    Lx = jnp.linalg.cholesky(K[::Y.shape[1], ::Y.shape[1]]) if kron else None
+    st0 = initial_state(K, Y, km, mf, init_scale, warm, cold, Lx)
+    return fit_core(K, Y, st0, km, mf, newton, tol, max_steps, s_sweeps, Lx=Lx)
 
 
 def warm_start(post):
@@ -118,6 +212,50 @@ def check_one_hot(Y, name: str = "Y"):
     """Raise ValueError unless a concrete Y has every row a standard basis vector e^c."""
     if is_concrete(Y) and not bool(jnp.all((jnp.sum(Y, axis=1) == 1) & jnp.all((Y == 0) | (Y == 1), axis=1))):
         raise ValueError(f"{name} must be one-hot: every row a standard basis vector e^c")
+
+
+def one_hot_labels(y, num_data, num_classes=None, dtype=None, name: str = "y"):
+    """Labels as an (n, C) one-hot float array.
+
+    Args:
+        y: (n,) integer class indices in 0..C-1, or (n, C) one-hot labels.
+        num_data: n, the number of input rows the labels must match.
+        num_classes: C for integer labels (default max(y) + 1); for one-hot labels it must equal y.shape[1].
+        dtype: the float dtype of the result (default float64 where enabled).
+        name: the argument name used in error messages.
+
+    Returns:
+        (n, C) float array.
+
+    Raises:
+        ValueError: labels of another length, negative, non-integer or >= num_classes, fewer than 2 classes, or
+            rows that are not one-hot.
+    """
+    dtype = jnp.result_type(float) if dtype is None else dtype
+    arr = np.asarray(y)
+    if arr.ndim == 2:
+        if arr.shape[0] != num_data:
+            raise ValueError(f"{name} has {arr.shape[0]} rows but X has {num_data}")
+        if num_classes is not None and arr.shape[1] != int(num_classes):
+            raise ValueError(f"{name} has {arr.shape[1]} columns but num_classes is {num_classes}")
+        Y = jnp.asarray(arr, dtype)
+    elif arr.ndim == 1:
+        if arr.shape[0] != num_data:
+            raise ValueError(f"{name} has {arr.shape[0]} labels but X has {num_data} rows")
+        if arr.dtype.kind not in "biuf" or (arr.dtype.kind == "f" and not np.all(arr == np.round(arr))):
+            raise ValueError(f"{name} must hold integer class indices 0..C-1 (or be (n, C) one-hot)")
+        if arr.size and arr.min() < 0:
+            raise ValueError(f"{name} holds a negative class index")
+        C = int(arr.max()) + 1 if num_classes is None else int(num_classes)
+        if arr.size and arr.max() >= C:
+            raise ValueError(f"{name} holds the class index {int(arr.max())}, not below num_classes = {C}")
+        Y = jnp.asarray(np.eye(max(C, 1))[arr.astype(int)], dtype)
+    else:
+        raise ValueError(f"{name} must be (n,) class indices or (n, C) one-hot labels, got shape {arr.shape}")
+    if Y.shape[1] < 2:
+        raise ValueError(f"{name} must have C >= 2 classes, got C = {Y.shape[1]}")
+    check_one_hot(Y, name)
+    return Y
 
 
 def check_labels_matrix(K, Y):
@@ -144,13 +282,15 @@ def check_labels_matrix(K, Y):
 @full_precision
 @single_threaded
 def fit_full(K, Y, *, site="theorem6", covariance="full", v_update="newton", tol=1e-10, max_steps=200,
-             init=None, s_sweeps=3, init_scale=1.0) -> FullPosterior:
+             init=None, s_sweeps=3, init_scale=1.0, kron=False) -> Posterior:
     """Maximise log Z_h (eq. 21) for the prior N(0, K) (datum-major (nC, nC)) and one-hot labels Y (n, C).
 
-    `init` (a FullPosterior for the same (n, C), possibly fitted under another K) warm-starts from its (b, S, W)
+    `init` (a Posterior for the same (n, C), possibly fitted under another K) warm-starts from its (b, S, W)
     (App. E.3; used in hyper-parameter learning). Stops when a sweep raises the bound by at most
     tol * (1 + |log Z_h|), its V step counted by its slope when that is small enough to skip it (`_v_step`);
-    `converged` is False (with a warning outside of tracing) when `max_steps` sweeps did not.
+    `converged` is False (with a warning outside of tracing) when `max_steps` sweeps did not. `kron=True`
+    declares K = K^x (x) I_C + jitter I (as `prior_covariance` builds it without a class covariance), which makes
+    each V step O(n^3 C^2) instead of O((nC)^3).
     """
     for name, value, allowed in (("site", site, SITES), ("covariance", covariance, COVARIANCES),
                                  ("v_update", v_update, V_UPDATES)):
@@ -161,8 +301,8 @@ def fit_full(K, Y, *, site="theorem6", covariance="full", v_update="newton", tol
     K, Y = check_labels_matrix(K, Y)
     if is_concrete(K):
         dense_cholesky(K, "K")      # symmetric positive definite, else a ValueError naming K
-    if init is not None and (not isinstance(init, FullPosterior) or init.Y.shape != Y.shape):
-        raise ValueError("init must be a FullPosterior for the same (n, C)")
+    if init is not None and (not isinstance(init, Posterior) or init.Y.shape != Y.shape):
+        raise ValueError("init must be a Posterior for the same (n, C)")
     n, C = Y.shape
     if init is None:
         warm = (jnp.zeros((n, C), K.dtype), jnp.broadcast_to(jnp.eye(C, dtype=K.dtype), (n, C, C)),
@@ -172,11 +312,11 @@ def fit_full(K, Y, *, site="theorem6", covariance="full", v_update="newton", tol
     flags = (site == "knowles_minka", covariance == "class_factorised", v_update == "newton")
     st, k, converged, hist, stat = _fit_jit(K, Y, warm, jnp.asarray(init is None), *flags, jnp.asarray(tol, K.dtype),
                                             int(max_steps), jnp.asarray(int(s_sweeps)),
-                                            jnp.asarray(check_tol(init_scale, "init_scale"), K.dtype))
+                                            jnp.asarray(check_tol(init_scale, "init_scale"), K.dtype), bool(kron))
     if is_concrete(converged) and not bool(converged):
         valid = ("the result is a valid bound but not the optimum" if bool(jnp.isfinite(st.value)) else
                  f"the bound is {float(st.value)}: is K positive definite?")
         warnings.warn(f"gkl_jax.multiclass.fit_full stopped after {int(k)} sweeps without the bound settling to "
                       f"tol={tol:g}; {valid}", stacklevel=2)
-    return FullPosterior(Y=Y, b=st.b, S=st.S, W=st.W, V_blocks=st.Vb, log_z=st.value, converged=converged,
+    return Posterior(Y=Y, b=st.b, S=st.S, W=st.W, V_blocks=st.Vb, log_z=st.value, converged=converged,
                          num_steps=k, history=hist, stationarity=stat, site=site, covariance_family=covariance)

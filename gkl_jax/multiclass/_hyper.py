@@ -23,6 +23,7 @@ fit and the line-search fits) and took 90 s to compile for iris (n = 100, C = 3)
 With K^c = I, K = (K^x + jitter I) (x) I_C is factorised through the (n, n) Cholesky factor of K^x + jitter I.
 """
 
+import time
 import warnings
 
 import equinox as eqx
@@ -35,7 +36,7 @@ from .._optim import lbfgs_direction
 from .._validate import check_int, check_nonnegative, check_tol, is_concrete
 from .._xla import program
 from ._blocks import blockdiag_dense, blockdiag_left, sym
-from ._full import COVARIANCES, SITES, FullPosterior, check_labels_matrix
+from ._full import COVARIANCES, SITES, Posterior, one_hot_labels, prior_covariance
 from ._sweep import fit_core, initial_state
 from ._threads import single_threaded
 
@@ -44,15 +45,6 @@ TRACE_COUNT = {"hyper": 0}
 # updates per sweep (the `fit_full` default) gave the same sweeps and bound at 15% more time.
 INNER_S_SWEEPS = 1
 ADAPTIVE_INNER_TOL = True
-
-
-@eqx.filter_jit
-def prior_covariance(kernel, X, num_classes, class_covariance=None, jitter=1e-6):
-    """K = K^x (x) K^c + jitter I, datum-major (nC, nC) (eq. 1 with K^c = I by default)."""
-    Kx = kernel.gram(X)
-    Kc = jnp.eye(num_classes, dtype=Kx.dtype) if class_covariance is None else jnp.asarray(class_covariance, Kx.dtype)
-    N = Kx.shape[0] * num_classes
-    return jnp.kron(Kx, Kc) + jitter * jnp.eye(N, dtype=Kx.dtype)
 
 
 def trainable_filter(kernel, fixed=()):
@@ -77,19 +69,35 @@ def _t_matrix(st):
 
 
 class HyperResult(eqx.Module):
-    """Learned kernel, the variational optimum at it, and the outer solver's bookkeeping.
+    """Outcome of `fit_hyperparameters` (the fields of `gk.gp.HyperResult` that apply here).
 
-    `t_matrix` is T = W - W V W at the optimum (eq. 75: the predictive covariance is K_** - K_*^T T K_*);
-    `num_inner_fits` counts the inner fits (the first, cold one and one per line-search trial)."""
+    Attributes:
+        kernel: the learned `gk.kernels` kernel (`params` is the same object, as in `gk.gp.HyperResult`).
+        posterior: the `Posterior` at the learned kernel (it holds the kernel and inputs, so `predict` takes it).
+        log_z: float scalar array, the optimised bound log Z_h* at the learned kernel.
+        converged: bool scalar array, whether the outer loop settled (see `fit_hyperparameters`).
+        num_steps: int scalar array, outer steps taken.
+        history: (max_steps + 1,) float array, log Z_h* at the start and after each outer step (NaN after).
+        t_matrix: (nC, nC) float T = W - W V W at the optimum (Chai 2012, eq. 75: the predictive covariance is
+            K_** - K_*^T T K_*).
+        num_inner_fits: int, inner fits run (the first, cold one and one per line-search trial; static).
+        wall_time: float, seconds for the whole run, compilation included (static).
+    """
 
     kernel: eqx.Module
-    posterior: FullPosterior
+    posterior: Posterior
     log_z: jax.Array
     converged: jax.Array
     num_steps: jax.Array
     history: jax.Array
     t_matrix: jax.Array
     num_inner_fits: int = eqx.field(static=True, default=0)
+    wall_time: float = eqx.field(static=True, default=0.0)
+
+    @property
+    def params(self):
+        """The learned kernel (the name `gk.gp.HyperResult` gives the learned hyper-parameters)."""
+        return self.kernel
 
 
 @program
@@ -182,8 +190,8 @@ def _learn(solve, x0, params0, max_steps, ftol, max_step, memory, inner_tol):
 
 @full_precision
 @single_threaded
-def fit_hyperparameters(kernel, X, Y, *, fixed=(), class_covariance=None, jitter=1e-6, site="theorem6",
-                        covariance="full", max_steps=50, ftol=1e-7, inner_tol=1e-8, inner_steps=100,
+def fit_hyperparameters(kernel, X, y, *, num_classes=None, fixed=(), class_covariance=None, jitter=1e-6,
+                        site="theorem6", covariance="full", max_steps=50, ftol=1e-7, inner_tol=1e-8, inner_steps=100,
                         max_step=1.0, memory=10) -> HyperResult:
     """Maximise log Z_h*(theta) (Section 6) over the kernel's unconstrained parameters (all inexact arrays except
     the attribute names in `fixed`), by L-BFGS on the host with warm-started compiled inner fits.
@@ -194,13 +202,15 @@ def fit_hyperparameters(kernel, X, Y, *, fixed=(), class_covariance=None, jitter
 
     Args:
         kernel: a `gk.kernels` kernel (its parameters are the starting point).
-        X: (n, d) inputs.
-        Y: (n, C) one-hot labels.
+        X: (n, d) float inputs (an (n,) array is read as d = 1).
+        y: (n,) integer class indices 0..C-1 or (n, C) one-hot labels.
+        num_classes: C for integer labels (default max(y) + 1; more keeps classes without examples).
         fixed: names of kernel attributes held fixed (e.g. ("log_variance",) for eq. 44).
         class_covariance: (C, C) K^c, or None for the identity (then K = (K^x + jitter I) (x) I_C is factorised
             through the (n, n) Cholesky factor of K^x + jitter I).
         jitter: added to the diagonal of the prior.
-        site, covariance: the bound variant (see `fit_full`).
+        site: "theorem6" or "knowles_minka", the site bound (see `gk.multiclass.fit`).
+        covariance: "full" or "class_factorised".
         max_steps: the most outer steps; 0 fits the variational posterior at the given kernel only.
         ftol: the outer settling tolerance.
         inner_tol: the final inner fit's `fit_full` tolerance: 1e-8 (about 2e-6 nats on glass) gave the same
@@ -211,8 +221,13 @@ def fit_hyperparameters(kernel, X, Y, *, fixed=(), class_covariance=None, jitter
         memory: the L-BFGS memory.
 
     Returns:
-        A `HyperResult`: the learned kernel, the posterior at it, log Z_h*, T = W - W V W for predictions, and the
-        bookkeeping (history of the bound per outer step, number of inner fits).
+        A `HyperResult`: the learned kernel, the posterior at it (for `gk.multiclass.predict`), log Z_h*,
+        T = W - W V W for predictions, and the bookkeeping (history of the bound per outer step, number of inner
+        fits, wall time).
+
+    Raises:
+        ValueError: a kernel that is not an Equinox module, inputs that are not finite (n, d), labels that do not
+            match them, an unknown `fixed` name, or a bad option, count or tolerance.
     """
     if not isinstance(kernel, eqx.Module):
         raise ValueError(f"kernel must be a gkl_jax.kernels kernel (an Equinox module), got {type(kernel).__name__}")
@@ -223,10 +238,7 @@ def fit_hyperparameters(kernel, X, Y, *, fixed=(), class_covariance=None, jitter
         raise ValueError(f"X must be (n, d), got shape {X.shape}")
     if is_concrete(X) and not bool(jnp.all(jnp.isfinite(X))):
         raise ValueError("X contains NaN or inf")
-    Y = jnp.asarray(Y, X.dtype if jnp.issubdtype(X.dtype, jnp.floating) else jnp.float64)
-    if Y.ndim != 2 or Y.shape[0] != X.shape[0]:
-        raise ValueError(f"Y must be (n, C) one-hot with n = {X.shape[0]}, got shape {Y.shape}")
-    check_labels_matrix(jnp.eye(Y.size, dtype=Y.dtype), Y)
+    Y = one_hot_labels(y, X.shape[0], num_classes, X.dtype if jnp.issubdtype(X.dtype, jnp.floating) else None)
     check_int(max_steps, "max_steps", 0)
     check_nonnegative(jitter, "jitter")
     if class_covariance is not None and jnp.shape(class_covariance) != (Y.shape[1], Y.shape[1]):
@@ -240,6 +252,7 @@ def fit_hyperparameters(kernel, X, Y, *, fixed=(), class_covariance=None, jitter
         raise ValueError(f"site must be one of {SITES}, got {site!r}")
     if covariance not in COVARIANCES:
         raise ValueError(f"covariance must be one of {COVARIANCES}, got {covariance!r}")
+    start = time.perf_counter()
     params, static = eqx.partition(kernel, trainable_filter(kernel, fixed))
     flags = (site == "knowles_minka", covariance == "class_factorised", True)
     dt = Y.dtype
@@ -267,7 +280,9 @@ def fit_hyperparameters(kernel, X, Y, *, fixed=(), class_covariance=None, jitter
     new_kernel = eqx.combine(_unflatten(params, x), static)
     f = jnp.asarray(f, dt)
     k = jnp.asarray(k)
-    post = FullPosterior(Y=Y, b=st.b, S=st.S, W=st.W, V_blocks=st.Vb, log_z=f, converged=inner_ok, num_steps=k,
-                         history=history, stationarity=stat, site=site, covariance_family=covariance)
+    post = Posterior(Y=Y, b=st.b, S=st.S, W=st.W, V_blocks=st.Vb, log_z=f, converged=inner_ok, num_steps=k,
+                     history=history, stationarity=stat, kernel=new_kernel, X=X,
+                     class_covariance=None if class_covariance is None else jnp.asarray(class_covariance, dt),
+                     jitter=float(jitter), site=site, covariance_family=covariance)
     return HyperResult(kernel=new_kernel, posterior=post, log_z=f, converged=done, num_steps=k, history=history,
-                       t_matrix=T, num_inner_fits=evals)
+                       t_matrix=T, num_inner_fits=evals, wall_time=time.perf_counter() - start)

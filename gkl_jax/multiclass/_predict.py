@@ -27,13 +27,22 @@ from ._site import optimise_site
 
 
 class Predictive(eqx.Module):
-    """Predictive moments at n_* test points: `mean` (n_*, C) and `covariance` (n_*, C, C)."""
+    """The Gaussian predictive N(m_*j, V_*j) of the C latent values at n_* test points (`gk.multiclass.predict`).
+
+    Attributes:
+        mean: (n_*, C) float array m_*.
+        covariance: (n_*, C, C) float array V_*.
+    """
 
     mean: jax.Array
     covariance: jax.Array
 
     def renormalised_probabilities(self):
-        """p~(y_* = c | y) = softmax(m_*)_c (eq. 25), shape (n_*, C)."""
+        """p~(y_* = c | y) = softmax(m_*)_c, the re-normalised probabilities of eq. 25 (Chai 2012).
+
+        Returns:
+            (n_*, C) float array (rows sum to one).
+        """
         return jax.nn.softmax(self.mean, axis=-1)
 
     def integrated_probabilities(self, key, num_pairs=1000):
@@ -50,13 +59,28 @@ class Predictive(eqx.Module):
         return _integrated(key, self.mean, self.covariance, int(num_pairs))
 
     def log_lower_bounds(self, tol=1e-10, max_steps=300):
-        """m_*^c + max_{b, S}(h - m_*^T e^c) for every class (eq. 24), shape (n_*, C); an approximate lower bound on
-        log p(y_* = c | y) (a lower bound on log q(y_* = c | y), eq. 23)."""
+        """m_*^c + max_{b, S}(h - m_*^T e^c) for every class (eq. 24): an approximate lower bound on
+        log p(y_* = c | y) (a lower bound on log q(y_* = c | y), eq. 23); one site optimisation serves all classes.
+
+        Args:
+            tol: the site optimisation's tolerance.
+            max_steps: its most steps (static int).
+
+        Returns:
+            (n_*, C) float array.
+        """
         opt = jax.vmap(lambda m, V: optimise_site(m, V, tol=tol, max_steps=max_steps))(self.mean, self.covariance)
         return self.mean + opt.value[:, None]
 
     def upper_bounds(self, log_lower=None):
-        """1 - sum_{c' != c} exp(lower_c') (eq. 7), shape (n_*, C)."""
+        """Upper bounds 1 - sum_{c' != c} exp(lower_c') on the predictive probabilities (eq. 7).
+
+        Args:
+            log_lower: (n_*, C) float eq. 24 lower bounds, or None to compute them (`log_lower_bounds`).
+
+        Returns:
+            (n_*, C) float array.
+        """
         lower = self.log_lower_bounds() if log_lower is None else log_lower
         e = jnp.exp(lower)
         return 1.0 - (jnp.sum(e, axis=-1, keepdims=True) - e)
@@ -108,10 +132,20 @@ def predictive_moments(alpha, T, K_cross, K_star_blocks):
     return Predictive(mean=mean, covariance=0.5 * (cov + jnp.swapaxes(cov, -1, -2)))
 
 
-def theorem12_bound(log_lower, labels, log_z_h, log_marginal):
-    """The proper lower bound of Theorem 12 on the joint log predictive probability of the test labels:
-    sum_j log_lower[j, c_j] + log Z_h - log p(y). `log_marginal` must be an upper estimate of log p(y) (e.g. the
-    importance-sampling 99.9% upper confidence value, App. F) for the result to stay a bound."""
+def joint_predictive_bound(log_lower, labels, log_z, log_marginal):
+    """A lower bound on the joint log predictive probability of test labels (Chai 2012, Theorem 12):
+    sum_j log_lower[j, c_j] + log Z_h - log p(y).
+
+    Args:
+        log_lower: (n_*, C) float eq. 24 lower bounds (`Predictive.log_lower_bounds`).
+        labels: (n_*,) int test class indices c_j.
+        log_z: float scalar, the fitted bound log Z_h (`Posterior.log_z`).
+        log_marginal: float scalar, an upper estimate of log p(y) (e.g. the 99.9% upper confidence value of
+            importance sampling, App. F), for the result to stay a bound.
+
+    Returns:
+        Float scalar array.
+    """
     labels = jnp.asarray(labels)
     picked = jnp.take_along_axis(log_lower, labels[:, None], axis=1)[:, 0]
-    return jnp.sum(picked) + log_z_h - log_marginal
+    return jnp.sum(picked) + log_z - log_marginal

@@ -26,8 +26,9 @@ It is not concave in eta (App. D.2); d_1 starts at the d_2 optimum (eta = 0) and
 steps in (mu, log nu, eta) that raise it, so d_2 <= d_1 <= d (the gain of re-optimising, tested).
 """
 
+import dataclasses
 import functools
-from typing import Any, NamedTuple
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -38,7 +39,7 @@ from jax import lax
 from .._linalg import tdot
 from .._validate import check_indices, check_int, strongly_typed
 from ._blocks import blockdiag_left
-from ._full import check_one_hot
+from ._full import check_one_hot, one_hot_labels
 from ._hyper import trainable_filter
 from ._sparse import _mf, fit_sparse, masked_prior, site_statistics, whitened_cross
 
@@ -192,20 +193,30 @@ def selection_scores(kernel, X, Y, post, sites, mask, candidates, *, data=None, 
                    jnp.asarray(mask, bool), jnp.asarray(candidates), data, w, C, noise, jitter, d1=score == "d1")
 
 
-class Selection(NamedTuple):
-    """What `select_inducing` returns: `sites` (num_inducing,) the inducing latent indices in the order added,
-    `history` log Z~_h* after each round (then after each accepted final hyper-parameter step), `posterior` the
-    final SparsePosterior and `kernel` the kernel it is fitted with (learned when hyper_steps > 0)."""
+class Selection(eqx.Module):
+    """What `select_inducing` returns.
+
+    Attributes:
+        sites: (num_inducing,) int NumPy array, the inducing latent indices i C + c in the order added.
+        history: float NumPy array, log Z~_h* after each round (then after each accepted final hyper-parameter
+            step): non-decreasing.
+        posterior: the final `SparsePosterior` (holding the kernel, inputs and `sites`, for `predict`).
+        kernel: the kernel it is fitted with (learned when hyper_steps > 0).
+    """
 
     sites: np.ndarray
     history: np.ndarray
     posterior: Any
     kernel: Any
 
+    def __iter__(self):
+        """(sites, history, posterior, kernel), so that the result unpacks like a tuple."""
+        return iter((self.sites, self.history, self.posterior, self.kernel))
 
-def select_inducing(kernel, X, Y, num_inducing, *, method="active", batch=None, subset=5, top=None, seed=0,
-                    initial=None, noise=1e-6, jitter=1e-6, fit_kwargs=None, score="d2", hyper_steps=0,
-                    final_hyper_steps=0, fixed=()) -> Selection:
+
+def select_inducing(kernel, X, y, num_inducing, *, num_classes=None, method="active", batch=None, subset=5,
+                    top=None, seed=0, initial=None, noise=1e-6, jitter=1e-6, fit_kwargs=None, score="d2",
+                    hyper_steps=0, final_hyper_steps=0, fixed=()) -> Selection:
     """Grow an inducing set of `num_inducing` latent sites `batch` at a time (default C), re-fitting the sparse
     bound after each addition; method="active" scores candidates by d_3 (random subset of `subset` data) and then
     `score` (d_2, or the tighter and slower d_1) on the `top` best (default 4 batch), method="random" draws them
@@ -219,8 +230,37 @@ def select_inducing(kernel, X, Y, num_inducing, *, method="active", batch=None, 
     that finds no increase). Each is `hyper_ascent`; the bound never decreases, so `history` stays monotone
     (adding sites never lowers it either, Proposition 17).
 
-    Returns a `Selection`. The rounds are an outer model-selection loop in Python (each round calls the compiled
-    fit and scorer once; shapes are fixed by the capacity `num_inducing`, so nothing recompiles)."""
+    The rounds are an outer model-selection loop in Python (each round calls the compiled fit and scorer once;
+    shapes are fixed by the capacity `num_inducing`, so nothing recompiles).
+
+    Args:
+        kernel: a `gk.kernels` kernel on the inputs (K^c = I).
+        X: (n, d) float inputs.
+        y: (n,) integer class indices 0..C-1 or (n, C) one-hot labels.
+        num_inducing: the size s of the final set (1..nC).
+        num_classes: C for integer labels (default max(y) + 1).
+        method: "active" or "random".
+        batch: latents added per round (default C).
+        subset: the number of data d_3 is measured on.
+        top: candidates re-scored by `score` (default 4 batch).
+        seed: the integer seed of the random choices.
+        initial: (k,) int latent indices to start from (default `batch` random ones).
+        noise: the inducing variables' noise variance (Remark 13).
+        jitter: added to the latent prior's diagonal.
+        fit_kwargs: options for the sparse fits (`tol`, `max_steps`, `site`, `v_update`).
+        score: "d2" or "d1".
+        hyper_steps: line searches of the kernel after each round (int >= 0).
+        final_hyper_steps: the most line searches once the set is complete (int >= 0).
+        fixed: kernel attributes the searches keep fixed.
+
+    Returns:
+        `Selection`: the sites, the bound's history, the final `SparsePosterior` (for `gk.multiclass.predict`)
+        and the kernel.
+
+    Raises:
+        ValueError: an unknown method or score, negative step counts, a bad size, batch, subset, top or initial
+            set, labels that are not one-hot, or an unknown `fixed` name.
+    """
     if method not in ("active", "random"):
         raise ValueError(f"method must be 'active' or 'random', got {method!r}")
     if score not in ("d1", "d2"):
@@ -229,7 +269,9 @@ def select_inducing(kernel, X, Y, num_inducing, *, method="active", batch=None, 
         raise ValueError(f"hyper_steps and final_hyper_steps must be >= 0, got {hyper_steps}, {final_hyper_steps}")
     spec = trainable_filter(kernel, fixed)
     X = np.asarray(X, np.float64)
-    Y = np.asarray(Y, np.float64)
+    if X.ndim == 1:
+        X = X[:, None]
+    Y = np.asarray(one_hot_labels(y, X.shape[0], num_classes, np.float64))
     kernel = strongly_typed(kernel, jnp.asarray(X).dtype)    # as the searched kernels are: the scorer compiles once
     n, C = Y.shape
     N = n * C
@@ -288,7 +330,9 @@ def select_inducing(kernel, X, Y, num_inducing, *, method="active", batch=None, 
         if not accepted:
             break
         history.append(float(post.log_z))
-    return Selection(sites, np.array(history), post, kernel)
+    post = dataclasses.replace(post, kernel=kernel, X=jnp.asarray(X), inducing=jnp.asarray(sites),
+                               mask=jnp.asarray(mask), noise=float(noise), jitter=float(jitter))
+    return Selection(sites=sites, history=np.array(history), posterior=post, kernel=kernel)
 
 
 def hyper_ascent(kernel, X, Y, sites, mask, post, spec, fit, *, step=0.5, max_halvings=12, noise=1e-6,
@@ -316,13 +360,19 @@ def hyper_ascent(kernel, X, Y, sites, mask, post, spec, fit, *, step=0.5, max_ha
 
 def sparse_hyper_gradient(kernel, X, Y, sites, mask, post, *, noise=1e-6, jitter=1e-6):
     """d log Z~_h* / d(kernel parameters) at the sparse optimum `post` (App. C.4): by the envelope theorem, the
-    gradient of eq. 32 in the covariances with q(z), {b_i}, {S_i} held fixed (autodiff of `sparse_log_z`)."""
+    gradient of eq. 32 in the covariances with q(z), {b_i}, {S_i} held fixed (autodiff of `sparse_log_z`); one
+    compiled program per shapes."""
+    X = jnp.asarray(X)
+    sites = check_indices(sites, X.shape[0] * jnp.shape(Y)[1], "sites")
+    return _sparse_hyper_gradient(kernel, X, jnp.asarray(Y, X.dtype), sites, jnp.asarray(mask, bool), post,
+                                  float(noise), float(jitter))
+
+
+@eqx.filter_jit
+def _sparse_hyper_gradient(kernel, X, Y, sites, mask, post, noise, jitter):
     from ._sparse import sparse_log_z
 
-    X = jnp.asarray(X)
-    Y = jnp.asarray(Y, X.dtype)
     n, C = Y.shape
-    mask = jnp.asarray(mask, bool)
     Kzz, Kzf, _ = inducing_prior(kernel, X, C, sites, noise=noise, jitter=jitter)
     m, V = jax.lax.stop_gradient(post.inducing_moments(Kzz, Kzf, mask))
 

@@ -197,8 +197,20 @@ def optimise_site(m, V, b=None, S=None, *, tol=1e-12, max_steps=500):
 
 
 @functools.partial(jax.jit, static_argnames=("max_steps",))
-def max_site_bound(y, m, V, *, tol=1e-12, max_steps=500):
-    """max_{b, S} h(y; N(m, V), b, S) (Theorem 6 at its optimum)."""
+def expected_log_softmax_bound(y, m, V, *, tol=1e-12, max_steps=500):
+    """The lower bound max_{b, S} h(y; N(m, V), b, S) <= E_{N(f | m, V)}[log softmax(f)_y] (Chai 2012, Theorem 6,
+    eq. 19, at its optimum over the site parameters).
+
+    Args:
+        y: (C,) float one-hot label (any e^c).
+        m: (C,) float mean of the latent values.
+        V: (C, C) float positive definite covariance.
+        tol: the alternating updates stop when one raises h by at most tol (1 + |h|).
+        max_steps: the most updates (static int).
+
+    Returns:
+        Float scalar array.
+    """
     return optimise_site(m, V, tol=tol, max_steps=max_steps).value + m @ y
 
 

@@ -22,6 +22,7 @@ zero, so they contribute nothing): one compiled solver serves a growing inducing
 """
 
 import warnings
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -55,8 +56,29 @@ def whitened_cross(Kzz, Kzf):
 
 
 class SparsePosterior(eqx.Module):
-    """The maximiser of log Z~_h (eq. 32): q(u) = N(Ltil^T (y - b), (I + Ltil^T W Ltil)^{-1}) in whitened
-    coordinates, the site parameters (b, S, W), the latent blocks `Vf_blocks`, the bound and bookkeeping."""
+    """The maximiser of log Z~_h (Chai 2012, eq. 32): the result of `fit_sparse`.
+
+    q(u) = N(Ltil^T (y - b), (I + Ltil^T W Ltil)^{-1}) in the whitened coordinates u = L^{-1} z of the inducing
+    variables z (K_zz = L L^T, Ltil = K_zf^T L^{-T}), with the site parameters (b, S, W) of the full case.
+
+    Attributes:
+        Y: (n, C) float one-hot labels.
+        b: (n, C) float site parameters.
+        S: (n, C, C) float site precisions.
+        W: (n, C, C) float site precisions of the latent covariance.
+        Vf_blocks: (n, C, C) float diagonal blocks of the latent covariance V_f (eq. 31).
+        log_z: float scalar array, the bound log Z~_h (a lower bound on log p(y)).
+        converged: bool scalar array, whether the sweeps settled to `tol`.
+        num_steps: int scalar array, sweeps taken.
+        history: (max_steps + 1,) float array, the bound after each sweep (NaN after the last).
+        stationarity: float scalar array, max_i |b_i - gbar_i| (0 at the optimum).
+        kernel: the `gk.kernels` kernel of the prior, or None when the fit was given the covariances.
+        X: (n, d) float training inputs, or None (as `kernel`).
+        inducing: (s,) int indices i C + c of the inducing latents f^c(x_i), or None (as `kernel`).
+        mask: (s,) bool, the active inducing variables, or None (all).
+        noise: float variance added to each inducing variable (static).
+        jitter: float added to the latent prior's diagonal (static).
+    """
 
     Y: jax.Array
     b: jax.Array
@@ -68,11 +90,34 @@ class SparsePosterior(eqx.Module):
     num_steps: jax.Array
     history: jax.Array
     stationarity: jax.Array
+    kernel: Any = None
+    X: Any = None
+    inducing: Any = None
+    mask: Any = None
+    noise: float = eqx.field(static=True, default=1e-6)
+    jitter: float = eqx.field(static=True, default=1e-6)
 
-    def inducing_moments(self, Kzz, Kzf, mask=None):
-        """(m, V) of q(z) (eq. 31's m and V), dense."""
+    def inducing_moments(self, Kzz=None, Kzf=None, mask=None):
+        """(m, V) of q(z) (eq. 31's m and V), dense.
+
+        Args:
+            Kzz: (s, s) float inducing prior covariance; None (with Kzf None) for the one of the fit.
+            Kzf: (s, nC) float cross-covariance; None for the one of the fit.
+            mask: (s,) bool active inducing variables; None for the fit's (all when the fit had none).
+
+        Returns:
+            ((s,) float mean, (s, s) float covariance).
+        """
+        if Kzz is None or Kzf is None:
+            if self.kernel is None:
+                raise ValueError("this posterior was fitted on given covariances: pass Kzz and Kzf")
+            from ._selection import inducing_prior
+
+            Kzz, Kzf, _ = inducing_prior(self.kernel, self.X, self.Y.shape[1], self.inducing, noise=self.noise,
+                                         jitter=self.jitter)
+            mask = self.mask if mask is None else mask
         if mask is not None:
-            Kzz, Kzf = masked_prior(Kzz, Kzf, mask)
+            Kzz, Kzf = masked_prior(Kzz, Kzf, jnp.asarray(mask, bool))
         L = jnp.linalg.cholesky(Kzz)
         Lt = jsl.solve_triangular(L, Kzf, lower=True).T
         alpha = (self.Y - self.b).reshape(-1)

@@ -32,8 +32,16 @@ def _check_variance(variance, name):
         raise ValueError(f"{name} must be positive, got {variance!r}")
 
 
-def lemma29_value(num_classes, variance):
-    """max_{b, S} h(y; N(0, variance I_C), b, S) in closed form (Lemma 29, equality at m = 0)."""
+def isotropic_site_maximum(num_classes, variance):
+    """max_{b, S} h(y; N(0, variance I_C), b, S) in closed form (Chai 2012, Lemma 29, equality at m = 0).
+
+    Args:
+        num_classes: C (int >= 2).
+        variance: positive float (or float array) sigma_v^2.
+
+    Returns:
+        Float array of the shape of `variance`.
+    """
     if int(num_classes) < 2:
         raise ValueError(f"num_classes must be an integer >= 2, got {num_classes!r}")
     _check_variance(variance, "variance")
@@ -42,20 +50,34 @@ def lemma29_value(num_classes, variance):
     return -(C - 1) / 2 * (2 * r - jnp.log(r + 0.5) - 1) - jnp.log(C)
 
 
-def theorem10_bound(num_data, num_classes, variance=1.0, *, weak=False):
-    """The data-independent bound of Theorem 10 on log p(y) (a sum over the n data, as in Table 3).
+def correlation_bound(num_data, num_classes, variance=1.0, *, weak=False):
+    """A lower bound on log p(y) for every labelling of any n inputs (Chai 2012, Theorem 10; Table 3 lists it).
 
-    Valid for the covariance sigma^2 delta(c, c') k^x(x, x') with k^x(x, x) = 1 (e.g. the usqexpard kernel, eq. 44,
-    with sigma^2 = 1). With weak=True: the looser closed form -n (sigma^2/2 + log C)."""
+    Valid for the covariance sigma^2 delta(c, c') k^x(x, x') with k^x a correlation function (k^x(x, x) = 1, e.g.
+    the usqexpard kernel of eq. 44 with sigma^2 = 1): n times the closed form of Lemma 29 at sigma^2.
+
+    Args:
+        num_data: n (int >= 1).
+        num_classes: C (int >= 2).
+        variance: positive float sigma^2.
+        weak: the looser closed form -n (sigma^2 / 2 + log C) instead.
+
+    Returns:
+        Float scalar array.
+
+    Raises:
+        ValueError: a bad count or a non-positive variance.
+    """
     _check_counts(num_data, num_classes)
     _check_variance(variance, "variance")
     if weak:
         return -num_data * (jnp.asarray(variance) / 2 + jnp.log(num_classes))
-    return num_data * lemma29_value(num_classes, variance)
+    return num_data * isotropic_site_maximum(num_classes, variance)
 
 
-def theorem9_bound(K, num_classes, variational_variance=None):
-    """The bound of Theorem 9 on log p(y) for a zero-mean GP with (nC, nC) Gram matrix K.
+def gram_matrix_bound(K, num_classes, variational_variance=None):
+    """The bound of Theorem 9 (Chai 2012) on log p(y) for a zero-mean GP with (nC, nC) Gram matrix K (`gram_bound`
+    builds K from a kernel).
 
     With `variational_variance` = sigma_v^2 > 0 given, the bound at that value; with None, its maximum over
     sigma_v^2 (a concave function of log sigma_v^2 is not guaranteed, so a log-spaced grid is refined by golden
@@ -70,7 +92,7 @@ def theorem9_bound(K, num_classes, variational_variance=None):
     logdet = 2 * jnp.sum(jnp.log(jnp.diag(L)))
     tr_inv = jnp.sum(jnp.square(invert_lower(L)))
     value = lambda s2: (N / 2 + N / 2 * jnp.log(s2) - 0.5 * logdet - 0.5 * s2 * tr_inv
-                        + n * lemma29_value(C, s2) * jnp.ones_like(s2))
+                        + n * isotropic_site_maximum(C, s2) * jnp.ones_like(s2))
     if variational_variance is not None:
         _check_variance(variational_variance, "variational_variance")
         return value(jnp.asarray(variational_variance, K.dtype))
