@@ -37,9 +37,21 @@ def pytest_addoption(parser):
                           "long sessions); the nightly workflow runs them. GKL_EXTENDED=1 does the same.")
 
 
+def _listed_slow():
+    """Node ids in tests/slow_tests.txt (written by tests/_slow_list.py from a timed run)."""
+    path = os.path.join(os.path.dirname(__file__), "slow_tests.txt")
+    with open(path) as fh:
+        return {line.strip() for line in fh if line.strip() and not line.startswith("#")}
+
+
 def pytest_collection_modifyitems(config, items):
-    """Three tiers: `-m "not slow"` is the quick subset; the default run adds the `slow` tests; `--extended`
-    (or GKL_EXTENDED=1) adds the `extended` ones, which are otherwise skipped with the reason."""
+    """Three tiers: `-m "not slow"` is the quick subset; the default run adds the `slow` tests (marked in their
+    file or listed in tests/slow_tests.txt); `--extended` (or GKL_EXTENDED=1) adds the `extended` ones, which are
+    otherwise skipped with the reason."""
+    listed = _listed_slow()
+    for item in items:
+        if item.nodeid in listed:
+            item.add_marker(pytest.mark.slow)
     if config.getoption("--extended") or os.environ.get("GKL_EXTENDED", "") == "1":
         return
     skip = pytest.mark.skip(reason="extended tier: run with `pytest --extended` (nightly workflow)")

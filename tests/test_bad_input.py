@@ -243,7 +243,7 @@ def _bad_calls():
         (lambda: gk.gp.class_probability(P.Probit(np.ones(2)), jnp.zeros(2), -jnp.ones(2)), "variance"),
         (lambda: gk.gp.label_regression(gk.gp.model(se, H[:, 0], P.Logistic(y)), noise_sds="a"), "noise_sds"),
         (lambda: se(np.zeros(2), np.zeros(3)), "same shape"),
-        (lambda: MC.fit_full(-np.eye(6), np.eye(3)[[0, 1]]), "K must be positive definite"),
+        (lambda: MC._full.fit_full(-np.eye(6), np.eye(3)[[0, 1]]), "K must be positive definite"),
         (lambda: MC.GPClassifier(kernel="rbf"), "kernel"),
         (lambda: MC.GPClassifier(classes=3), "classes"),
         (lambda: MC.GPClassifier(jitter="a"), "jitter"),
@@ -312,11 +312,10 @@ def test_multiclass_bad_input():
         gk.multiclass.select_inducing(se, X, 2 * Y, 4)
     with pytest.raises(ValueError, match="initial"):
         gk.multiclass.select_inducing(se, X, Y, 4, initial=[0, -1])
-    with pytest.raises(ValueError, match="sites must lie in"):
-        gk.multiclass.inducing_prior(se, X, 3, np.array([0, 4, 100]))
-    Kzz, Kzf, Kff = gk.multiclass.inducing_prior(se, X, 3, np.array([0, 4, 8]))
+    with pytest.raises(ValueError, match="inducing must lie in"):
+        gk.multiclass.fit_sparse(se, X, Y, np.array([0, 4, 100]))
     with pytest.raises(ValueError, match="one-hot"):
-        gk.multiclass.fit_sparse(Kzz, Kzf, Kff, 2 * Y)
+        gk.multiclass.fit_sparse(se, X, 2 * Y, np.array([0, 4, 8]))
     with pytest.raises(ValueError, match="max_step"):
         gk.multiclass.fit_hyperparameters(se, X, Y, max_step=0.0)
 

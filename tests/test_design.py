@@ -246,7 +246,7 @@ def _benchmark(name):
     return module
 
 
-@pytest.mark.slow
+@pytest.mark.extended   # the benchmark script end to end; the design module's own tests run by default
 def test_sed_synthetic_quick(tmp_path):
     results = _benchmark("sed_synthetic").main(["--quick", "--out", str(tmp_path)])
     r = results["signals"]["laplace"]
@@ -255,7 +255,7 @@ def test_sed_synthetic_quick(tmp_path):
     assert (tmp_path / "sed_synthetic_quick.json").exists() and (tmp_path / "sed_synthetic_quick.png").exists()
 
 
-@pytest.mark.slow
+@pytest.mark.extended   # the benchmark script end to end; the design module's own tests run by default
 def test_sed_images_quick(tmp_path):
     results = _benchmark("sed_images").main(["--quick", "--out", str(tmp_path)])
     run = results["runs"][0]

@@ -186,8 +186,7 @@ def test_cli_page_lists_every_option_of_the_parser():
 
 # --- docstrings as a contract -----------------------------------------------------------------------------------
 # The public API is read from the source (ast), not imported: importing every sub-package (JAX, equinox,
-# scikit-learn) takes longer than this test may. gkl_jax.multiclass is not walked yet: the multiclass helper's
-# branch documents it and adds it to API_SUBPACKAGES.
+# scikit-learn) takes longer than this test may.
 API_SUBPACKAGES = ("baselines", "datasets", "design", "distributed", "factors", "gp", "kernels", "multiclass",
                    "operators", "potentials", "priors", "solvers", "stochastic", "sklearn")
 ARGS = re.compile(r"^\s*Args:\s*$", re.M)

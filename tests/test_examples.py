@@ -10,6 +10,7 @@ MAIN_VERBS = {
     "fit": gk.fit, "bound": gk.bound, "predict": gk.predict,
     "laplace": gk.laplace, "ep": gk.ep, "local": gk.local, "double_loop": gk.double_loop, "ais": gk.ais,
     "gp.predict": gk.gp.predict, "gp.fit_hyperparameters": gk.gp.fit_hyperparameters,
+    "multiclass.GPClassifier": gk.multiclass.GPClassifier,
 }
 SLOW = {"ais", "gp.fit_hyperparameters"}     # 10-30 s of compilation each: not in the quick subset
 

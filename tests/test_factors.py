@@ -608,7 +608,7 @@ def test_float32_is_preserved():
         assert all(a.dtype == jnp.float32 for a in arrays), type(f).__name__
 
 
-@pytest.mark.slow
+@pytest.mark.extended   # the benchmark script end to end (one cell); the factors' oracles run by default
 def test_logistic_tables_quick_cell():
     """benchmarks/logistic_tables.py --quick: one small Table 2 cell; every fit converges and Chevron's bound is
     above the diagonal one on every data set (Chevron contains the diagonal family)."""

@@ -252,6 +252,7 @@ def test_ml2_inner_tolerance_follows_gtol_without_changing_the_result():
     assert loose.num_inner_unconverged == 0 and tight.num_inner_unconverged == 0
 
 
+@pytest.mark.extended   # two implementations of the same loop agree; each is exercised by default
 def test_ml2_outer_loop_compiled_equals_host_loop():
     """The outer L-BFGS loop runs as one compiled `lax.while_loop` (one trace of the whole run and of the
     objective per build); with jit=False the same iterations run as a host loop. Both take the same steps to the

@@ -107,4 +107,5 @@ def test_ep_log_z_reverse_mode_matches_central_differences(power):
     h = 1e-5
     fd = (log_z(0.3 + h) - log_z(0.3 - h)) / (2 * h)
     assert abs(float(grad) - float(fd)) < 1e-7
-    assert abs(float(grad) - float(jax.jacfwd(log_z)(0.3))) < 1e-10
+    if power == 1.0:    # forward mode through the iterations as well (a second program: ~half the test's time)
+        assert abs(float(grad) - float(jax.jacfwd(log_z)(0.3))) < 1e-10

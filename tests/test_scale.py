@@ -267,6 +267,7 @@ def test_sharded_matches_single_device(sharded_run):
     assert out["batched_log_z_diff"] < 1e-10 and out["batched_spec"] == str(PartitionSpec("batch"))
 
 
+@pytest.mark.extended   # benchmarks/gpu.py end to end on the CPU; gpu_check.sh runs it on a GPU
 def test_gpu_benchmark_runs_on_the_cpu():
     """benchmarks/gpu.py is ready for an accelerator: its pieces run on the CPU (tiny sizes, float32) and it
     prints the paper's Chevron times for the Tables 2-4 cells with the paper's K."""

@@ -69,6 +69,16 @@ class GPClassifier:
 
     Raises:
         ValueError: a bad kernel, `fixed`, `classes`, option or tolerance.
+
+    Example:
+        >>> import numpy as np, gkl_jax as gk
+        >>> X = np.array([[-2.0], [-1.5], [0.0], [0.2], [1.6], [2.1]])
+        >>> y = np.array(["a", "a", "b", "b", "c", "c"])
+        >>> clf = gk.multiclass.GPClassifier(learn_hyperparameters=False).fit(X, y)
+        >>> clf.classes_.tolist(), clf.predict(np.array([[-2.0], [2.0]])).tolist()
+        (['a', 'b', 'c'], ['a', 'c'])
+        >>> bool(clf.converged_), clf.predict_proba(X).shape, bool(clf.log_z_ < 0)
+        (True, (6, 3), True)
     """
 
     def __init__(self, kernel=None, *, fixed=(), learn_hyperparameters=True, classes=None, site="theorem6",
