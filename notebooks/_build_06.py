@@ -51,7 +51,8 @@ X = np.vstack([np.c_[np.cos(t), np.sin(t)] + 0.15 * rng.normal(size=(n_per, 2)),
                np.c_[1 - np.cos(t), 0.5 - np.sin(t)] + 0.15 * rng.normal(size=(n_per, 2)),
                np.c_[0.5, 2.0] + 0.35 * rng.normal(size=(n_per, 2))])
 labels = np.array(["upper arc", "lower arc", "blob"])[np.repeat(np.arange(3), n_per)]
-print(X.shape, dict(zip(*np.unique(labels, return_counts=True))))"""),
+names, counts = np.unique(labels, return_counts=True)
+print(X.shape, dict(zip(names.tolist(), counts.tolist())))"""),
     ("md", """## Fit: `GPClassifier`
 
 The sqexpiso kernel of eq. 45 is `SquaredExponential(variance, lengthscale)` with a scalar lengthscale; in the
@@ -59,7 +60,7 @@ full setting both are learned by maximising $\\log Z_h^*$ (Section 6), in the sm
     ("code", """kernel = gk.kernels.SquaredExponential(4.0, 0.5)
 t0 = time.perf_counter()
 clf = mc.GPClassifier(kernel, learn_hyperparameters=not SMALL, max_steps=30).fit(X, labels)
-print(f"fit in {time.perf_counter() - t0:.1f} s; classes {list(clf.classes_)}")
+print(f"fit in {time.perf_counter() - t0:.1f} s; classes {clf.classes_.tolist()}")
 print(f"log Z_h* = {clf.log_z_:.3f}; variance {float(clf.kernel_.variance):.2f}, "
       f"lengthscale {float(clf.kernel_.lengthscale):.2f}; converged {clf.converged_}")"""),
     ("md", """## Decision regions and predictive entropy
