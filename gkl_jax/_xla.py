@@ -7,9 +7,17 @@ regression on ionosphere compiled in 2.9-3.2 s instead of 5.8-6.0 s with the Ful
 2-core EPYC, `benchmarks/compile.py`, two runs each. LLVM optimisation level 1 as well compiled no faster and ran
 the Full fit in 71-77 ms. The arithmetic is the same IEEE arithmetic either way (no fast-math). Other backends
 keep XLA's defaults. An option the user sets in `XLA_FLAGS` wins, and `GKL_JAX_XLA_OPTIONS=0` turns it off.
+
+Long sessions: XLA's CPU backend keeps each compiled program's code in its own memory mappings (~300 for one
+compiled `gk.fit`), freed only with the program, and the compiler segfaults when a process reaches Linux's
+`vm.max_map_count` (65530 by default), about 200 fits of different shapes. After a `program` compiles, the
+process's mappings are counted (/proc/self/maps, ~5 ms); past `mapping_limit()` JAX's compilation caches are
+cleared (`jax.clear_caches`, which frees every program no longer referenced, the user's own jitted functions'
+included: they recompile on their next call).
 """
 
 import functools
+import gc
 import os
 
 import equinox as eqx
@@ -31,6 +39,57 @@ def cpu_compiler_options() -> dict:
     return {name: value for name, value in CPU_OPTIONS.items() if name not in flags}
 
 
+MAPPING_FRACTION = 0.5
+"""The share of `vm.max_map_count` past which `release_if_crowded` clears the compilation caches."""
+RELEASES = {"count": 0}
+"""How many times `release_if_crowded` cleared the caches in this process."""
+
+
+def mapping_count() -> int:
+    """The number of memory mappings of this process (lines of /proc/self/maps; 0 where there is none)."""
+    try:
+        with open("/proc/self/maps", "rb") as maps:
+            return maps.read().count(b"\n")
+    except OSError:     # not Linux
+        return 0
+
+
+@functools.cache
+def _max_map_count() -> int:
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 65530
+
+
+def mapping_limit() -> int:
+    """The mapping count past which the caches are cleared: `GKL_JAX_MAX_MAPPINGS` if set (0 turns the release
+    off), else `MAPPING_FRACTION` of the kernel's vm.max_map_count (32765 at the default 65530).
+
+    Returns:
+        int.
+    """
+    env = os.environ.get("GKL_JAX_MAX_MAPPINGS", "")
+    return int(env) if env.strip() else int(MAPPING_FRACTION * _max_map_count())
+
+
+def release_if_crowded() -> bool:
+    """Clear JAX's compilation caches (and collect the programs they held) where this process holds more than
+    `mapping_limit()` memory mappings.
+
+    Returns:
+        bool: whether the caches were cleared.
+    """
+    limit = mapping_limit()
+    if limit <= 0 or mapping_count() <= limit:
+        return False
+    jax.clear_caches()
+    gc.collect()
+    RELEASES["count"] += 1
+    return True
+
+
 def program(fun):
     """`eqx.filter_jit(fun)`, compiled with `cpu_compiler_options()` where JAX's default backend is the CPU.
 
@@ -38,18 +97,31 @@ def program(fun):
         fun: the function to compile (its arrays traced, everything else static, as for `eqx.filter_jit`).
 
     Returns:
-        A callable with `fun`'s signature; `.lower(*args)` lowers it for the same backend.
+        A callable with `fun`'s signature; `.lower(*args)` lowers it for the same backend. After a call that
+        compiled, `release_if_crowded` runs.
     """
     options = cpu_compiler_options()
-    on_cpu = eqx.filter_jit(fun, compiler_options=options) if options else eqx.filter_jit(fun)
-    elsewhere = eqx.filter_jit(fun)
+    traces = [0]
+
+    @functools.wraps(fun)
+    def counted(*args, **kwargs):
+        traces[0] += 1
+        return fun(*args, **kwargs)
+
+    on_cpu = eqx.filter_jit(counted, compiler_options=options) if options else eqx.filter_jit(counted)
+    elsewhere = eqx.filter_jit(counted)
 
     def pick():
         return on_cpu if jax.default_backend() == "cpu" else elsewhere
 
     @functools.wraps(fun)
     def call(*args, **kwargs):
-        return pick()(*args, **kwargs)
+        before = traces[0]
+        out = pick()(*args, **kwargs)
+        # a new program was compiled (not a trace inside the caller's own transformation): release if crowded
+        if traces[0] != before and not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(out)):
+            release_if_crowded()
+        return out
 
     call.lower = lambda *args, **kwargs: pick().lower(*args, **kwargs)
     return call
