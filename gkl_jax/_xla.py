@@ -9,16 +9,19 @@ the Full fit in 71-77 ms. The arithmetic is the same IEEE arithmetic either way 
 keep XLA's defaults. An option the user sets in `XLA_FLAGS` wins, and `GKL_JAX_XLA_OPTIONS=0` turns it off.
 
 Long sessions: XLA's CPU backend keeps each compiled program's code in its own memory mappings (~300 for one
-compiled `gk.fit`), freed only with the program, and the compiler segfaults when a process reaches Linux's
-`vm.max_map_count` (65530 by default), about 200 fits of different shapes. After a `program` compiles, the
-process's mappings are counted (/proc/self/maps, ~5 ms); past `mapping_limit()` JAX's compilation caches are
-cleared (`jax.clear_caches`, which frees every program no longer referenced, the user's own jitted functions'
-included: they recompile on their next call).
+compiled `gk.fit`) and ~25 MB of heap, freed only with the program; the compiler segfaults when a process reaches
+Linux's `vm.max_map_count` (65530 by default), about 200 fits of different shapes, and a test worker that had
+compiled ~100 programs held 4.3 GB. After a `program` compiles, the process's mappings are counted
+(/proc/self/maps, ~5 ms); past `mapping_limit()` JAX's compilation caches are cleared (`jax.clear_caches`, which
+frees every program no longer referenced, the user's own jitted functions' included: they recompile on their next
+call) and the freed heap is returned to the system (glibc's `malloc_trim`; without it the resident size stays).
 """
 
+import ctypes
 import functools
 import gc
 import os
+import sys
 
 import equinox as eqx
 import jax
@@ -41,6 +44,8 @@ def cpu_compiler_options() -> dict:
 
 MAPPING_FRACTION = 0.5
 """The share of `vm.max_map_count` past which `release_if_crowded` clears the compilation caches."""
+MAX_MAPPINGS = 16384
+"""The default limit on this process's mappings (~50 compiled fits, ~1.3 GB of their heap), if below that share."""
 RELEASES = {"count": 0}
 """How many times `release_if_crowded` cleared the caches in this process."""
 
@@ -65,18 +70,18 @@ def _max_map_count() -> int:
 
 def mapping_limit() -> int:
     """The mapping count past which the caches are cleared: `GKL_JAX_MAX_MAPPINGS` if set (0 turns the release
-    off), else `MAPPING_FRACTION` of the kernel's vm.max_map_count (32765 at the default 65530).
+    off), else the smaller of `MAX_MAPPINGS` and `MAPPING_FRACTION` of the kernel's vm.max_map_count.
 
     Returns:
         int.
     """
     env = os.environ.get("GKL_JAX_MAX_MAPPINGS", "")
-    return int(env) if env.strip() else int(MAPPING_FRACTION * _max_map_count())
+    return int(env) if env.strip() else min(MAX_MAPPINGS, int(MAPPING_FRACTION * _max_map_count()))
 
 
 def release_if_crowded() -> bool:
-    """Clear JAX's compilation caches (and collect the programs they held) where this process holds more than
-    `mapping_limit()` memory mappings.
+    """Clear JAX's compilation caches (collect the programs they held and return the freed heap to the system)
+    where this process holds more than `mapping_limit()` memory mappings.
 
     Returns:
         bool: whether the caches were cleared.
@@ -86,8 +91,18 @@ def release_if_crowded() -> bool:
         return False
     jax.clear_caches()
     gc.collect()
+    _trim_heap()
     RELEASES["count"] += 1
     return True
+
+
+def _trim_heap() -> None:
+    """Return the C heap's free memory to the system (glibc `malloc_trim(0)`; nothing elsewhere)."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):   # not glibc (musl)
+            pass
 
 
 def program(fun):
