@@ -44,8 +44,8 @@ def cpu_compiler_options() -> dict:
 
 MAPPING_FRACTION = 0.5
 """The share of `vm.max_map_count` past which `release_if_crowded` clears the compilation caches."""
-MAX_MAPPINGS = 16384
-"""The default limit on this process's mappings (~50 compiled fits, ~1.3 GB of their heap), if below that share."""
+MAX_MAPPINGS = 12288
+"""The default limit on this process's mappings (~40 compiled fits, ~1 GB of their heap), if below that share."""
 RELEASES = {"count": 0}
 """How many times `release_if_crowded` cleared the caches in this process."""
 

@@ -58,6 +58,6 @@ def test_mappings_and_memory_stay_bounded_across_shapes():
 @pytest.mark.extended
 def test_two_hundred_shapes_in_one_process():
     """200 logistic fits of different shapes (Full and Diagonal) at the kernel's own vm.max_map_count: the
-    process ends normally with its mappings below the library's limit (16,384 here)."""
+    process ends normally with its mappings below the library's limit (12,288 here)."""
     peak, releases, limit, _ = _session(200, "logistic")
     assert peak <= limit and releases >= 1
