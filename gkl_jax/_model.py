@@ -251,6 +251,8 @@ def separated(model, mean):
         margins = s.potential.margins(op.mv(direction))
         nonnegative = nonnegative & jnp.all(margins >= -tolerance)
         positive = positive | jnp.any(margins > tolerance)
+    if gaussian:     # d must be the divergence, not the projection's round-off at a finite optimum
+        positive = positive & (jnp.linalg.norm(direction) > jnp.finfo(mean.dtype).eps ** 0.25 * jnp.linalg.norm(mean))
     return nonnegative & positive
 
 

@@ -350,6 +350,7 @@ def test_prior_free_fit_of_quasi_separable_labels_reports_an_improper_target():
     assert bool(proper.converged) and not bool(separated(pinned, proper.q.mean))
 
 
+@pytest.mark.slow
 def test_traced_bad_arguments_report_no_convergence_and_fail_a_checkify_check():
     """Inside `jit` a negative prior variance or tolerance is a tracer and cannot raise: the fit reports
     converged=False (a tolerance <= 0 stopped at the round-off floor and claimed convergence; the variance gives a
@@ -357,12 +358,13 @@ def test_traced_bad_arguments_report_no_convergence_and_fail_a_checkify_check():
     from jax.experimental import checkify
 
     _, H, y = _logistic_model()
-    fit = jax.jit(lambda v, tol: gk.fit(gk.Model(gk.priors.Isotropic(3, v), gk.Sites(H, P.Logistic(y))), tol=tol))
+    run = lambda v, tol: gk.fit(gk.Model(gk.priors.Isotropic(3, v), gk.Sites(H, P.Logistic(y))), tol=tol)
+    fit, checked = jax.jit(run), jax.jit(checkify.checkify(run))      # one compilation each
     good = fit(1.0, 1e-6)
-    assert bool(good.converged) and checkify.checkify(fit)(1.0, 1e-6)[0].get() is None
+    assert bool(good.converged) and checked(1.0, 1e-6)[0].get() is None
     for v, tol, message in ((-1.0, 1e-6, "variance must be positive"), (1.0, -1.0, "tol must be positive"),
                             (1.0, np.nan, "tol must be positive")):
         res = fit(v, tol)
         assert not bool(res.converged)
-        assert message in checkify.checkify(fit)(v, tol)[0].get()
+        assert message in checked(v, tol)[0].get()
     assert np.isnan(float(fit(-1.0, 1e-6).log_z))
