@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from jax import lax
+from jax.experimental import checkify
 from jax.flatten_util import ravel_pytree
 
 from . import _start
@@ -90,7 +91,8 @@ def fit(model: Model, factor: AbstractFactor | None = None, *, solver=None, q0: 
             deviation (`_start.initial_variance`; 1 when whitened): the gradient measured on the variables' own
             scale, so that the test does not change when the inputs are rescaled, and capped below by the
             resolution of B itself, so that float32 fits with many sites can meet it. May be a traced scalar
-            inside a transformation (then not checked); every value shares one compilation.
+            inside a transformation (then `converged` is False unless it is positive and finite, and
+            `checkify.checkify` reports the failed check); every value shares one compilation.
         max_steps: step limit, overriding the solver's (default: the solver's `default_max_steps`).
         whiten: fit in the whitened basis; None (default) whitens where `solvers.default_whiten` says so (the
             default solver on non-log-concave sites under a GP or dense prior with the Full factor).
@@ -128,12 +130,16 @@ def fit(model: Model, factor: AbstractFactor | None = None, *, solver=None, q0: 
         tol = default_tol(dtype)
     elif not isinstance(tol, jax.core.Tracer):
         tol = check_tol(tol)
+    else:
+        checkify.debug_check((tol > 0) & jnp.isfinite(tol), "tol must be positive and finite")
     max_steps = solver.max_steps if max_steps is None else check_max_steps(max_steps)
     max_steps = solver.default_max_steps if max_steps is None else max_steps
     # tol enters the compiled program as an array, so fits at different tolerances share one compilation
     settings = dataclasses.replace(solver, tol=None, max_steps=None)
     q, log_z, converged, num_steps, history, improper, start_logdet = _fit_jit(
         model, factor, q0, settings, jnp.asarray(tol, dtype), max_steps, whiten)
+    if isinstance(tol, jax.core.Tracer):     # unchecked: a tolerance that is not positive never converges
+        converged = converged & (tol > 0) & jnp.isfinite(tol)
     if is_concrete(start_logdet):
         start_error(start_logdet, "factor" if q0 is None else "q0")
     if is_concrete(converged) and not bool(converged):
@@ -144,9 +150,10 @@ def fit(model: Model, factor: AbstractFactor | None = None, *, solver=None, q0: 
 def _not_converged_message(solver, num_steps, tol, log_z, whiten, model, improper):
     name = type(solver).__name__
     if improper is not None and is_concrete(improper) and bool(improper):
-        return ("gkl_jax.fit: the mean separates the labels (y_n h_n^T m >= 0 for every site, > 0 for some, and "
-                "any Gaussian sites flat along m): without a prior the target is improper (log Z = inf), and the fit "
-                "stopped only where the gradient became small; add a prior (e.g. gkl_jax.priors.Isotropic)")
+        return ("gkl_jax.fit: the mean separates the labels (it diverges along a direction d with y_n h_n^T d >= 0 "
+                "for every binary site, > 0 for some, and any Gaussian sites flat along d): without a prior the "
+                "target is improper (log Z = inf), and the fit stopped only where the gradient became small; add a "
+                "prior (e.g. gkl_jax.priors.Isotropic)")
     hint = "; try whiten=True (L-BFGS on an ill-conditioned prior)" if (
         name == "LBFGS" and not whiten and model.prior is not None) else ""
     if not is_concrete(log_z):

@@ -211,12 +211,14 @@ def check_fittable(model, method: str) -> Model:
 
 
 def separated(model, mean):
-    """Whether `mean` points along a direction in which a prior-free model's target does not decay, so that Z is
-    infinite: every binary-classification site (`margins` not None: Logistic, Probit) has y_n h_n^T m >= 0 and at
-    least one > 0 (complete or quasi-complete separation), and every Gaussian site is flat along m (h_n^T m = 0),
-    to a relative tolerance sqrt(eps) ||h_n|| ||m|| (offsets left out). Along w = t m + u (t -> inf, u bounded) the
-    likelihood then stays bounded below, on a cylinder of infinite volume, and a fit's stationary point is an
-    artefact of the tolerance (the Full factor's fits of such data ended at ||m|| = 1e7-4e7 with finite `log_z`).
+    """Whether `mean` diverges along a direction in which a prior-free model's target does not decay, so that Z is
+    infinite. The direction d is the mean's component in the null space of the Gaussian sites' projections (d = m
+    where there are none; the rest is bounded, fixed by the Gaussian sites), and the test: every binary-
+    classification site (`margins` not None: Logistic, Probit) has y_n h_n^T d >= 0 and at least one > 0
+    (complete or quasi-complete separation), to a relative tolerance sqrt(eps) ||h_n|| ||m|| (offsets left out).
+    Along w = t d + u (t -> inf, u bounded) the likelihood then stays bounded below, on a cylinder of infinite
+    volume, and a fit's stationary point is an artefact of the tolerance (the Full factor's fits of such data
+    ended at ||m|| = 1e7-4e7 with finite `log_z`, also beside a Gaussian group that fixes the other directions).
 
     Args:
         model: the `Model`.
@@ -230,20 +232,37 @@ def separated(model, mean):
         return None
     from .potentials import Gaussian
 
+    kinds = [s.potential.margins(jnp.zeros(())) is not None or isinstance(s.potential, Gaussian)
+             for s in model.sites]
+    binary = [s for s in model.sites if not isinstance(s.potential, Gaussian)]
+    if not all(kinds) or not binary:
+        return None
+    gaussian = [s.operator(model.dim) for s in model.sites if isinstance(s.potential, Gaussian)]
     slack = jnp.sqrt(jnp.finfo(mean.dtype).eps) * jnp.linalg.norm(mean)
+    direction = mean - _row_space_part(gaussian, mean) if gaussian else mean
     ones = jnp.ones(model.dim, mean.dtype)
-    nonnegative, positive, binary = jnp.array(True), jnp.array(False), False
-    for s in model.sites:
+    nonnegative = jnp.array(True)
+    for op in gaussian:       # d is flat for the Gaussian sites (to the projection's accuracy)
+        nonnegative = nonnegative & jnp.all(jnp.abs(op.mv(direction)) <= slack * jnp.sqrt(op.sq_mv(ones)))
+    positive = jnp.array(False)
+    for s in binary:
         op = s.operator(model.dim)
-        projection = op.mv(mean)
         tolerance = slack * jnp.sqrt(op.sq_mv(ones))
-        margins = s.potential.margins(projection)
-        if margins is not None:
-            binary = True
-            nonnegative = nonnegative & jnp.all(margins >= -tolerance)
-            positive = positive | jnp.any(margins > tolerance)
-        elif isinstance(s.potential, Gaussian):
-            nonnegative = nonnegative & jnp.all(jnp.abs(projection) <= tolerance)
-        else:
-            return None
-    return (nonnegative & positive) if binary else None
+        margins = s.potential.margins(op.mv(direction))
+        nonnegative = nonnegative & jnp.all(margins >= -tolerance)
+        positive = positive | jnp.any(margins > tolerance)
+    if gaussian:     # d must be the divergence, not the projection's round-off at a finite optimum
+        positive = positive & (jnp.linalg.norm(direction) > jnp.finfo(mean.dtype).eps ** 0.25 * jnp.linalg.norm(mean))
+    return nonnegative & positive
+
+
+def _row_space_part(ops, m):
+    """The orthogonal projection of m onto the row space of the stacked operators A: the minimum-norm solution
+    of A^T A x = A^T A m by conjugate gradients from 0 (its Krylov space lies in the row space)."""
+    from ._optim import conjugate_gradient
+
+    def normal(v):
+        return sum(op.rmv(op.mv(v)) for op in ops)
+
+    return conjugate_gradient(normal, normal(m), max_iters=2 * m.shape[0],
+                              rtol=jnp.finfo(m.dtype).eps * m.shape[0])

@@ -1,7 +1,10 @@
 """Input checks at the boundary where data enters (constructors, the CLI).
 
 Every check works on concrete values and is skipped for tracers, so constructors stay usable inside
-`jax.jit`, `jax.grad` and `jax.vmap`; shape checks always run (shapes are static under tracing).
+`jax.jit`, `jax.grad` and `jax.vmap`; shape checks always run (shapes are static under tracing). On a tracer the
+value checks (`check_finite`, `check_positive`, a traced `tol` of `gkl_jax.fit`) become
+`jax.experimental.checkify.debug_check`s: no-ops, unless the caller wraps the transformed function in
+`checkify.checkify`, which then returns the failed check's message as an error value.
 """
 
 import math
@@ -11,6 +14,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import checkify
 
 
 def is_concrete(x) -> bool:
@@ -49,14 +53,18 @@ def strongly_typed(tree, dtype):
 
 
 def check_finite(x, name: str) -> None:
-    """Raise ValueError if a concrete `x` holds NaN or inf."""
-    if is_concrete(x) and not bool(jnp.all(jnp.isfinite(x))):
+    """Raise ValueError if a concrete `x` holds NaN or inf (a checkify check on a tracer)."""
+    if not is_concrete(x):
+        checkify.debug_check(jnp.all(jnp.isfinite(x)), f"{name} contains NaN or inf")
+    elif not bool(jnp.all(jnp.isfinite(x))):
         raise ValueError(f"{name} contains NaN or inf")
 
 
 def check_positive(x, name: str) -> None:
-    """Raise ValueError if a concrete `x` has an entry <= 0 (or NaN)."""
-    if is_concrete(x) and not bool(jnp.all(x > 0)):
+    """Raise ValueError if a concrete `x` has an entry <= 0 (or NaN) (a checkify check on a tracer)."""
+    if not is_concrete(x):
+        checkify.debug_check(jnp.all(x > 0), f"{name} must be positive")
+    elif not bool(jnp.all(x > 0)):
         raise ValueError(f"{name} must be positive, got {np.asarray(x).ravel()[:5]}")
 
 

@@ -7,10 +7,21 @@ regression on ionosphere compiled in 2.9-3.2 s instead of 5.8-6.0 s with the Ful
 2-core EPYC, `benchmarks/compile.py`, two runs each. LLVM optimisation level 1 as well compiled no faster and ran
 the Full fit in 71-77 ms. The arithmetic is the same IEEE arithmetic either way (no fast-math). Other backends
 keep XLA's defaults. An option the user sets in `XLA_FLAGS` wins, and `GKL_JAX_XLA_OPTIONS=0` turns it off.
+
+Long sessions: XLA's CPU backend keeps each compiled program's code in its own memory mappings (~300 for one
+compiled `gk.fit`) and ~25 MB of heap, freed only with the program; the compiler segfaults when a process reaches
+Linux's `vm.max_map_count` (65530 by default), about 200 fits of different shapes, and a test worker that had
+compiled ~100 programs held 4.3 GB. After a `program` compiles, the process's mappings are counted
+(/proc/self/maps, ~5 ms); past `mapping_limit()` JAX's compilation caches are cleared (`jax.clear_caches`, which
+frees every program no longer referenced, the user's own jitted functions' included: they recompile on their next
+call) and the freed heap is returned to the system (glibc's `malloc_trim`; without it the resident size stays).
 """
 
+import ctypes
 import functools
+import gc
 import os
+import sys
 
 import equinox as eqx
 import jax
@@ -41,6 +52,69 @@ def _top_level(args, kwargs) -> bool:
     return trace_state_clean()
 
 
+MAPPING_FRACTION = 0.5
+"""The share of `vm.max_map_count` past which `release_if_crowded` clears the compilation caches."""
+MAX_MAPPINGS = 12288
+"""The default limit on this process's mappings (~40 compiled fits, ~1 GB of their heap), if below that share."""
+RELEASES = {"count": 0}
+"""How many times `release_if_crowded` cleared the caches in this process."""
+
+
+def mapping_count() -> int:
+    """The number of memory mappings of this process (lines of /proc/self/maps; 0 where there is none)."""
+    try:
+        with open("/proc/self/maps", "rb") as maps:
+            return maps.read().count(b"\n")
+    except OSError:     # not Linux
+        return 0
+
+
+@functools.cache
+def _max_map_count() -> int:
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 65530
+
+
+def mapping_limit() -> int:
+    """The mapping count past which the caches are cleared: `GKL_JAX_MAX_MAPPINGS` if set (0 turns the release
+    off), else the smaller of `MAX_MAPPINGS` and `MAPPING_FRACTION` of the kernel's vm.max_map_count.
+
+    Returns:
+        int.
+    """
+    env = os.environ.get("GKL_JAX_MAX_MAPPINGS", "")
+    return int(env) if env.strip() else min(MAX_MAPPINGS, int(MAPPING_FRACTION * _max_map_count()))
+
+
+def release_if_crowded() -> bool:
+    """Clear JAX's compilation caches (collect the programs they held and return the freed heap to the system)
+    where this process holds more than `mapping_limit()` memory mappings.
+
+    Returns:
+        bool: whether the caches were cleared.
+    """
+    limit = mapping_limit()
+    if limit <= 0 or mapping_count() <= limit:
+        return False
+    jax.clear_caches()
+    gc.collect()
+    _trim_heap()
+    RELEASES["count"] += 1
+    return True
+
+
+def _trim_heap() -> None:
+    """Return the C heap's free memory to the system (glibc `malloc_trim(0)`; nothing elsewhere)."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):   # not glibc (musl)
+            pass
+
+
 def program(fun):
     """`eqx.filter_jit(fun)`, compiled with `cpu_compiler_options()` where JAX's default backend is the CPU and the
     call is not inside another trace (under `jax.jit`, `jax.grad` or `jax.vmap` it is a plain `eqx.filter_jit`).
@@ -49,11 +123,19 @@ def program(fun):
         fun: the function to compile (its arrays traced, everything else static, as for `eqx.filter_jit`).
 
     Returns:
-        A callable with `fun`'s signature; `.lower(*args)` lowers it for the same backend.
+        A callable with `fun`'s signature; `.lower(*args)` lowers it for the same backend. After a call that
+        compiled, `release_if_crowded` runs.
     """
     options = cpu_compiler_options()
-    on_cpu = eqx.filter_jit(fun, compiler_options=options) if options else eqx.filter_jit(fun)
-    elsewhere = eqx.filter_jit(fun)
+    traces = [0]
+
+    @functools.wraps(fun)
+    def counted(*args, **kwargs):
+        traces[0] += 1
+        return fun(*args, **kwargs)
+
+    on_cpu = eqx.filter_jit(counted, compiler_options=options) if options else eqx.filter_jit(counted)
+    elsewhere = eqx.filter_jit(counted)
 
     def pick(args, kwargs):
         if options and jax.default_backend() == "cpu" and _top_level(args, kwargs):
@@ -62,7 +144,12 @@ def program(fun):
 
     @functools.wraps(fun)
     def call(*args, **kwargs):
-        return pick(args, kwargs)(*args, **kwargs)
+        top = _top_level(args, kwargs)
+        before = traces[0]
+        out = (on_cpu if top and options and jax.default_backend() == "cpu" else elsewhere)(*args, **kwargs)
+        if top and traces[0] != before:     # a new top-level program was compiled: release if crowded
+            release_if_crowded()
+        return out
 
     call.lower = lambda *args, **kwargs: pick(args, kwargs).lower(*args, **kwargs)
     return call

@@ -18,6 +18,10 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 # The CLI keeps compiled programs in a persistent cache under ~/.cache; the tests that run it in-process would
 # turn that on for the whole session. Off here; tests/test_cli.py checks the cache in subprocesses.
 os.environ.setdefault("GKL_JAX_CACHE_DIR", "")
+# The library clears JAX's caches when a compilation crosses its mapping limit (gkl_jax._xla.release_if_crowded);
+# inside a test that would recompile what the test is counting. The suite releases between tests instead (below);
+# tests/test_long_session.py checks the library's release in subprocesses.
+os.environ.setdefault("GKL_JAX_MAX_MAPPINGS", "0")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
@@ -71,6 +75,9 @@ def _release_compiled_programs():
     if count > _MAX_MAPPINGS:
         jax.clear_caches()
         gc.collect()
+        from gkl_jax._xla import _trim_heap
+
+        _trim_heap()
 
 
 @pytest.fixture

@@ -324,9 +324,8 @@ def test_prior_free_fit_of_quasi_separable_labels_reports_an_improper_target():
     """Quasi-complete separation (issue 38): two identical rows with opposite labels pin the first direction
     while the other rows separate along the second, so Z = inf along e_2; and a Gaussian site group flat along
     the separating direction beside a separable Logistic group. The Full fits used to report converged=True
-    with finite log_z and ||m|| ~ 1e7; now converged is False, with the warning naming the cause in the first
-    case (`separated` tests the fitted mean's direction to sqrt(eps), which the finite component m_1 of the
-    second case exceeds: there the scale-aware stopping test alone reports it). A proper
+    with finite log_z and ||m|| ~ 1e7; now converged is False, with the warning naming the cause (`separated`
+    tests the mean's component in the null space of the Gaussian sites, which fix the finite m_1). A proper
     prior-free target (a Gaussian group pinning every direction the labels separate) still converges."""
     from gkl_jax._model import separated
 
@@ -340,11 +339,31 @@ def test_prior_free_fit_of_quasi_separable_labels_reports_an_improper_target():
     assert not bool(res.converged)
     flat = gk.Sites(np.column_stack([np.ones(5), np.zeros(5)]), P.Gaussian(rng.normal(size=5)))
     separable = gk.Sites(X[:30], P.Logistic(y[:30]))
-    with pytest.warns(UserWarning, match="gkl_jax.fit"):   # the stopping test is not met (the cause unnamed)
+    with pytest.warns(UserWarning, match="separates the labels"):
         mixed = gk.fit(gk.Model(None, [flat, separable]))
-    assert not bool(mixed.converged)
+    assert not bool(mixed.converged) and bool(separated(gk.Model(None, [flat, separable]), mixed.q.mean))
     pinned = gk.Model(None, [gk.Sites(np.eye(2)[[1] * 5], P.Gaussian(rng.normal(size=5))), separable])
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         proper = gk.fit(pinned, gk.factors.Diagonal())
     assert bool(proper.converged) and not bool(separated(pinned, proper.q.mean))
+
+
+@pytest.mark.slow
+def test_traced_bad_arguments_report_no_convergence_and_fail_a_checkify_check():
+    """Inside `jit` a negative prior variance or tolerance is a tracer and cannot raise: the fit reports
+    converged=False (a tolerance <= 0 stopped at the round-off floor and claimed convergence; the variance gives a
+    NaN bound, not a plausible number), and `checkify.checkify` returns the check's message naming the argument."""
+    from jax.experimental import checkify
+
+    _, H, y = _logistic_model()
+    run = lambda v, tol: gk.fit(gk.Model(gk.priors.Isotropic(3, v), gk.Sites(H, P.Logistic(y))), tol=tol)
+    fit, checked = jax.jit(run), jax.jit(checkify.checkify(run))      # one compilation each
+    good = fit(1.0, 1e-6)
+    assert bool(good.converged) and checked(1.0, 1e-6)[0].get() is None
+    for v, tol, message in ((-1.0, 1e-6, "variance must be positive"), (1.0, -1.0, "tol must be positive"),
+                            (1.0, np.nan, "tol must be positive")):
+        res = fit(v, tol)
+        assert not bool(res.converged)
+        assert message in checked(v, tol)[0].get()
+    assert np.isnan(float(fit(-1.0, 1e-6).log_z))
