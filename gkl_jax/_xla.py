@@ -31,8 +31,19 @@ def cpu_compiler_options() -> dict:
     return {name: value for name, value in CPU_OPTIONS.items() if name not in flags}
 
 
+def _top_level(args, kwargs) -> bool:
+    """Whether a call with these arguments is outside every JAX trace (jit, grad, vmap): JAX accepts compiler
+    options only on a top-level jit, and a program called inside another is compiled as part of the outer one."""
+    try:
+        from jax._src.core import trace_state_clean
+    except ImportError:     # pragma: no cover - a JAX without it: look for tracers among the arguments
+        return not any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((args, kwargs)))
+    return trace_state_clean()
+
+
 def program(fun):
-    """`eqx.filter_jit(fun)`, compiled with `cpu_compiler_options()` where JAX's default backend is the CPU.
+    """`eqx.filter_jit(fun)`, compiled with `cpu_compiler_options()` where JAX's default backend is the CPU and the
+    call is not inside another trace (under `jax.jit`, `jax.grad` or `jax.vmap` it is a plain `eqx.filter_jit`).
 
     Args:
         fun: the function to compile (its arrays traced, everything else static, as for `eqx.filter_jit`).
@@ -44,12 +55,14 @@ def program(fun):
     on_cpu = eqx.filter_jit(fun, compiler_options=options) if options else eqx.filter_jit(fun)
     elsewhere = eqx.filter_jit(fun)
 
-    def pick():
-        return on_cpu if jax.default_backend() == "cpu" else elsewhere
+    def pick(args, kwargs):
+        if options and jax.default_backend() == "cpu" and _top_level(args, kwargs):
+            return on_cpu
+        return elsewhere
 
     @functools.wraps(fun)
     def call(*args, **kwargs):
-        return pick()(*args, **kwargs)
+        return pick(args, kwargs)(*args, **kwargs)
 
-    call.lower = lambda *args, **kwargs: pick().lower(*args, **kwargs)
+    call.lower = lambda *args, **kwargs: pick(args, kwargs).lower(*args, **kwargs)
     return call

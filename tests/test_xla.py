@@ -1,0 +1,81 @@
+"""`gkl_jax._xla.program`: the solver programs' compiler options on the CPU, also under jit, grad and vmap.
+
+The suite sets the same option in XLA_FLAGS (tests/conftest.py), which makes the library's programs drop theirs;
+these tests build programs with the option in force, as a user's session has it."""
+
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gkl_jax import _xla
+
+
+def _with_options(monkeypatch, fun):
+    monkeypatch.setenv("XLA_FLAGS", "")
+    monkeypatch.delenv("GKL_JAX_XLA_OPTIONS", raising=False)
+    assert _xla.cpu_compiler_options() == _xla.CPU_OPTIONS
+    return _xla.program(fun)
+
+
+def test_program_with_compiler_options_runs_at_top_level_and_inside_jit_grad_and_vmap(monkeypatch):
+    f = _with_options(monkeypatch, lambda x: jnp.sin(x) * x)
+    x = jnp.asarray(0.7)
+    expected = np.sin(0.7) * 0.7
+    assert np.isclose(f(x), expected)
+    assert np.isclose(jax.jit(f)(x), expected)
+    assert np.isclose(jax.grad(f)(x), np.cos(0.7) * 0.7 + np.sin(0.7))
+    assert np.allclose(jax.vmap(f)(jnp.arange(3.0)), np.sin(np.arange(3.0)) * np.arange(3.0))
+
+
+def test_the_options_reach_the_top_level_compile_only(monkeypatch):
+    seen = []
+    real = _xla.eqx.filter_jit
+
+    def spy(fun, **kwargs):
+        seen.append(kwargs.get("compiler_options"))
+        return real(fun, **kwargs)
+
+    monkeypatch.setattr(_xla.eqx, "filter_jit", spy)
+    f = _with_options(monkeypatch, lambda x: 2.0 * x)
+    assert _xla.CPU_OPTIONS in seen          # one variant compiled with the options
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_use_fusion_emitters=false")
+    assert _xla.cpu_compiler_options() == {}  # XLA_FLAGS wins
+    monkeypatch.setenv("XLA_FLAGS", "")
+    monkeypatch.setenv("GKL_JAX_XLA_OPTIONS", "0")
+    assert _xla.cpu_compiler_options() == {}
+    assert float(jax.jit(jax.grad(f))(1.0)) == 2.0
+
+
+_USER_SESSION = """
+import jax, numpy as np, gkl_jax as gk
+jax.config.update("jax_enable_x64", True)
+H = np.array([[1.0, 0.5], [-0.3, 1.0], [0.2, -1.0]])
+def log_z(v):
+    return gk.fit(gk.Model(gk.priors.Isotropic(2, v), gk.Sites(H, gk.potentials.Logistic([1, -1, 1])))).log_z
+g = jax.grad(log_z)(1.0)
+h = (log_z(1.0 + 1e-5) - log_z(1.0 - 1e-5)) / 2e-5
+assert abs(g - h) < 1e-6, (g, h)
+batch = jax.vmap(log_z)(np.array([0.5, 1.0]))
+assert abs(batch[1] - log_z(1.0)) < 1e-9
+X = np.linspace(-2, 2, 8)[:, None]
+build = lambda k: gk.gp.model(k, X, gk.potentials.Logistic(np.where(np.sin(2 * X[:, 0]) > 0, 1, -1)))
+hr = gk.gp.fit_hyperparameters(build, gk.kernels.SquaredExponential(1.0, 1.0), gtol=1e-3)
+assert hr.converged
+print("ok")
+"""
+
+
+@pytest.mark.slow
+def test_a_user_session_without_xla_flags_differentiates_vmaps_and_learns_hyperparameters():
+    """The library's programs with their compiler options in force (no XLA_FLAGS, as a user runs it) nested
+    inside grad, vmap and ML-II's traced objective: once failed with JAX's "compiler_options can only be passed
+    to top-level jax.jit"."""
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "GKL_JAX_XLA_OPTIONS")}
+    out = subprocess.run([sys.executable, "-c", _USER_SESSION], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
