@@ -299,7 +299,7 @@ PROTOCOL = [checks.check_no_attributes_set_in_init, checks.check_parameters_defa
                          ids=lambda x: getattr(x, "__name__", repr(x)))
 def test_protocol_checks_without_fitting(est, check):
     """The scikit-learn checks that need no fit, for every estimator and configuration (the full
-    check_estimator runs with GKL_SKLEARN_CHECKS=1)."""
+    check_estimator sweep is `test_sklearn_checks_full`, extended tier)."""
     check(type(est).__name__, clone(est))
 
 
