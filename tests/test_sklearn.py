@@ -402,6 +402,7 @@ def test_second_fit_of_the_same_shape_compiles_nothing(make):
     assert _fit_twice_counting(make, X, y, X2, y2, "predict_proba" if classifier else "predict") == 0
 
 
+@pytest.mark.slow
 def test_gp_evidence_gradient_is_the_closed_form():
     """GPRegressor's ML-II objective: log N(z | 0, K + (noise + jitter) I) and its custom-VJP gradient against the
     dense log-density and central finite differences in every log-parameter."""
