@@ -7,8 +7,9 @@ GP classifier of `gkl_jax.multiclass` (Chai 2012) behind one import.
   predictive N(mu_*, s_*^2) (`gkl_jax.gp.predict`). More than two classes: one-vs-rest, as scikit-learn's
   GaussianProcessClassifier; `MulticlassGPClassifier` is the joint multinomial model.
 - `GPRegressor`: Gaussian (exact inference, the exact evidence), Student-t or Laplace (G-KL, robust) likelihood;
-  the kernel and the noise by ML-II; the targets are standardised inside `fit` (as scikit-learn's
-  normalize_y=True) and every output is in the original units.
+  the kernel and the noise by ML-II (Gaussian: the closed-form evidence and gradient in one compiled program,
+  `_ml2.GPEvidence`; ML-II starts at the median input distance, `median_distance`); the targets are
+  standardised inside `fit` (as scikit-learn's normalize_y=True) and every output is in the original units.
 
 Each distinct training-set size compiles its own fit (seconds on a small CPU); the compiled fit is reused for
 every later fit of that size (cross-validation folds of equal size, refits).

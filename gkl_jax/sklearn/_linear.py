@@ -9,7 +9,8 @@
 
 The intercept is a weight on a constant column with prior N(0, intercept_variance) (not shrunk like the others
 with the default 100). `learn_prior_variance` (and `learn_noise`) maximise the bound log Z >= B over the
-log-variances (ML-II; `gkl_jax.gp.fit_hyperparameters`, envelope gradients). `log_evidence_` is the optimised
+log-variances (ML-II: the outer loop of `gkl_jax.gp.fit_hyperparameters`, envelope gradients, compiled with the
+inner fits and the outputs into one program, `_ml2`). `log_evidence_` is the optimised
 bound, a lower bound on log p(y | X) (for the regression models: of the original, unstandardised targets).
 """
 
