@@ -1,20 +1,21 @@
 """gkl_jax.sklearn: scikit-learn's estimator checks, closed-form oracles and bad input.
 
-check_estimator runs ~40 checks of many data shapes; each new shape compiles a fit (5-30 s on the shared 2-core
-machine). The linear estimators pad their designs to power-of-two buckets (at least 256 x 16), so the checks of
-BayesianLogisticRegression share two compilations (5 min here); the other configurations (the regression
-likelihoods, ML-II, which compiles its own loop) and the GP estimators compile per training size (about 40
-compilations of the checks' data sets, 10-20 min here). Both sets run only with GKL_SKLEARN_CHECKS=1, to keep
-the suite's time; the bad-input and protocol tests below run always.
+check_estimator runs ~50 checks of many data shapes; each new shape compiles a fit (5-30 s on the shared 2-core
+machine). The linear estimators pad their designs to bucket sizes (at least 256 x 8), so their checks share a few
+compilations; the GP estimators compile per training size. The whole sweep of every estimator and configuration
+(`FULL`) is the extended tier (`pytest --extended`); the default run checks every estimator class in a small
+setting through a subset of the checks (`SMALL`, `SUBSET`) and the fit-free protocol checks of every
+configuration; the bad-input tests run always.
 """
 
 import contextlib
 import itertools
-import os
 import subprocess
 import sys
 
+import equinox as eqx
 import jax
+import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -35,28 +36,48 @@ from gkl_jax.sklearn import (
 from gkl_jax.sklearn._common import bucket
 from gkl_jax.sklearn._outputs import combine_one_vs_rest
 
-QUICK = [BayesianLogisticRegression()]
-SLOW = [BayesianLogisticRegression(learn_prior_variance=True), BayesianRegression(),
+# Every estimator and configuration (ML-II on and off): the whole check_estimator sweep, extended tier (each new
+# data shape compiles a fit: tens of minutes on 2 cores).
+FULL = [BayesianLogisticRegression(), BayesianLogisticRegression(learn_prior_variance=True), BayesianRegression(),
         BayesianRegression(learn_prior_variance=False, learn_noise=False),
         BayesianRegression("laplace", learn_prior_variance=False, learn_noise=False), BayesianRegression("student-t"),
         GPClassifier(max_steps=5), GPClassifier(learn_hyperparameters=False), GPRegressor(max_steps=5),
         GPRegressor(learn_hyperparameters=False), GPRegressor(likelihood="student-t", learn_hyperparameters=False),
-        MulticlassGPClassifier(learn_hyperparameters=False)]
+        MulticlassGPClassifier(learn_hyperparameters=False), MulticlassGPClassifier(max_steps=3)]
+
+# Default run: every estimator class in a small fixed setting (hyperparameters fixed, or two ML-II steps for the
+# Gaussian GPRegressor, whose ML-II compiles in seconds) through the checks that exercise fitting, prediction and
+# input handling on a few data shapes (each new shape compiles a fit; check_dtype_object and
+# check_fit_score_takes_y took 55-86 s each on the shared machine and run in the extended tier); the protocol
+# checks that need no fit run for every configuration in `test_protocol_checks_without_fitting`.
+SMALL = [BayesianLogisticRegression(), BayesianRegression("student-t", learn_prior_variance=False, learn_noise=False),
+         GPClassifier(learn_hyperparameters=False), GPRegressor(max_steps=2),
+         MulticlassGPClassifier(learn_hyperparameters=False)]
+SUBSET = {"check_estimators_dtypes", "check_estimators_fit_returns_self", "check_n_features_in_after_fitting",
+          "check_fit2d_predict1d", "check_estimators_nan_inf", "check_estimators_empty_data_messages",
+          "check_fit_check_is_fitted", "check_complex_data", "check_fit1d", "check_classifiers_one_label",
+          "check_supervised_y_2d"}
+
+
+def _subset(estimators):
+    cases = []
+    for est in estimators:
+        for e, check in checks.estimator_checks_generator(est, legacy=True):
+            name = getattr(check, "func", check).__name__
+            if name in SUBSET:
+                cases.append(pytest.param(e, check, id=f"{type(e).__name__}-{name}"))
+    return cases
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("GKL_SKLEARN_CHECKS") != "1", reason="about 70 checks, 5 min on 2 cores (passed "
-                    "2026-11-27); set GKL_SKLEARN_CHECKS=1")
-@parametrize_with_checks(QUICK)
-def test_sklearn_checks_linear(estimator, check):
+@pytest.mark.parametrize("estimator, check", _subset(SMALL))
+def test_sklearn_checks_subset(estimator, check):
     check(estimator)
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("GKL_SKLEARN_CHECKS") != "1", reason="compiles per data shape (10-20 min); "
-                    "set GKL_SKLEARN_CHECKS=1")
-@parametrize_with_checks(SLOW)
-def test_sklearn_checks_slow(estimator, check):
+@pytest.mark.extended
+@parametrize_with_checks(FULL)
+def test_sklearn_checks_full(estimator, check):
     check(estimator)
 
 
@@ -260,6 +281,9 @@ def test_import_without_sklearn_is_a_clear_error():
 
 def test_bucket():
     assert [bucket(n) for n in (1, 16, 17, 100, 128, 129)] == [16, 16, 32, 128, 128, 256]
+    # quarter octaves: at most 25% padding (diabetes' 331 x 11 design -> 384 x 12)
+    assert [bucket(n, 256, 4) for n in (10, 257, 331, 385, 512, 513)] == [256, 320, 384, 448, 512, 640]
+    assert [bucket(n, 8, 4) for n in (1, 9, 11, 17, 31)] == [8, 10, 12, 20, 32]
 
 
 ALL = [BayesianLogisticRegression(), BayesianLogisticRegression(learn_prior_variance=True), BayesianRegression(),
@@ -275,7 +299,7 @@ PROTOCOL = [checks.check_no_attributes_set_in_init, checks.check_parameters_defa
                          ids=lambda x: getattr(x, "__name__", repr(x)))
 def test_protocol_checks_without_fitting(est, check):
     """The scikit-learn checks that need no fit, for every estimator and configuration (the full
-    check_estimator runs with GKL_SKLEARN_CHECKS=1)."""
+    check_estimator sweep is `test_sklearn_checks_full`, extended tier)."""
     check(type(est).__name__, clone(est))
 
 
@@ -376,3 +400,33 @@ def test_second_fit_of_the_same_shape_compiles_nothing(make):
     f = lambda Z: np.sin(2 * Z[:, 0]) + 0.3 * rng.normal(size=24)
     y, y2 = (f(X) > 0, f(X2) > 0) if classifier else (f(X), f(X2))
     assert _fit_twice_counting(make, X, y, X2, y2, "predict_proba" if classifier else "predict") == 0
+
+
+@pytest.mark.slow
+def test_gp_evidence_gradient_is_the_closed_form():
+    """GPRegressor's ML-II objective: log N(z | 0, K + (noise + jitter) I) and its custom-VJP gradient against the
+    dense log-density and central finite differences in every log-parameter."""
+    from scipy import stats
+
+    from gkl_jax.sklearn import _ml2
+
+    rng = np.random.default_rng(8)
+    X, z = rng.normal(size=(9, 2)), rng.normal(size=9)
+    params = {"kernel": gk.kernels.SquaredExponential(1.3, 0.7), "log_noise": jnp.log(jnp.asarray(0.2))}
+    params, static = eqx.partition(params, eqx.is_inexact_array)
+    objective = _ml2.GPEvidence(jnp.asarray(X), jnp.asarray(z), static, 1e-6)
+
+    def dense(p):
+        p = eqx.combine(p, static)
+        K = np.asarray(p["kernel"].gram(X)) + (float(jnp.exp(p["log_noise"])) + 1e-6) * np.eye(9)
+        return stats.multivariate_normal(np.zeros(9), K).logpdf(z)
+
+    value, grad, res = objective(params, None, {})
+    assert abs(-float(value) - dense(params)) < 1e-10 and bool(res.converged)
+    flat, unravel = jax.flatten_util.ravel_pytree(params)
+    g = np.asarray(jax.flatten_util.ravel_pytree(grad)[0])
+    for i in range(flat.size):
+        e = np.zeros(flat.size)
+        e[i] = 1e-5
+        fd = (dense(unravel(flat + e)) - dense(unravel(flat - e))) / 2e-5
+        assert abs(-g[i] - fd) < 1e-6 * max(1.0, abs(fd)), (i, g[i], fd)

@@ -9,7 +9,8 @@
 
 The intercept is a weight on a constant column with prior N(0, intercept_variance) (not shrunk like the others
 with the default 100). `learn_prior_variance` (and `learn_noise`) maximise the bound log Z >= B over the
-log-variances (ML-II; `gkl_jax.gp.fit_hyperparameters`, envelope gradients). `log_evidence_` is the optimised
+log-variances (ML-II: the outer loop of `gkl_jax.gp.fit_hyperparameters`, envelope gradients, compiled with the
+inner fits and the outputs into one program, `_ml2`). `log_evidence_` is the optimised
 bound, a lower bound on log p(y | X) (for the regression models: of the original, unstandardised targets).
 """
 
@@ -23,10 +24,13 @@ from .. import factors as F
 from .. import potentials as P
 from .. import solvers
 from .._fit import fit as gk_fit
+from .._linalg import full_precision
 from .._model import Model, Sites
 from .._predict import predict as gk_predict
+from .._xla import program
 from ..gp import exact as gp_exact
 from ..priors import Diagonal
+from . import _ml2 as ml2
 from ._common import (
     binary_targets,
     bucket,
@@ -34,10 +38,10 @@ from ._common import (
     check_positive_float,
     check_steps,
     encode_labels,
-    fit_hyperparameters_or_once,
     float64,
     pad_design,
     per_problem,
+    quiet_convergence,
     validate_fit,
     validate_predict,
     warn_not_converged,
@@ -77,6 +81,30 @@ class _Build(eqx.Module):
             return P.Laplace(y, noise)
         return P.StudentT(y, self.dof, noise)
 
+    def padding_log_phi(self):
+        """The constant log phi_n(0) that each padded row adds to log Z."""
+        fill = 1.0 if self.likelihood == "logistic" else 0.0
+        y = jnp.full(1, fill, self.H.dtype)
+        return jnp.sum(~self.rows) * self.potential(y, jnp.ones(1, self.H.dtype)).log_phi(jnp.zeros(1, self.H.dtype))[0]
+
+
+class _Finish(eqx.Module):
+    """(learned leaves, inner Result) -> (Result, params, log Z of the unpadded problem), inside the compiled fit."""
+
+    build: _Build
+    static: dict
+
+    def __call__(self, dyn, result):
+        return result, eqx.combine(dyn, self.static), result.log_z - self.build.padding_log_phi()
+
+
+@full_precision
+@program
+def _fit_fixed(build, params, method, kwargs):
+    """The fit at fixed hyperparameters and its outputs, as `_ml2.run` gives them, in one compiled call."""
+    result = method(build(params), **kwargs)
+    return (result, params, result.log_z - build.padding_log_phi()), result.converged, jnp.zeros((), int)
+
 
 def _factor(factor):
     if isinstance(factor, str):
@@ -99,6 +127,32 @@ def _method(likelihood, factor):
     return gk_fit, kwargs
 
 
+def _data_start(H, z, likelihood, intercept):
+    """Data-scaled hyperparameters of the regression (ML-II starting values, or the values when not learned).
+
+    Least squares on the standardised targets z: the prior variance is the mean squared coefficient (the
+    intercept left out), the noise scale 1.4826 MAD of the residuals (robust to the outliers that the Student-t
+    and Laplace likelihoods are for), squared for the Gaussian's variance; both at least 1e-3. On diabetes with
+    outliers (331 x 10, 4 splits) ML-II from here reached the same optimum as from (1, 0.1) in 0.48-0.65 s
+    instead of 0.79-1.07 s (Student-t).
+
+    Args:
+        H: (n, D) design (the intercept column last when `intercept`).
+        z: (n,) standardised targets.
+        likelihood: "gaussian", "student-t" or "laplace".
+        intercept: whether H's last column is the intercept.
+
+    Returns:
+        (prior variance, noise variance or scale), floats.
+    """
+    w = np.linalg.lstsq(H, z, rcond=None)[0]
+    r = z - H @ w
+    coef = w[:-1] if intercept else w
+    prior_variance = max(float(np.mean(coef ** 2)) if coef.size else 1.0, 1e-3)
+    scale = max(1.4826 * float(np.median(np.abs(r - np.median(r)))), 1e-3)
+    return prior_variance, scale ** 2 if likelihood == "gaussian" else scale
+
+
 class _BayesianLinear(BaseEstimator):
     """The shared fit of one binary or regression problem on a padded design."""
 
@@ -107,15 +161,15 @@ class _BayesianLinear(BaseEstimator):
     def _design(self, X):
         return np.hstack([X, np.ones((X.shape[0], 1))]) if self.fit_intercept else X
 
-    def _fit_one(self, H, y, likelihood, noise, learn_noise, dof=1.0):
-        """One fit on the design H (n, D) with targets y (n,).
+    def _fit_one(self, H, y, likelihood, noise, learn_noise, dof=1.0, v0=None):
+        """One fit on the design H (n, D) with targets y (n,) (prior variance v0, default `prior_variance`).
 
         Returns:
             (Result, prior variance, noise, log evidence of the unpadded problem, converged).
         """
         factor = _factor(self.factor)
         max_steps = check_steps(self.max_steps)
-        v0 = check_positive_float(self.prior_variance, "prior_variance")
+        v0 = check_positive_float(self.prior_variance if v0 is None else v0, "prior_variance")
         iv = check_positive_float(self.intercept_variance, "intercept_variance")
         Hp, rows, cols = pad_design(H)
         n, d = H.shape
@@ -127,15 +181,19 @@ class _BayesianLinear(BaseEstimator):
             intercept[d - 1] = True
         build = _Build(jnp.asarray(Hp), jnp.asarray(yp), jnp.asarray(rows), jnp.asarray(cols), jnp.asarray(intercept),
                        jnp.asarray(iv), jnp.asarray(float(dof)), likelihood)
-        params = {"log_prior_variance": jnp.log(jnp.asarray(v0)), "log_noise": jnp.log(jnp.asarray(noise))}
+        params = {"log_prior_variance": np.asarray(np.log(v0)), "log_noise": np.asarray(np.log(noise))}
         learn = {"log_prior_variance": bool(self.learn_prior_variance), "log_noise": bool(learn_noise)}
         method, kwargs = _method(likelihood, factor)
-        result, params, converged = fit_hyperparameters_or_once(build, params, learn, method, max_steps, kwargs)
-        # each padded row adds the constant log phi(0) of its potential (one-element arrays: no new shapes)
-        pad = float(build.potential(jnp.full(1, fill), jnp.ones(1)).log_phi(jnp.zeros(1))[0])
-        log_z = float(result.log_z) - (Hp.shape[0] - n) * pad
-        return (result, float(jnp.exp(params["log_prior_variance"])), float(jnp.exp(params["log_noise"])), log_z,
-                converged)
+        with quiet_convergence():
+            if any(learn.values()):   # ML-II: one compiled program (`_ml2`); the padded rows' constant removed
+                objective, dyn, static, dynamic = ml2.linear_objective(build, method, kwargs, learn, params)
+                out, converged, _ = ml2.run(objective, ml2.settings(max_steps), dyn, dynamic, _Finish(build, static))
+            else:
+                out, converged, _ = _fit_fixed(build, params, method, kwargs)
+        result, params, log_z = out
+        converged = bool(converged) and bool(result.converged)
+        return (result, float(jnp.exp(params["log_prior_variance"])), float(jnp.exp(params["log_noise"])),
+                float(log_z), converged)
 
     def _moments(self, result, X):
         """(mean, covariance) of the real weights (the coefficients, then the intercept)."""
@@ -254,8 +312,10 @@ class BayesianRegression(StandardisedRegressorMixin, RegressorMixin, _BayesianLi
     Args:
         likelihood: "gaussian" (noise = variance), "student-t" (noise = scale, `dof` degrees of freedom) or
             "laplace" (noise = scale).
-        prior_variance: prior variance of the coefficients (start value when learned).
-        noise: the likelihood's variance or scale in standardised units (start value when learned).
+        prior_variance: prior variance of the coefficients (start value when learned); None (default): the mean
+            squared least-squares coefficient (`_data_start`).
+        noise: the likelihood's variance or scale in standardised units (start value when learned); None
+            (default): from the median absolute deviation of the least-squares residuals.
         dof: Student-t degrees of freedom (fixed).
         factor, fit_intercept, intercept_variance, max_steps: as `BayesianLogisticRegression` (with the Gaussian
             likelihood the posterior is Gaussian and computed exactly, whatever `factor`).
@@ -266,7 +326,7 @@ class BayesianRegression(StandardisedRegressorMixin, RegressorMixin, _BayesianLi
     converged_.
     """
 
-    def __init__(self, likelihood="gaussian", *, prior_variance=1.0, noise=0.1, dof=4.0, factor="full",
+    def __init__(self, likelihood="gaussian", *, prior_variance=None, noise=None, dof=4.0, factor="full",
                  fit_intercept=True, intercept_variance=100.0, learn_prior_variance=True, learn_noise=True,
                  max_steps=100):
         self.likelihood = likelihood
@@ -292,12 +352,17 @@ class BayesianRegression(StandardisedRegressorMixin, RegressorMixin, _BayesianLi
             self.
         """
         check_choice(self.likelihood, "likelihood", LIKELIHOODS)
-        noise = check_positive_float(self.noise, "noise")
+        noise = None if self.noise is None else check_positive_float(self.noise, "noise")
+        v0 = None if self.prior_variance is None else check_positive_float(self.prior_variance, "prior_variance")
         dof = check_positive_float(self.dof, "dof")
         X, y = validate_fit(self, X, y, classifier=False)
         z = self._standardise(y, np.median if self.fit_intercept else (lambda _: 0.0))
-        result, v, s, log_z, converged = self._fit_one(self._design(X), z, self.likelihood, noise,
-                                                       self.learn_noise, dof)
+        H = self._design(X)
+        if noise is None or v0 is None:
+            v_start, noise_start = _data_start(H, z, self.likelihood, self.fit_intercept)
+            noise = noise_start if noise is None else noise
+            v0 = v_start if v0 is None else v0
+        result, v, s, log_z, converged = self._fit_one(H, z, self.likelihood, noise, self.learn_noise, dof, v0)
         self._results = [result]
         mean, cov = self._moments(result, X)
         self._set_coefficients([(mean * self._y_scale, cov * self._y_scale**2)])
