@@ -28,7 +28,7 @@ import pytest  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
-_MAX_MAPPINGS = 40_000
+_MAX_MAPPINGS = int(os.environ.get("GKL_TEST_MAX_MAPPINGS", "40000"))
 """XLA's CPU backend keeps every compiled program's code in its own memory mappings (~500 for one compiled
 `gk.fit` here), freed only with the program. One pytest worker compiles thousands of programs; at Linux's default
 vm.max_map_count of 65530 the next compilation segfaults inside XLA (seen at 65,382 mappings in
@@ -54,7 +54,7 @@ def pytest_collection_modifyitems(config, items):
     otherwise skipped with the reason."""
     listed = _listed_slow()
     for item in items:
-        if item.nodeid in listed:
+        if item.nodeid in listed or item.nodeid.split("[")[0] in listed:     # a line without [...]: every case
             item.add_marker(pytest.mark.slow)
     if config.getoption("--extended") or os.environ.get("GKL_EXTENDED", "") == "1":
         return
