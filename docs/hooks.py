@@ -1,25 +1,4 @@
-"""MkDocs hooks for the gkl-jax site (configured in mkdocs.yml).
-
-Pages that other work streams write (the solver guide, the scikit-learn guide) get a generated placeholder while
-their file is not in docs/ yet, so that the nav and `mkdocs build --strict` work either way.
-"""
-
-from mkdocs.structure.files import File
-
-PLACEHOLDERS = {
-    "guide/solvers.md": "# Choosing a solver\n\nThis page comes with the solver objects of `gk.solvers` "
-                        "(`gk.fit(model, factor, solver=gk.solvers.LBFGS())`). Until then, see the "
-                        "[API reference of `gk.fit`](../api/core.md).\n",
-    "guide/sklearn.md": "# scikit-learn estimators\n\nThis page comes with the scikit-learn estimators. Until then, "
-                        "see [Gaussian processes](gp.md) for `gk.gp.GPClassifier`.\n",
-}
-
-
-def on_files(files, config):
-    for src_uri, content in PLACEHOLDERS.items():
-        if files.get_file_from_path(src_uri) is None:
-            files.append(File.generated(config, src_uri, content=content))
-    return files
+"""MkDocs hooks for the gkl-jax site (configured in mkdocs.yml)."""
 
 
 def _public_names(module_name):

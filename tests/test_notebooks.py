@@ -105,3 +105,13 @@ def test_stored_notebook_is_its_build_script_run_in_the_full_setting(path):
     counts = [c.execution_count for c in nb.cells if c.cell_type == "code"]
     assert counts == list(range(1, len(counts) + 1)), f"{path.name}: cells not executed once, in order"
     assert not [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+
+
+def test_every_notebook_is_a_page_of_the_docs_site():
+    """Each notebooks/*.ipynb is linked under docs/notebooks/, listed in its index and in mkdocs.yml's nav."""
+    index = (ROOT / "docs" / "notebooks" / "index.md").read_text()
+    nav = (ROOT / "mkdocs.yml").read_text()
+    for path in NOTEBOOKS:
+        page = ROOT / "docs" / "notebooks" / path.name
+        assert page.exists() and page.resolve() == path.resolve(), f"docs/notebooks/{path.name} missing"
+        assert f"]({path.name})" in index and f"notebooks/{path.name}" in nav, path.name
