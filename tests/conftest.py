@@ -28,14 +28,14 @@ import pytest  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
-_MAX_MAPPINGS = int(os.environ.get("GKL_TEST_MAX_MAPPINGS", "16000"))
+_MAX_MAPPINGS = int(os.environ.get("GKL_TEST_MAX_MAPPINGS", "8000"))
 """XLA's CPU backend keeps every compiled program's code in its own memory mappings (~500 for one compiled
 `gk.fit` here), freed only with the program. One pytest worker compiles thousands of programs; at Linux's default
 vm.max_map_count of 65530 the next compilation segfaults inside XLA (seen at 65,382 mappings in
 test_multiclass). Past this count the jit caches are cleared between tests, which frees them, and the C heap is
 trimmed. Memory: on 2 idle cores the default run's workers peaked at 4.7 and 5.0 GB resident with 40,000 (10.1 GB
-together) and at 2.5 and 3.3 GB with 16,000 (5.4 GB together), in the same 14 min 45-50 s
-(GKL_TEST_MAX_MAPPINGS overrides it)."""
+together) and at 2.5 and 3.3 GB with 16,000 (5.4 GB together), in the same 14 min 45-50 s; with 8,000 at 1.6 and 2.0 GB
+(3.8 GB together, within the 4 GB for 2 workers) in 15 min 20 s (GKL_TEST_MAX_MAPPINGS overrides it)."""
 
 
 def pytest_addoption(parser):
