@@ -1,20 +1,18 @@
 """The XLA compiler options of the library's solver programs (`program`): compile time is what a user fitting a
 new shape waits for.
 
-On the CPU the programs are compiled without XLA's CPU fusion emitters. The first `gk.fit` of Bayesian logistic
-regression on ionosphere compiled in 2.9-3.2 s instead of 5.8-6.0 s with the Full factor (warm fit 73-76 against
-66-72 ms) and in 1.9-2.6 s instead of 3.5-3.6 s with the Diagonal factor (warm 25-26 against 18-20 ms): an idle
-2-core EPYC, `benchmarks/compile.py`, two runs each. LLVM optimisation level 1 as well compiled no faster and ran
-the Full fit in 71-77 ms. The arithmetic is the same IEEE arithmetic either way (no fast-math). Other backends
-keep XLA's defaults. An option the user sets in `XLA_FLAGS` wins, and `GKL_JAX_XLA_OPTIONS=0` turns it off.
+On the CPU the programs are compiled without XLA's CPU fusion emitters, which roughly halves the compile time of a
+first `gk.fit` at a small cost in warm run time (`benchmarks/compile.py`; the numbers are on the design-decisions
+page and in `benchmarks/README.md`). The arithmetic is the same IEEE arithmetic either way (no fast-math). Other
+backends keep XLA's defaults. An option the user sets in `XLA_FLAGS` wins, and `GKL_JAX_XLA_OPTIONS=0` turns it off.
 
 Long sessions: XLA's CPU backend keeps each compiled program's code in its own memory mappings (~300 for one
 compiled `gk.fit`) and ~25 MB of heap, freed only with the program; the compiler segfaults when a process reaches
-Linux's `vm.max_map_count` (65530 by default), about 200 fits of different shapes, and a test worker that had
-compiled ~100 programs held 4.3 GB. After a `program` compiles, the process's mappings are counted
-(/proc/self/maps, ~5 ms); past `mapping_limit()` JAX's compilation caches are cleared (`jax.clear_caches`, which
-frees every program no longer referenced, the user's own jitted functions' included: they recompile on their next
-call) and the freed heap is returned to the system (glibc's `malloc_trim`; without it the resident size stays).
+Linux's `vm.max_map_count` (65530 by default), about 200 fits of different shapes. After a `program` compiles,
+the process's mappings are counted (/proc/self/maps); past `mapping_limit()` JAX's compilation caches are
+cleared (`jax.clear_caches`, which frees every program no longer referenced, the user's own jitted functions'
+included: they recompile on their next call) and the freed heap is returned to the system (glibc's
+`malloc_trim`; without it the resident size stays).
 """
 
 import ctypes
@@ -89,14 +87,17 @@ def mapping_limit() -> int:
     return int(env) if env.strip() else min(MAX_MAPPINGS, int(MAPPING_FRACTION * _max_map_count()))
 
 
-def release_if_crowded() -> bool:
+def release_if_crowded(limit: int | None = None) -> bool:
     """Clear JAX's compilation caches (collect the programs they held and return the freed heap to the system)
-    where this process holds more than `mapping_limit()` memory mappings.
+    where this process holds more than `limit` memory mappings.
+
+    Args:
+        limit: the mapping count to stay under; None for `mapping_limit()`; 0 or less never releases.
 
     Returns:
         bool: whether the caches were cleared.
     """
-    limit = mapping_limit()
+    limit = mapping_limit() if limit is None else limit
     if limit <= 0 or mapping_count() <= limit:
         return False
     jax.clear_caches()
@@ -137,19 +138,17 @@ def program(fun):
     on_cpu = eqx.filter_jit(counted, compiler_options=options) if options else eqx.filter_jit(counted)
     elsewhere = eqx.filter_jit(counted)
 
-    def pick(args, kwargs):
-        if options and jax.default_backend() == "cpu" and _top_level(args, kwargs):
-            return on_cpu
-        return elsewhere
+    def pick(top):
+        return on_cpu if top and options and jax.default_backend() == "cpu" else elsewhere
 
     @functools.wraps(fun)
     def call(*args, **kwargs):
         top = _top_level(args, kwargs)
         before = traces[0]
-        out = (on_cpu if top and options and jax.default_backend() == "cpu" else elsewhere)(*args, **kwargs)
+        out = pick(top)(*args, **kwargs)
         if top and traces[0] != before:     # a new top-level program was compiled: release if crowded
             release_if_crowded()
         return out
 
-    call.lower = lambda *args, **kwargs: pick(args, kwargs).lower(*args, **kwargs)
+    call.lower = lambda *args, **kwargs: pick(_top_level(args, kwargs)).lower(*args, **kwargs)
     return call

@@ -1,4 +1,3 @@
-import gc
 import os
 
 # The suite is compile-bound. XLA's CPU backend at LLVM optimisation level 0 and without its fusion emitters
@@ -70,17 +69,9 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(autouse=True)
 def _release_compiled_programs():
     yield
-    try:
-        with open("/proc/self/maps") as maps:
-            count = sum(1 for _ in maps)
-    except OSError:     # not Linux
-        return
-    if count > _MAX_MAPPINGS:
-        jax.clear_caches()
-        gc.collect()
-        from gkl_jax._xla import _trim_heap
+    from gkl_jax._xla import release_if_crowded
 
-        _trim_heap()
+    release_if_crowded(_MAX_MAPPINGS)
 
 
 @pytest.fixture
