@@ -2,9 +2,8 @@
 and triangular solves, inverses and Gram products blocked into matrix products.
 
 On XLA's CPU backend (jax 0.10, measured on this project's machine, one core) a product written `A.T @ B` is
-emitted with a transposed left operand and runs far below the speed of the same product written the other way:
-for A of shape (5000, 1000), `A.T @ y` takes 20 ms and `y @ A` 1.9 ms; for square 300 x 300 matrices `A.T @ B`
-takes 1.5 ms and the same product with A^T materialised first 0.65 ms. Reverse-mode autodiff already emits the
+emitted with a transposed left operand and runs far below the speed of the same product written the other way
+(measurements: the design-decisions page). Reverse-mode autodiff already emits the
 fast form, so only hand-written transposed products need this. On accelerators the rewrite costs at most one copy.
 """
 
@@ -78,7 +77,7 @@ def tdot(A, B):
 def solve_lower(L, B, levels: int = 3):
     """L^{-1} B for a lower-triangular L (n, n) and B of shape (n,) or (n, k), by recursive 2 x 2 blocking (down
     to blocks of 64): the off-diagonal blocks become matrix products, which XLA's CPU backend runs twice as fast
-    as its triangular solve. k = n, one core: n = 300 1.41 -> 1.02 ms, n = 350 2.28 -> 1.54 ms (three levels)."""
+    as its triangular solve (design-decisions page)."""
     n = L.shape[0]
     if levels == 0 or n < 64:
         return jsl.solve_triangular(L, B, lower=True)
@@ -95,10 +94,8 @@ def invert_lower(L, base: int = 64):
         [[A, 0], [B, C]]^{-1} = [[A^{-1}, 0], [-C^{-1} B A^{-1}, C^{-1}]]
 
     recursively down to blocks of at most `base` rows (triangular solves with the identity there): ~2/3 n^3 flops,
-    spent in matrix products, which XLA's CPU backend runs about twice as fast per flop as its triangular solve.
-    One core: n = 350 0.79 ms (solve_lower with the identity 1.65 ms, XLA's triangular solve 2.2 ms);
-    n = 1000 11.6 ms (23.8, 28.9). Blocks of 32 or 64 rows are within 5% of each other from n = 100 to 2000; 128
-    is up to 1.7x slower below n = 300."""
+    spent in matrix products, which XLA's CPU backend runs faster per flop than its triangular solve (the
+    measurements, and the choice of `base`, are on the design-decisions page)."""
     n = L.shape[0]
     if n <= base:
         return jsl.solve_triangular(L, jnp.eye(n, dtype=L.dtype), lower=True)
@@ -114,8 +111,7 @@ def lower_gram(G, levels: int = 3):
 
         G^T G = [[A^T A + B^T B, B^T C], [C^T B, C^T C]],
 
-    recursively on A^T A and C^T C (down to blocks of 64), which skips the products with the zero block. One core:
-    n = 350 0.86 ms (tdot 1.22 ms); n = 1000 16.9 ms (29.6)."""
+    recursively on A^T A and C^T C (down to blocks of 64), which skips the products with the zero block."""
     n = G.shape[0]
     if levels == 0 or n < 64:
         return tdot(G, G)

@@ -6,8 +6,10 @@ A block is not executed when the line before its opening fence is `<!-- docs-tes
 reason says where the same code does run (a notebook, a test). Blocks of one file share a namespace, in order.
 """
 
+import ast
 import importlib.util
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -400,3 +402,20 @@ def test_package_code_cites_papers_by_author_and_year():
                     hits += [f"{os.path.relpath(path, ROOT)}:{i}: {line.strip()}" for i, line in enumerate(fh, 1)
                              if PRIVATE_CITATION.search(line)]
     assert not hits, "\n".join(hits)
+
+
+TIMING = re.compile(r"\b\d+(\.\d+)? ?ms\b|\b\d+(\.\d+)?(-\d+(\.\d+)?)? s (instead|against|per|on|where|to|\()"
+                    r"|\b\d+(\.\d+)? seconds\b")
+
+
+def test_package_docstrings_carry_no_timings():
+    """Timings live on the results and design-decisions pages, not in docstrings (they go stale)."""
+    found = []
+    for path in sorted(pathlib.Path(PACKAGE).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                doc = ast.get_docstring(node, clean=False) or ""
+                name = getattr(node, "name", "<module>")
+                found += [f"{path.name}:{name}: {m.group(0)}" for m in TIMING.finditer(doc)]
+    assert not found, found
+    assert TIMING.search("0.83 s per value") and TIMING.search("took 1.4 ms") and TIMING.search("5-30 s on a")

@@ -44,9 +44,8 @@ def low_rank_projection(op, loadings, diagonal, mean=None):
     """s_n^2 = ||L^T h_n||^2 + sum_i diagonal_i H_ni^2, the projected variances of S = L L^T + diag(diagonal)
     (FactorAnalysis: L = Theta; Chevron: L = its first K rows, transposed), and with `mean`, (h_n^T m, s_n^2) from
     the one product H [L, m]. Computing H m on its own takes another pass over a dense H and one more in the
-    adjoint: a fifth of a FactorAnalysis step at N = 5000, D = 1000, K = 50, where the products stream 40 MB.
-    Chevron does not take the mean path: its L is a transpose, which the concatenation copies, and its Newton
-    fits were up to 20% slower with it (D = 500, N = 2500, K = 25: 0.53 -> 0.58-0.63 s on one core)."""
+    adjoint. Chevron does not take the mean path: its L is a transpose, which the concatenation copies, and its
+    Newton fits were slower with it (design-decisions page)."""
     diag = op.sq_mv(diagonal)
     if mean is None:
         if loadings.shape[1] == 0:
@@ -192,9 +191,9 @@ def precision_trace(model, curvatures):
 def orthonormal(X, nearly_orthonormal=False):
     """Q with orthonormal columns spanning X (D, M): shifted Cholesky QR followed by two Cholesky QR passes
     (shiftedCholeskyQR3, Fukaya et al. 2020): matrix products and M x M Cholesky factors only, stable for any
-    numerically full-rank X (jaxlib's LAPACK QR is ~50x slower than this on CPU). diag(R) > 0, so Q is continuous
-    in X. Each pass applies R^{-1} as a product with the M x M inverse: at D = 1000, M = 60 (one core) 0.19 ms
-    against 0.41 ms for XLA's CPU triangular solve with D right-hand sides, equal to 4e-17.
+    numerically full-rank X (faster than jaxlib's LAPACK QR on the CPU). diag(R) > 0, so Q is continuous in X.
+    Each pass applies R^{-1} as a product with the M x M inverse, which XLA's CPU backend runs faster than a
+    triangular solve with D right-hand sides, to the same result up to round-off.
 
     With `nearly_orthonormal` (X^T X = I + E with ||E|| << 1, as in the second pass of a block Gram-Schmidt) one
     Cholesky QR pass, whose loss of orthogonality is O(eps cond(X)^2) = O(eps)."""

@@ -280,8 +280,7 @@ class Subspace(AbstractRefinableFactor):
         N x N matrix G instead of b + 1 products with H and H^T. E'^T A E' = a I + Theta^{-1/2} (G U)^T (G U)
         Theta^{-1/2}. Where `best_split` (with K copies of a at the low end) wants any of the smallest eigenvalues,
         or where theta_K <= sqrt(eps) theta_1 (E' would lose orthogonality), the factor is `otherwise()` (the
-        D-space update) instead. At D = 1000 / N = 500 / K = 100 one update takes ~20 ms against ~45 ms in D
-        (benchmarks/README §2)."""
+        D-space update) instead. Where N < D the N-space update is the cheaper one (benchmarks/README §2)."""
         K = self.rank
         g = jnp.sqrt(gamma)
         B = g[:, None] * H

@@ -19,13 +19,13 @@ backtracking line search that treats a failed inner fit as a rejected step) or a
 (every update taken). The whole run is one compiled `lax.while_loop` whose body evaluates (log_z, gradient,
 inner result) at one trial point and then accepts it or halves the step (`_advance`), so the objective has one
 call site and one trace; it is module-level and compiles once per (build, method, shapes), reused across calls.
-On sonar (n = 108) the host loop it replaced spent 5 of 17 ms between the compiled evaluations. With `jit=False`
+The host loop it replaced spent a third of its time between the compiled evaluations. With `jit=False`
 (the baselines) the same `_advance` runs as a host loop.
 When G-KL runs the site-precision solver (GP models with log-concave likelihoods) the inner fits are
 `_warm.fit_warm`, which hands on the mean, marginal variances and site precisions W instead of the Full factor C,
 and C is formed once, for the returned Result (`_warm.warm_result`): C cost a fifth of each warm evaluation. The
 next inner fit starts from the previous (m, W) (`_warm.WarmPoint`), not from a q0, which saves the quadrature that
-would recompute W (sonar's ML-II: 79 -> 72 quadratures, 13.5 -> 13.1 ms).
+would recompute W.
 `restarts` reruns the optimisation from random perturbations of the unconstrained parameters and keeps the best.
 """
 

@@ -19,7 +19,7 @@ Optimiser: L-BFGS (`gkl_jax._optim.lbfgs_direction`) with an Armijo backtracking
 compiled program (`_solve`: the inner fit warm-started from the current optimum (App. E.3), the bound, its
 gradient and T), so a learning run compiles that program once per (n, C, d, variant) and never the outer loop. The
 single compiled `lax.while_loop` over the outer steps that this replaced held the inner fit twice (the cold first
-fit and the line-search fits) and took 90 s to compile for iris (n = 100, C = 3) on a loaded 2-core machine.
+fit and the line-search fits) and was slow to compile (design-decisions page).
 With K^c = I, K = (K^x + jitter I) (x) I_C is factorised through the (n, n) Cholesky factor of K^x + jitter I.
 """
 

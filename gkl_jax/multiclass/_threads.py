@@ -1,11 +1,10 @@
 """One BLAS/LAPACK thread during the multiclass fits.
 
 JAX's CPU Cholesky, eigh and triangular solves call the LAPACK of SciPy's bundled OpenBLAS, whose worker threads
-busy-wait for work. On a machine whose cores are shared with other processes they thrash: on a loaded 2-core
-machine (load average 12) one Cholesky factorisation of a 300 x 300 matrix took 324 ms with OpenBLAS' default
-2 threads and 0.97 ms with one (`benchmarks/README.md`, "Multiclass GP classification"), which made an iris fit
-(n = 100, C = 3) take minutes. The fits are sequences of many small factorisations, for which one thread is as
-fast as several on an idle machine, so they run inside `single_blas_thread()`. It uses `threadpoolctl` (installed
+busy-wait for work. On a machine whose cores are shared with other processes they thrash, by orders of
+magnitude for small factorisations (`benchmarks/README.md`, "Multiclass GP classification"). The fits are
+sequences of many small factorisations, for which one thread is as fast as several on an idle machine, so they
+run inside `single_blas_thread()`. It uses `threadpoolctl` (installed
 with scikit-learn; the `sklearn` extra) and does nothing without it.
 """
 

@@ -233,7 +233,7 @@ class Diagonal(AbstractPrior):
 @jax.jit
 def _checked_cholesky(covariance):
     """(L, L^{-1}, finite, symmetric, positive definite) in one compiled call: built eagerly, a prior otherwise
-    dispatches its checks and its blocked inverse op by op (1.4 ms of a 108-point GP model's 1.6 ms)."""
+    dispatches its checks and its blocked inverse op by op, most of an eager model build."""
     L = jnp.linalg.cholesky(covariance)
     symmetric = jnp.allclose(covariance, covariance.T, rtol=1e-6, atol=1e-10)
     return L, invert_lower(L), jnp.all(jnp.isfinite(covariance)), symmetric, jnp.all(jnp.isfinite(L))

@@ -4,7 +4,7 @@ Precision: every estimator computes in float64 inside a local `jax.enable_x64(Tr
 user enabled x64 globally; inputs are converted to float64 numpy arrays and every fitted attribute and
 prediction is a numpy array (float64), so nothing leaks a 32-bit JAX array either way.
 
-Shape buckets: JAX compiles a fit once per array shape (5-30 s on a small machine). The linear estimators pad
+Shape buckets: JAX compiles a fit once per array shape (seconds on a small machine). The linear estimators pad
 their design matrix to `bucket(n)` rows and columns with zero rows and columns (`pad_design`): a zero row h_n = 0
 has the constant potential phi_n(0) (subtracted from the evidence) and no effect on q; a zero column's weight
 keeps its prior exactly (its KL term is zero at the optimum), so the fit, the coefficients and the evidence are

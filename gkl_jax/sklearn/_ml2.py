@@ -4,13 +4,13 @@ the inner fits and the fitted outputs in a single call, with no eager model buil
 
 Why (issue 39, diabetes 331 x 10, warm fits on the shared 2-core machine): `fit_hyperparameters` builds and
 validates the model eagerly before and after its compiled loop and the estimators then derived their outputs by
-small eager operations; for the Gaussian linear model that host work was ~70 of ~100 ms while the compiled loop
-ran ~20 ms. Here the whole fit is one dispatch.
+small eager operations; for the Gaussian linear model that host work took most of a warm fit. Here the whole fit
+is one dispatch.
 
 `GPEvidence` is the objective of the Gaussian GP regressor: log N(z | 0, K + (noise + jitter) I) with the
 gradient of Rasmussen & Williams (2006, eq. 5.9), d log p / dK = (alpha alpha^T - Ky^{-1}) / 2, by a custom VJP.
 Differentiating `gkl_jax.gp.exact` instead went back through the prior's Cholesky factor and formed the
-posterior factor at every evaluation: 0.83 s per value-and-gradient at n = 331 against ~0.1 s.
+posterior factor at every evaluation, several times the cost.
 """
 
 import equinox as eqx
