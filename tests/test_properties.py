@@ -32,6 +32,7 @@ from jax.flatten_util import ravel_pytree
 import gkl_jax as gk
 from gkl_jax import _start
 from gkl_jax._adjoint import solver_mask
+from gkl_jax._fit import ILL_CONDITIONED
 from gkl_jax._optim import default_tol, scaled_gradient, stop_level
 
 P, F = gk.potentials, gk.factors
@@ -325,16 +326,45 @@ def test_float32_agrees_with_float64():
 
 
 def _check_float32(case):
+    """The float32 fit agrees with the float64 one to float32's resolution, or `fit` warned that the prior is
+    too ill-conditioned for float32 (kappa eps32 > `ILL_CONDITIONED`), and agrees to kappa eps32 (1 + |B|)."""
     double = quiet_fit(case.model(), F.Full())
-    single = quiet_fit(case.model(np.float32), F.Full())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        single = gk.fit(case.model(np.float32), F.Full())
     assert single.log_z.dtype == jnp.float32 and np.isfinite(float(single.log_z)), case
+    eps = float(np.finfo(np.float32).eps)
+    prior = case.model().prior
+    kappa = float(np.linalg.cond(np.asarray(prior.covariance))) if hasattr(prior, "covariance") else 1.0
+    warned = any("condition number" in str(w.message) for w in caught)
+    if kappa * eps > 10 * ILL_CONDITIONED:     # the estimate is within a factor n of kappa
+        assert warned, (case, kappa)
     if not (bool(double.converged) and bool(single.converged)):
         return
     q64 = jax.tree.map(lambda a: a.astype(jnp.float64) if eqx.is_inexact_array(a) else a, single.q)
     as64 = float(gk.bound(case.model(), q64))
-    resolution = 1e-3 + 64 * np.finfo(np.float32).eps * abs(float(double.log_z))
-    assert float(double.log_z) - as64 <= resolution, (case, float(double.log_z), as64)
-    assert abs(float(single.log_z) - float(double.log_z)) <= resolution, (case, float(single.log_z))
+    magnitude = 1.0 + abs(float(double.log_z))
+    resolution = 1e-3 + 64 * eps * magnitude + (kappa * eps * magnitude if warned else 0.0)
+    assert float(double.log_z) - as64 <= resolution, (case, float(double.log_z), as64, warned)
+    assert abs(float(single.log_z) - float(double.log_z)) <= resolution, (case, float(single.log_z), warned)
+
+
+def test_float32_fit_warns_where_the_gp_prior_is_ill_conditioned():
+    """Found by the property tests: GP logistic regression, 8 points, K's condition number 1.4e6: the float32 fit
+    reported converged=True 0.0043 nats below the float64 optimum (as evaluated in float64; 2e-4 with XLA's default
+    optimisation level), without a word. A float32 gradient carries errors of order kappa eps32 = 0.17 there:
+    `fit` now says so, and the agreement is checked to that resolution."""
+    _check_float32(Case(1, 8, 8, "logistic", "gp"))
+
+
+@pytest.mark.parametrize("case", [Case(174101812, 10, 10, "laplace", "gp", "noisy", True),
+                                  Case(594739602, 28, 28, "poisson", "gp", "noisy", False)], ids=["25", "39"])
+def test_bound_at_q_is_log_z_under_a_gp_prior(case):
+    """Found by the extended run: Laplace sites, GP prior of variance 4.4e13 (condition number 2.6e12), and
+    Poisson sites, D = 28 (4e11): the site-precision solver reported the bound from its own (m, W) factorisation,
+    3.4e-4 and 6.5e-6 nats above gk.bound at the Full factor it returned (whose bound, evaluated in 50-digit
+    arithmetic, agrees with gk.bound's). `fit` now reports q's own bound, with the closed-form derivative."""
+    check_fit(case, "full")
 
 
 # ------------------------------------------------------------------------------------------ the extended budget
@@ -399,24 +429,3 @@ def test_extended_transformations(index):
     single = quiet_fit(case.model(), F.Full())
     np.testing.assert_allclose(np.asarray(batched.log_z), float(single.log_z), rtol=1e-9, atol=1e-9)
     _record({"case": dataclasses.asdict(case), "float32": 1, "grad_fd": 1, "vmap": 1})
-
-
-@pytest.mark.extended
-@pytest.mark.xfail(strict=True, reason="not fixed: a float32 GP prior with cond(K + jitter I) ~ 1e6 loses "
-                   "~cond * eps32 of the bound (docs/sharp-bits.md, Non-convergence)")
-def test_float32_gp_prior_agrees_with_float64():
-    """Found by the property tests: GP logistic regression, 8 points, K's condition number 1.4e6: the float32 fit
-    reports converged=True, and its q is 0.0043 nats below the float64 optimum (as evaluated in float64)."""
-    _check_float32(Case(1, 8, 8, "logistic", "gp"))
-
-
-@pytest.mark.extended
-@pytest.mark.xfail(strict=True, reason="not fixed: under a GP prior the Full fit's log_z and gk.bound at its q "
-                   "differ by 7e-5 (case 25) and 6.6e-6 (case 39), above 1e-9 relative")
-@pytest.mark.parametrize("case", [Case(174101812, 10, 10, "laplace", "gp", "noisy", True),
-                                  Case(594739602, 28, 28, "poisson", "gp", "noisy", False)], ids=["25", "39"])
-def test_bound_at_q_is_log_z_under_a_gp_prior(case):
-    """Found by the extended run: Laplace sites, GP prior of variance 4.4e13 (lengthscale 5.5e-6, inputs on that
-    scale): log_z = -127.299516, converged=False, while gk.bound(model, q) = -127.299446; Poisson sites, GP prior,
-    D = 28: -309.0780530 against -309.0780464. The Diagonal fits of both agree with gk.bound."""
-    check_fit(case, "full")
