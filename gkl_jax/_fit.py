@@ -31,8 +31,8 @@ from ._start import initial_q, model_dtype, start_error
 from ._validate import check_max_steps, check_tol, is_concrete
 from ._whiten import check_whiten, whitened_structure, whitening
 from ._xla import program
-from .priors._priors import AbstractDensePrior
 from .factors import AbstractFactor, AbstractRefinableFactor, Diagonal, Full
+from .priors._priors import AbstractDensePrior
 from .solvers import AbstractSolver, Optax, Problem, default_solver, default_whiten
 from .solvers._base import RESULTS, status
 
