@@ -66,8 +66,23 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+_COMPILE_LOG = os.environ.get("GKL_TEST_COMPILE_LOG", "")
+"""A file each worker appends `test<TAB>event<TAB>program<TAB>seconds` lines to, one per tracing, lowering and XLA
+compilation (JAX's monitoring events): where the suite's time goes (`python tests/_compile_report.py FILE`)."""
+_current_test = ["(collection)"]
+
+if _COMPILE_LOG:
+    def _log_compile(event, seconds, fun_name="?", **_):
+        if event.startswith("/jax/core/compile/") or event.startswith("/jax/compilation_cache/"):
+            with open(_COMPILE_LOG, "a") as out:
+                out.write(f"{_current_test[0]}\t{event.rsplit('/', 1)[-1]}\t{fun_name}\t{seconds:.4f}\n")
+
+    jax.monitoring.register_event_duration_secs_listener(_log_compile)
+
+
 @pytest.fixture(autouse=True)
-def _release_compiled_programs():
+def _release_compiled_programs(request):
+    _current_test[0] = request.node.nodeid
     yield
     from gkl_jax._xla import release_if_crowded
 
