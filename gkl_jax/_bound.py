@@ -11,6 +11,8 @@ from ._gaussian import Gaussian
 from ._linalg import full_precision
 from ._model import Model
 from ._result import Result
+from ._xla import _top_level as top_level
+from ._xla import program
 
 
 def check_model_and_q(model, q) -> Gaussian:
@@ -52,9 +54,21 @@ def bound(model: Model, q: Gaussian):
         True
     """
     q = check_model_and_q(model, q)
+    if top_level((model, q), {}):
+        return _bound_program(model, q)
+    return _bound_value(model, q)
+
+
+def _bound_value(model, q):
     value = q.entropy()
     if model.prior is not None:
         value = value + model.prior.expected_log_density(q)
     for sites in model.sites:
         value = value + sites.expected_log_phi(q)
     return jnp.asarray(value)
+
+
+_bound_program = program(_bound_value)
+"""`bound` called outside of every trace: one compiled program per model structure and shape (its ~50-150 array
+operations one at a time would each compile a small program of their own on the first call with a new shape,
+and dispatch one by one on every later call)."""

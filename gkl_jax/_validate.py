@@ -52,11 +52,21 @@ def strongly_typed(tree, dtype):
     return jax.tree.map(lambda x: x.astype(dtype) if getattr(x, "weak_type", False) else x, tree)
 
 
+def on_host(x):
+    """The module (numpy or jax.numpy) that checks a concrete `x` where it lives: numpy for numpy data and arrays
+    on the CPU (no program to compile for each new shape), jax.numpy for arrays on an accelerator (no copy)."""
+    if isinstance(x, jax.Array) and any(d.platform != "cpu" for d in x.devices()):
+        return jnp
+    return np
+
+
 def check_finite(x, name: str) -> None:
     """Raise ValueError if a concrete `x` holds NaN or inf (a checkify check on a tracer)."""
     if not is_concrete(x):
         checkify.debug_check(jnp.all(jnp.isfinite(x)), f"{name} contains NaN or inf")
-    elif not bool(jnp.all(jnp.isfinite(x))):
+        return
+    xp = on_host(x)
+    if not bool(xp.all(xp.isfinite(xp.asarray(x)))):
         raise ValueError(f"{name} contains NaN or inf")
 
 
@@ -64,7 +74,9 @@ def check_positive(x, name: str) -> None:
     """Raise ValueError if a concrete `x` has an entry <= 0 (or NaN) (a checkify check on a tracer)."""
     if not is_concrete(x):
         checkify.debug_check(jnp.all(x > 0), f"{name} must be positive")
-    elif not bool(jnp.all(x > 0)):
+        return
+    xp = on_host(x)
+    if not bool(xp.all(xp.asarray(x) > 0)):
         raise ValueError(f"{name} must be positive, got {np.asarray(x).ravel()[:5]}")
 
 
