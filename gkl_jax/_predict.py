@@ -22,6 +22,8 @@ from ._gaussian import Gaussian
 from ._linalg import full_precision
 from ._result import Result
 from ._validate import as_float_array, check_finite, check_ndim
+from ._xla import _top_level as top_level
+from ._xla import program
 from .gp._predict import (
     PREDICTIVE_NUM_POINTS,
     Prediction,
@@ -74,18 +76,28 @@ def predict(result, H_new, family=None, *, y=None, offset=0.0,
     check_finite(offset, "offset")
     if y is not None and family is None:
         raise ValueError("y (test targets) needs a likelihood family")
+    likelihood = None if family is None else with_targets(family, y, n)
+    args = (q, op, offset, likelihood, y is not None, num_points)
+    return _predict_program(*args) if top_level(args, {}) else _predict_value(*args)
+
+
+def _predict_value(q, op, offset, likelihood, with_density, num_points):
     mean, variance = q.project(op)
     mean = mean + offset.astype(mean.dtype)
     variance = jnp.maximum(variance, 0.0)
-    if family is None:
+    if likelihood is None:
         return Prediction(mean, variance)
-    likelihood = with_targets(family, y, n)
     probability = class_probability(likelihood, mean, variance, num_points=num_points)
     y_mean, y_variance = observation_moments(likelihood, mean, variance)
     log_density: Optional[jnp.ndarray] = None
-    if y is not None:
+    if with_density:
         log_density = log_predictive_density(likelihood, mean, variance, num_points=num_points)
     return Prediction(mean, variance, log_density, probability, y_mean, y_variance)
+
+
+_predict_program = program(_predict_value)
+"""`predict` outside of every trace: one compiled program per structure and shape instead of its array
+operations one at a time (each a small program of its own for every new shape)."""
 
 
 def _rows(H_new, dim):
