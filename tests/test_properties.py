@@ -3,7 +3,9 @@ scales (inputs x 1e-6..1e4, prior variances 1e-8..1e8, counts to 1e5, dof 0.5..1
 separable and quasi-separable labels and duplicated rows, against invariants that hold for every model:
 
 - `log_z` is finite and `gk.bound(model, r.q) == r.log_z`;
-- `converged` implies the scale-aware stopping statistic at the returned q (`gkl_jax._optim.scaled_gradient`);
+- `converged` implies the scale-aware stopping statistic at the returned q (`gkl_jax._optim.scaled_gradient`),
+  or, under a prior too ill-conditioned for that statistic to be more than round-off, the value of an independent
+  solver's optimum (`check_fit`);
 - the Full factor's bound >= every structured factor's for log-concave sites (the structured set is a subset);
 - bound <= log Z, by 2-D quadrature where D = 2;
 - Gaussian sites give the exact evidence log N(y | H mu, H Sigma H^T + diag(v)) with the Full factor;
@@ -172,8 +174,18 @@ def _stopping_statistic(model, q):
     return gk.bound(model, q), scaled_gradient(ravel_pytree(grad)[0], ravel_pytree(params)[0], scale)
 
 
+ILL_CONDITIONED_PRIOR = 1e-6
+"""kappa(Sigma) eps64 above which the stopping statistic at q is itself round-off (below)."""
+
+
 def check_fit(case, factor_name="full", tally=None):
-    """Finite log_z, bound(model, q) == log_z, converged => stopping statistic met; returns the Result."""
+    """Finite log_z, bound(model, q) == log_z, converged => optimal; returns the Result.
+
+    Optimal: the scale-aware stopping statistic at q is met; except where the prior's condition number kappa has
+    kappa eps64 > `ILL_CONDITIONED_PRIOR`, where the gradient in the original basis (through Sigma^{-1}) carries
+    round-off of that order (case 74: kappa 6.5e11, statistic 0.014 at a q whose bound equals the whitened Newton
+    optimum to 1e-12): there the Full factor's log_z must equal, to 1e-9 relative, the optimum of whitened Newton
+    at tol 1e-10 where that converges, and a structured factor's test is left out (counted in the tally)."""
     model = case.model()
     factor = factor_of(factor_name, case.dim)
     res = quiet_fit(model, factor)
@@ -182,11 +194,23 @@ def check_fit(case, factor_name="full", tally=None):
     value, statistic = (float(x) for x in _stopping_statistic(model, res.q))
     assert abs(value - log_z) <= 1e-9 * max(1.0, abs(log_z)), (case, factor_name, value, log_z)
     whitened = gk.solvers.default_whiten(model, factor, None)
+    prior = model.prior
+    kappa = float(np.linalg.cond(np.asarray(prior.covariance))) if hasattr(prior, "covariance") else 1.0
+    checked = {}
     if bool(res.converged) and not whitened:
-        level = float(stop_level(jnp.asarray(log_z), default_tol(np.float64)))
-        assert statistic <= 10 * level, (case, factor_name, statistic, level)
+        if kappa * np.finfo(np.float64).eps <= ILL_CONDITIONED_PRIOR:
+            level = float(stop_level(jnp.asarray(log_z), default_tol(np.float64)))
+            assert statistic <= 10 * level, (case, factor_name, statistic, level)
+            checked["converged_gradient"] = 1
+        elif factor_name == "full":
+            ref = quiet_fit(model, F.Full(), solver=gk.solvers.Newton(), whiten=True, tol=1e-10)
+            if bool(ref.converged):
+                assert abs(log_z - float(ref.log_z)) <= 1e-9 * max(1.0, abs(log_z)), (case, log_z, float(ref.log_z))
+                checked["converged_value"] = 1
+        if not checked:
+            checked["converged_unchecked"] = 1
     if tally is not None:
-        tally.update(finite=1, bound_matches=1, converged_gradient=int(bool(res.converged) and not whitened))
+        tally.update(finite=1, bound_matches=1, **checked)
     return res
 
 
@@ -421,6 +445,12 @@ def test_extended_random_case(index):
     sites; the quadrature where D = 2; the exact evidence for Gaussian sites."""
     case, factor = _extended_case(index)
     tally = {"case": dataclasses.asdict(case), "factor": factor}
+    try:
+        case.model()
+    except ValueError as err:     # a GP prior of variance up to 1e8 and jitter 1e-6: K + jitter I can be singular
+        assert "positive definite" in str(err), err
+        _record({**tally, "rejected": 1})
+        pytest.skip(f"the drawn model is refused with a ValueError: {err}")
     res = check_fit(case, factor, tally)
     if factor != "full":
         full = check_fit(case, "full")
