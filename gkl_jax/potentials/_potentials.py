@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import gammaln, ndtr
 
-from .._validate import as_float_array, check_finite, check_positive, is_concrete, on_host, site_count, site_vector
+from .._validate import as_float_array, check_finite, check_positive, host_view, is_concrete, site_count, site_vector
 from ._base import (
     DEFAULT_NUM_POINTS,
     AbstractPotential,
@@ -27,21 +27,9 @@ from ._base import (
 from ._special import log_ndtr_stable, student_t_log_norm
 
 
-def _whole_nonnegative(y):
-    xp = on_host(y)
-    y = xp.asarray(y)
-    return xp.all((y >= 0) & (y == xp.round(y)))
-
-
-def _all_labels(y):
-    xp = on_host(y)
-    y = xp.asarray(y)
-    return xp.all((y == 1) | (y == -1))
-
-
 def _labels(y, name="y"):
     y = site_vector(y, name)
-    if is_concrete(y) and not bool(_all_labels(y)):
+    if is_concrete(y) and not bool(((host_view(y) == 1) | (host_view(y) == -1)).all()):
         bad = np.unique(np.asarray(y)[(np.asarray(y) != 1) & (np.asarray(y) != -1)])[:5]
         raise ValueError(f"{name} must contain labels in {{-1, +1}}, got {bad.tolist()}")
     return y
@@ -125,7 +113,7 @@ class Poisson(AbstractPotential):
 
     def __init__(self, y):
         y = site_vector(y, "y")
-        if is_concrete(y) and not bool(_whole_nonnegative(y)):
+        if is_concrete(y) and not bool(((host_view(y) >= 0) & (host_view(y) == host_view(y).round())).all()):
             raise ValueError("y must contain non-negative integer counts")
         self.y = y
 
