@@ -15,6 +15,11 @@ import jax.numpy as jnp
 from jax import lax
 from jax.flatten_util import ravel_pytree
 
+try:
+    from jax._src.interpreters.partial_eval import JaxprTracer as _UnknownTangent
+except ImportError:     # pragma: no cover - a JAX without it: JAX's own error stands
+    _UnknownTangent = ()
+
 from ._bound import bound
 from ._optim import conjugate_gradient
 from ._site_precision import log_z as _site_precision_log_z
@@ -124,10 +129,6 @@ def implicit(model, q):
     """q, an optimum over its solver leaves, with their implicit-function derivative in the model (the leaves a
     refinable factor holds fixed are held fixed in the derivative too).
 
-    Every array other than the model's inexact leaves enters `_implicit_optimum` as an argument, `held`, not
-    through the closure `stationarity`: a traced array in a custom_jvp's non-differentiable closure leaks out of
-    its trace.
-
     Args:
         model: the `Model` (with its derivatives).
         q: the optimum `Gaussian`.
@@ -137,15 +138,67 @@ def implicit(model, q):
     """
     params, static = eqx.partition(q, solver_mask(q))
     flat, unravel = ravel_pytree(params)
+    objective = lambda model, f, static: bound(model, eqx.combine(unravel(f), static))
+    flat = implicit_maximiser(objective, model, flat, static)
+    return eqx.combine(unravel(flat), stop_gradients(static))
+
+
+def implicit_maximiser(objective, model, x, fixed=None):
+    """x, a maximiser of objective(model, x, fixed) over the flat array x, with its implicit-function derivative
+    in the model's inexact arrays (`fixed`, any pytree, is held fixed). The Hessian of the objective in x must be
+    negative definite at x.
+
+    Every array other than the model's inexact leaves enters `_implicit_optimum` as an argument, `held`, not
+    through the closure `stationarity`: a traced array in a custom_jvp's non-differentiable closure leaks out of
+    its trace.
+
+    Args:
+        objective: (model, x, fixed) -> scalar.
+        model: the `Model` (with its derivatives).
+        x: (P,) the maximiser, as a solver found it (its own derivatives are dropped).
+        fixed: a pytree the objective needs and the derivative holds fixed.
+
+    Returns:
+        (P,) x with the implicit derivative attached.
+    """
     dynamic, rest = eqx.partition(model, eqx.is_inexact_array)
-    held, skeleton = eqx.partition((rest, stop_gradients(static)), eqx.is_array)
+    held, skeleton = eqx.partition((rest, stop_gradients(fixed)), eqx.is_array)
 
     def stationarity(dyn, held, f):
-        rest, static = eqx.combine(held, skeleton)
-        return jax.grad(lambda f: bound(eqx.combine(dyn, rest), eqx.combine(unravel(f), static)))(f)
+        rest, fixed = eqx.combine(held, skeleton)
+        return jax.grad(lambda f: objective(eqx.combine(dyn, rest), f, fixed))(f)
 
-    flat = _implicit_optimum(stationarity, dynamic, held, lax.stop_gradient(flat))
-    return eqx.combine(unravel(flat), stop_gradients(static))
+    return _implicit_optimum(stationarity, dynamic, held, lax.stop_gradient(x))
+
+
+def forward_mode_only(tree, message):
+    """`tree`, unchanged, whose derivatives may be taken in forward mode (jax.jvp, jax.jacfwd) but not in reverse
+    mode: under jax.grad, jax.vjp or jax.linearize it raises ValueError(message) instead of JAX's error about
+    `lax.while_loop` inside the caller's solver loop.
+
+    Args:
+        tree: any pytree (a `Model`).
+        message: the error's text (it should name jax.jacfwd).
+
+    Returns:
+        `tree`.
+    """
+    return _forward_mode_only(tree, message)
+
+
+@eqx.filter_custom_jvp
+def _forward_mode_only(tree, message):
+    return tree
+
+
+@_forward_mode_only.def_jvp
+def _forward_mode_only_jvp(primals, tangents):
+    tree, message = primals
+    # Reverse mode linearises: the tangents are then partial-evaluation tracers (unknown values), never in forward
+    # mode (concrete values, or jit/vmap tracers). A JAX without this class falls back to JAX's own error.
+    if any(isinstance(t, _UnknownTangent) for t in jax.tree_util.tree_leaves(tangents[0])):
+        raise ValueError(message)
+    return tree, tangents[0]
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0,))

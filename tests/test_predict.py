@@ -109,3 +109,40 @@ def test_ep_log_z_reverse_mode_matches_central_differences(power):
     assert abs(float(grad) - float(fd)) < 1e-7
     if power == 1.0:    # forward mode through the iterations as well (a second program: ~half the test's time)
         assert abs(float(grad) - float(jax.jacfwd(log_z)(0.3))) < 1e-10
+
+
+def _logistic_model(lv, n=15, d=3):
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(n, d))
+    y = np.sign(X[:, 0] + rng.normal(size=n))
+    return gk.Model(gk.priors.Isotropic(d, jnp.exp(lv)), gk.Sites(X, P.Logistic(y)))
+
+
+def test_laplace_reverse_mode_matches_central_differences_to_second_order():
+    """The implicit rule for the mode: jax.grad of log Z_LA and of the mean, and jax.hessian of log Z_LA."""
+    log_z = lambda lv: gk.laplace(_logistic_model(lv), tol=1e-12).log_z
+    mean0 = lambda lv: gk.laplace(_logistic_model(lv), tol=1e-12).q.mean[0]
+    h = 1e-5
+    for f in (log_z, mean0):
+        fd = (f(0.3 + h) - f(0.3 - h)) / (2 * h)
+        assert abs(float(jax.grad(f)(0.3)) - float(fd)) < 1e-8
+    grad = jax.grad(log_z)
+    fd2 = (grad(0.3 + h) - grad(0.3 - h)) / (2 * h)
+    assert abs(float(jax.hessian(log_z)(0.3)) - float(fd2)) < 1e-7
+
+
+def test_local_reverse_mode_matches_central_differences():
+    """The envelope rule at fixed tangent points (exact as the EM iteration converges)."""
+    log_z = lambda lv: gk.local(_logistic_model(lv), tol=1e-14, max_steps=5000).log_z
+    h = 1e-5
+    fd = (log_z(0.3 + h) - log_z(0.3 - h)) / (2 * h)
+    assert abs(float(jax.grad(log_z)(0.3)) - float(fd)) < 1e-7
+
+
+def test_double_loop_reverse_mode_names_jacfwd():
+    log_z = lambda lv: gk.double_loop(_logistic_model(lv), rank=3).log_z
+    with pytest.raises(ValueError, match="jax.jacfwd"):
+        jax.grad(log_z)(0.3)
+    h = 1e-5
+    fd = (log_z(0.3 + h) - log_z(0.3 - h)) / (2 * h)
+    assert abs(float(jax.jacfwd(log_z)(0.3)) - float(fd)) < 1e-6

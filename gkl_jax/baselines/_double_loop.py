@@ -39,6 +39,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .. import _lanczos
+from .._adjoint import forward_mode_only
 from .._gaussian import Gaussian
 from .._linalg import full_precision
 from .._optim import conjugate_gradient
@@ -72,6 +73,8 @@ def double_loop(model, rank: int, *, key=None, max_outer: int = 20, max_inner: i
     Returns:
         `gkl_jax.Result` with `is_bound=False` (an estimate of log Z, not a bound), q a rank-K `FactorAnalysis`
         Gaussian, and `history[k]` the (single-probe) evidence estimate at the start of outer step k.
+        Derivatives in the model: forward mode only (jax.jacfwd, jax.jvp, through the iterations); reverse mode
+        (jax.grad) raises a ValueError that says so.
 
     Raises:
         ValueError: rank outside [1, D], potentials without a super-Gaussian bound (probit, Poisson, Custom), a
@@ -98,6 +101,9 @@ def double_loop(model, rank: int, *, key=None, max_outer: int = 20, max_inner: i
         check_int(value, f"double_loop: {name}", 1)
     tol = check_tol(tol, "double_loop: tol")
     key = jax.random.PRNGKey(0) if key is None else check_key(key)
+    model = forward_mode_only(model, "double_loop: reverse-mode derivatives (jax.grad, jax.vjp, jax.linearize) of "
+                              "its result are not available: the Lanczos fixed point has no implicit rule; take "
+                              "forward-mode derivatives with jax.jacfwd or jax.jvp")
     result = _double_loop_jit(model, key, int(rank), int(max_outer), int(max_inner), int(max_cg), int(num_probes),
                               jnp.asarray(tol, C.dtype_of(model)))
     C.warn_if_not_converged(result.converged, "double_loop", f"the outer loop did not settle (relative change "

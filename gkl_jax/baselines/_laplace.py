@@ -23,6 +23,7 @@ import jax.scipy.linalg as jsl
 from jax import lax
 
 from .. import potentials as P
+from .._adjoint import implicit_maximiser, stop_gradients
 from .._linalg import full_precision
 from .._result import Result
 from .._validate import check_max_steps, check_tol
@@ -50,7 +51,8 @@ def laplace(model, *, tol: float | None = None, max_steps: int = 100) -> Result:
 
     Returns:
         `gkl_jax.Result` with q = N(w*, A^{-1}) (a Full factor), `log_z` the Laplace estimate (`is_bound=False`)
-        and `history` log p(w) at each step.
+        and `history` log p(w) at each step. q and `log_z` are differentiable in the model in forward and reverse
+        mode, to any order (the implicit-function rule for w*: dw* = A^{-1} d_theta grad log p(w*)).
 
     Raises:
         ValueError: a potential that is not twice differentiable (Laplace), a model that cannot be fitted, or a
@@ -96,23 +98,26 @@ def _curvature(model, groups, w):
 
 @program
 def _laplace_jit(model, tol, max_steps):
-    """One `lax.while_loop`; iteration k evaluates log p, its gradient and curvature at w_k (history[k]) and,
-    unless it has converged (`laplace`) or k = max_steps, takes the damped Newton step to w_{k+1}."""
+    """One `lax.while_loop` on the gradient-free model; iteration k evaluates log p, its gradient and curvature at
+    w_k (history[k]) and, unless it has converged (`laplace`) or k = max_steps, takes the damped Newton step to
+    w_{k+1}. The mode found then gets its implicit-function derivative (dw* = A^{-1} d_theta grad log p) and
+    log Z_LA and A are evaluated at it outside the loop, so that jax.grad of either works to every order."""
     TRACE_COUNT["laplace"] += 1
-    groups = C.operators(model)
+    frozen = stop_gradients(model)
+    groups = C.operators(frozen)
     dtype = C.dtype_of(model)
     dim = model.dim
-    f = lambda w: C.log_joint(model, w)
+    f = lambda w: C.log_joint(frozen, w)
     w0 = jnp.zeros(dim, dtype) if model.prior is None else model.prior.mean.astype(dtype)
 
     def cond(state):
-        _, _, _, _, k, _, done, ok = state
+        _, k, _, done, ok = state
         return ~done & ok & (k <= max_steps)
 
     def body(state):
-        w, _, _, _, k, hist, _, _ = state
+        w, k, hist, _, _ = state
         fw = f(w)
-        g, A, A_clip = _curvature(model, groups, w)
+        g, _, A_clip = _curvature(frozen, groups, w)
         L = jnp.linalg.cholesky(A_clip)
         good = jnp.all(jnp.isfinite(L))
         # Without a prior the clipped curvature may be singular; fall back to gradient ascent there.
@@ -120,17 +125,19 @@ def _laplace_jit(model, tol, max_steps):
         done = (jnp.max(jnp.abs(g)) <= tol) | (good & (g @ p <= tol * tol))
         t, _, ok = armijo_search(f, w, fw, g, p)
         move = ok & ~done & (k < max_steps)
-        w_new = jnp.where(move, w + t * p, w)
-        return w_new, w, fw, (g, A), k + 1, hist.at[k].set(fw), done, ok | done
+        return jnp.where(move, w + t * p, w), k + 1, hist.at[k].set(fw), done, ok | done
 
-    zeros = (jnp.zeros(dim, dtype), jnp.zeros((dim, dim), dtype))
-    state = (w0, w0, jnp.zeros((), dtype), zeros, jnp.asarray(0), jnp.full((max_steps + 1,), jnp.nan, dtype),
-             jnp.asarray(False), jnp.asarray(True))
-    _, w, fw, (g, A), k, hist, done, _ = lax.while_loop(cond, body, state)
+    state = (lax.stop_gradient(w0), jnp.asarray(0), jnp.full((max_steps + 1,), jnp.nan, dtype), jnp.asarray(False),
+             jnp.asarray(True))
+    w, k, hist, done, _ = lax.while_loop(cond, body, state)
+    # The loop's last evaluation was at w (it stops without moving), so these equal its last values.
+    w = implicit_maximiser(lambda m, w, _: C.log_joint(m, w), model, w)
+    fw = C.log_joint(model, w)
+    _, A, _ = _curvature(model, C.operators(model), w)
     L = jnp.linalg.cholesky(A)
     pd = jnp.all(jnp.isfinite(L))
     log_z = fw + 0.5 * dim * jnp.log(2 * jnp.pi) - jnp.sum(jnp.log(jnp.diag(L)))
     converged = pd & done & jnp.isfinite(log_z)
     q = C.gaussian_of_precision(w, A)
-    return Result(q=q, log_z=log_z, converged=converged, num_steps=k - 1, history=hist, method="laplace",
-                  is_bound=False)
+    return Result(q=q, log_z=log_z, converged=converged, num_steps=k - 1, history=lax.stop_gradient(hist),
+                  method="laplace", is_bound=False)
