@@ -86,11 +86,7 @@ def ep(model, power: float = 1.0, damping: float = 0.5, *, tol: float | None = N
     dtype = C.dtype_of(model)
     tol = C.default_tol(dtype) if tol is None else check_tol(tol, "ep: tol")
     # tol and damping enter as arrays: changing them does not recompile
-    result, taus, nus = _ep_jit(model, power, jnp.asarray(damping, dtype), jnp.asarray(tol, dtype), max_steps)
-    # log Z_EP is stationary in the site parameters at an EP fixed point (Minka 2001; Seeger 2005), so its first
-    # derivative in the model is the partial derivative at the fixed sites: evaluated outside the loop, which
-    # makes jax.grad (reverse mode) of log_z work; the loop's outputs q stay forward-differentiable only.
-    result = eqx.tree_at(lambda r: r.log_z, result, _envelope_log_z(model, taus, nus, power, result.log_z))
+    result = _ep_jit(model, power, jnp.asarray(damping, dtype), jnp.asarray(tol, dtype), max_steps)
     C.warn_if_not_converged(result.converged, "ep", f"EP did not converge within max_steps={max_steps} (site "
                             f"parameter change > tol={tol:g}, skipped sites with non-positive cavity precision, "
                             "or an indefinite posterior precision); try a smaller damping or power")
@@ -228,9 +224,13 @@ def _ep_jit(model, power, damping, tol, max_steps):
     taus, nus, ev, k, hist, done, ok, _ = lax.while_loop(cond, body, state)
     converged = done & ok & jnp.isfinite(ev.log_z)
     q = C.gaussian_of_precision(ev.sol.mean, ev.sol.precision)
-    result = Result(q=q, log_z=ev.log_z, converged=converged, num_steps=k - 1, history=hist, method="ep",
-                    is_bound=False)
-    return result, taus, nus
+    # log Z_EP is stationary in the site parameters at an EP fixed point (Minka 2001; Seeger 2005), so its first
+    # derivative in the model is the partial derivative at the fixed sites: evaluated outside the loop (in this
+    # program: under jax.grad without jit it is not run op by op), which makes jax.grad (reverse mode) of log_z
+    # work; the loop's outputs q stay forward-differentiable only.
+    log_z = _envelope_log_z(model, taus, nus, power, ev.log_z)
+    return Result(q=q, log_z=log_z, converged=converged, num_steps=k - 1, history=hist, method="ep",
+                  is_bound=False)
 
 
 @eqx.filter_custom_jvp

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .. import potentials as P
-from .._adjoint import filtered_jvp, stop_gradients
+from .._adjoint import filtered_jvp
 from .._linalg import full_precision
 from .._optim import default_tol
 from .._result import Result
@@ -52,7 +52,8 @@ def local(model, *, tol: float | None = None, max_steps: int = 1000) -> Result:
         `gkl_jax.Result` with q = N(A^{-1} b, A^{-1}) (a Full factor), `log_z` = B(xi) (a guaranteed lower bound,
         `is_bound=True`) and `history` the best bound after each evaluation. `log_z` has first derivatives in the
         model in forward and reverse mode (jax.grad; the envelope rule at fixed xi, exact as the iteration
-        converges; second derivatives would miss dxi*/dtheta); q is not differentiated.
+        converges; second derivatives would miss dxi*/dtheta); q is differentiable in forward mode only (through
+        the iterations).
 
     Raises:
         ValueError: potentials without a tight exponentiated-quadratic bound (Poisson, Custom), a model that
@@ -138,7 +139,6 @@ def _local_jit(model, tol, max_steps):
     by at most tol (1 + |B|) (an over-relaxed step that gains so little is followed by a plain one), or after
     max_steps evaluations."""
     TRACE_COUNT["local"] += 1
-    model, differentiable = stop_gradients(model), model
     groups = C.operators(model)
     dtype = C.dtype_of(model)
     params0 = initial_parameters(model, groups, dtype)
@@ -173,8 +173,8 @@ def _local_jit(model, tol, max_steps):
              jnp.full((max_steps + 1,), jnp.nan, dtype), jnp.asarray(0), jnp.asarray(False), jnp.asarray(True))
     _, params, sol, value, _, hist, k, done, ok = lax.while_loop(cond, body, state)
     # B is stationary in xi at the fixed point: its derivative in the model is the partial one at fixed xi (the
-    # envelope rule, first derivatives only), evaluated outside the loop; q is the loop's, without derivatives.
-    value = _envelope_bound(value, differentiable, params)
+    # envelope rule, first derivatives only), evaluated outside the loop; q has the loop's (forward mode only).
+    value = _envelope_bound(value, model, params)
     q = C.gaussian_of_precision(sol.mean, sol.precision)
     return Result(q=q, log_z=value, converged=done & ok & jnp.isfinite(value), num_steps=k - 1, history=hist,
                   method="local", is_bound=True)
