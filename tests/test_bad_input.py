@@ -357,7 +357,7 @@ def test_traced_bad_arguments_report_no_convergence_and_fail_a_checkify_check():
     from jax.experimental import checkify
 
     _, H, y = _logistic_model()
-    run = lambda v, tol: gk.fit(gk.Model(gk.priors.Isotropic(3, v), gk.Sites(H, P.Logistic(y))), tol=tol)
+    run = lambda v, tol: gk.fit(gk.Model(gk.priors.Isotropic(3, v), gk.Sites(H, P.Logistic(y))), tol=tol, max_steps=30)
     fit, checked = jax.jit(run), jax.jit(checkify.checkify(run))      # one compilation each
     good = fit(1.0, 1e-6)
     assert bool(good.converged) and checked(1.0, 1e-6)[0].get() is None
