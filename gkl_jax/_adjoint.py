@@ -16,9 +16,10 @@ from jax import lax
 from jax.flatten_util import ravel_pytree
 
 try:
-    from jax._src.interpreters.partial_eval import JaxprTracer as _UnknownTangent
-except ImportError:     # pragma: no cover - a JAX without it: JAX's own error stands
-    _UnknownTangent = ()
+    from jax._src.interpreters import partial_eval as _partial_eval
+    _UNKNOWN_TANGENTS: tuple = (_partial_eval.JaxprTracer,)
+except (ImportError, AttributeError):     # pragma: no cover - a JAX without it: JAX's own error stands
+    _UNKNOWN_TANGENTS = ()
 
 from ._bound import bound
 from ._optim import conjugate_gradient
@@ -196,7 +197,7 @@ def _forward_mode_only_jvp(primals, tangents):
     tree, message = primals
     # Reverse mode linearises: the tangents are then partial-evaluation tracers (unknown values), never in forward
     # mode (concrete values, or jit/vmap tracers). A JAX without this class falls back to JAX's own error.
-    if any(isinstance(t, _UnknownTangent) for t in jax.tree_util.tree_leaves(tangents[0])):
+    if any(isinstance(t, _UNKNOWN_TANGENTS) for t in jax.tree_util.tree_leaves(tangents[0])):
         raise ValueError(message)
     return tree, tangents[0]
 

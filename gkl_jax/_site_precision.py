@@ -49,7 +49,7 @@ import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 from jax import lax
 
-from ._linalg import invert_lower, lower_gram, solve_lower, tdot
+from ._linalg import diagonal, invert_lower, lower_gram, solve_lower, tdot
 from ._optim import MAX_HALVINGS as _MAX_HALVINGS
 from ._optim import MAX_STALLS as _MAX_STALLS
 from ._optim import scaled_gradient, stop_level
@@ -199,7 +199,7 @@ def _parts(K, W):
     eye = jnp.eye(K.shape[0], dtype=K.dtype)
     L = jnp.linalg.cholesky(eye + sw[:, None] * K * sw[None, :])
     V = solve_lower(L, sw[:, None] * K)
-    diag_K = jnp.diag(K)
+    diag_K = diagonal(K)
     s_diag = diag_K - jnp.sum(jnp.square(V), axis=0)
     # The difference cancels where W_n Sigma_nn is large (relative error ~ eps W_n Sigma_nn: a GP variance of
     # 1e20 made it 1e6). There W_n S_nn = 1 - (B^{-1})_nn gives S_nn without cancellation; its triangular
@@ -211,7 +211,7 @@ def _parts(K, W):
         return jnp.where(big, (1 - b_inv) / jnp.where(big, W, 1), s)
 
     s_diag = lax.cond(jnp.any(big), stable, lambda s: s, s_diag)
-    return -2 * jnp.sum(jnp.log(jnp.diag(L))), jnp.maximum(s_diag, jnp.finfo(K.dtype).tiny), V, L
+    return -2 * jnp.sum(jnp.log(diagonal(L))), jnp.maximum(s_diag, jnp.finfo(K.dtype).tiny), V, L
 
 
 _CANCELLATION = 1e-8

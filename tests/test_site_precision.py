@@ -261,3 +261,16 @@ def test_gap_estimates_the_distance_to_the_optimum():
         gaps.append(true_gap)
         assert true_gap > 0 and 0.1 * true_gap <= estimate <= 10 * true_gap, (tol, true_gap, estimate)
     assert gaps[0] > 1e-5 and gaps[-1] < 1e-6      # the three fits stopped at different distances
+
+
+def test_diagonal_is_numpys_diagonal_as_one_gather():
+    """`_linalg.diagonal` (the library's diagonal of a matrix) against numpy, square, rectangular and batched; its
+    jaxpr holds no cond (jnp.diagonal's platform-dependent branch) and no nested jit."""
+    from gkl_jax._linalg import diagonal
+
+    rng = np.random.default_rng(0)
+    for shape in [(4, 4), (5, 3), (3, 5), (2, 4, 4), (1, 1)]:
+        A = rng.normal(size=shape)
+        np.testing.assert_array_equal(np.asarray(diagonal(jnp.asarray(A))), np.diagonal(A, axis1=-2, axis2=-1))
+    names = {e.primitive.name for e in jax.make_jaxpr(diagonal)(jnp.ones((4, 4))).jaxpr.eqns}
+    assert "cond" not in names and "jit" not in names and "pjit" not in names

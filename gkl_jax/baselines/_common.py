@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 
 from .._gaussian import Gaussian
+from .._linalg import diagonal
 from .._model import check_fittable
 from .._optim import default_tol as _default_tol
 from .._result import Result
@@ -142,7 +143,7 @@ def gaussian_sites(model, groups, taus, nus, consts=None) -> GaussianSites:
     ok = jnp.all(jnp.isfinite(L))
     L_safe = jnp.where(ok, L, jnp.eye(dim, dtype=dtype))
     m = jsl.cho_solve((L_safe, True), b)
-    log_integral = c + 0.5 * b @ m - jnp.sum(jnp.log(jnp.diag(L_safe)))
+    log_integral = c + 0.5 * b @ m - jnp.sum(jnp.log(diagonal(L_safe)))
     means, variances = [], []
     for op, off, _ in groups:
         means.append(op.mv(m) + off)

@@ -24,7 +24,7 @@ from jax import lax
 
 from .. import potentials as P
 from .._adjoint import implicit_maximiser, stop_gradients
-from .._linalg import full_precision
+from .._linalg import diagonal, full_precision
 from .._result import Result
 from .._validate import check_max_steps, check_tol
 from .._xla import program
@@ -136,7 +136,7 @@ def _laplace_jit(model, tol, max_steps):
     _, A, _ = _curvature(model, C.operators(model), w)
     L = jnp.linalg.cholesky(A)
     pd = jnp.all(jnp.isfinite(L))
-    log_z = fw + 0.5 * dim * jnp.log(2 * jnp.pi) - jnp.sum(jnp.log(jnp.diag(L)))
+    log_z = fw + 0.5 * dim * jnp.log(2 * jnp.pi) - jnp.sum(jnp.log(diagonal(L)))
     converged = pd & done & jnp.isfinite(log_z)
     q = C.gaussian_of_precision(w, A)
     return Result(q=q, log_z=log_z, converged=converged, num_steps=k - 1, history=lax.stop_gradient(hist),

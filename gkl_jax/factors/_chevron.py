@@ -7,7 +7,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .._linalg import tdot
+from .._linalg import diagonal, tdot
 from .._validate import as_float_array, as_int, check_finite, check_ndim
 from ._base import AbstractFactor, check_initialised, signed_log_abs_diag
 from ._kernels import broadcast_variances, check_count, check_shape, low_rank_projection, operator_kind
@@ -93,7 +93,7 @@ class Chevron(AbstractFactor):
 
     def logdet(self):
         check_initialised(self)
-        head = jnp.diagonal(self.theta[:, :self.rows]) if self.rows else jnp.zeros((0,), self.d.dtype)
+        head = diagonal(self.theta[:, :self.rows]) if self.rows else jnp.zeros((0,), self.d.dtype)
         return 2 * (signed_log_abs_diag(head) + signed_log_abs_diag(self.d))
 
     def project_variances(self, op):

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .._linalg import tdot
+from .._linalg import diagonal, tdot
 from .._validate import as_float_array, check_finite, check_ndim
 from ._base import AbstractFactor, check_initialised
 from ._kernels import broadcast_variances, check_count, check_shape, low_rank_projection, operator_kind
@@ -140,11 +140,11 @@ class FactorAnalysis(AbstractFactor):
         dim = A.shape[0]
         _check_rank(self.rank, dim)
         Sigma = jax.scipy.linalg.cho_solve((jnp.linalg.cholesky(A), True), jnp.eye(dim, dtype=A.dtype))
-        a = jnp.diagonal(A)
+        a = diagonal(A)
 
         def pick(k, carry):
             R, hubs = carry     # R: (A_RR)^{-1} on the rows and columns left, zeros on those picked
-            j = jnp.argmax(jnp.where(jnp.diagonal(R) > 0, a * jnp.diagonal(R), -jnp.inf))
+            j = jnp.argmax(jnp.where(diagonal(R) > 0, a * diagonal(R), -jnp.inf))
             return R - jnp.outer(R[:, j], R[j]) / R[j, j], hubs.at[k].set(j)
 
         _, hubs = lax.fori_loop(0, self.rank, pick, (Sigma, jnp.zeros(self.rank, int)))
@@ -179,7 +179,7 @@ class FactorAnalysis(AbstractFactor):
             return self._split_logdet(psi)
         U = self.theta / jnp.sqrt(psi)[:, None]
         L = jnp.linalg.cholesky(jnp.eye(self.rank, dtype=U.dtype) + U.T @ U)
-        return jnp.sum(jnp.log(psi)) + 2 * jnp.sum(jnp.log(jnp.diagonal(L)))
+        return jnp.sum(jnp.log(psi)) + 2 * jnp.sum(jnp.log(diagonal(L)))
 
     def _split_logdet(self, psi):
         """log det S with the K rows H of smallest psi_i / S_ii (those Theta covers most) split off, R the others:
@@ -198,7 +198,7 @@ class FactorAnalysis(AbstractFactor):
         L = jnp.linalg.cholesky(M)
         T = jax.scipy.linalg.solve_triangular(L, theta[hub].T, lower=True)
         schur = jnp.diag(psi[hub]) + tdot(T, T)
-        diagonals = jnp.concatenate([jnp.diagonal(L), jnp.diagonal(jnp.linalg.cholesky(schur))])
+        diagonals = jnp.concatenate([diagonal(L), diagonal(jnp.linalg.cholesky(schur))])
         return jnp.sum(jnp.where(rest, jnp.log(safe), 0.0)) + 2 * jnp.sum(jnp.log(diagonals))
 
     def project(self, op, mean):

@@ -5,7 +5,7 @@ from typing import ClassVar, Optional
 import jax
 import jax.numpy as jnp
 
-from .._linalg import invert_lower, tdot
+from .._linalg import diagonal, invert_lower, tdot
 from .._validate import as_float_array, check_finite, check_ndim
 from ._base import AbstractFixedPointFactor, check_initialised, signed_log_abs_diag
 from ._kernels import broadcast_variances
@@ -34,7 +34,7 @@ def upper_factor(C):
     """The upper-triangular R with R^T R = C^T C for any square C (the R of C = Q R, its rows signed so that
     diag(R) >= 0); R = C where C is already upper triangular with a positive diagonal."""
     R = jnp.linalg.qr(C, mode="r")
-    return jnp.where(jnp.diagonal(R) < 0, -1.0, 1.0)[:, None] * R
+    return jnp.where(diagonal(R) < 0, -1.0, 1.0)[:, None] * R
 
 
 class Full(AbstractFixedPointFactor):
@@ -84,7 +84,7 @@ class Full(AbstractFixedPointFactor):
 
     def logdet(self):
         check_initialised(self)
-        return 2 * signed_log_abs_diag(jnp.diag(self.C))
+        return 2 * signed_log_abs_diag(diagonal(self.C))
 
     def project_variances(self, op):
         return jnp.sum(jnp.square(op.mm(self.upper().T)), axis=1)

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .._linalg import invert_lower, tdot
+from .._linalg import diagonal, invert_lower, tdot
 from .._validate import as_float_array, check_finite, check_ndim, is_concrete
 from ._base import check_initialised, signed_log_abs_diag
 from ._full import upper_factor_of_inverse
@@ -188,7 +188,7 @@ class Subspace(AbstractRefinableFactor):
 
     def logdet(self):
         check_initialised(self)
-        return 2 * signed_log_abs_diag(jnp.diagonal(self.C1)) + self.complement_dim * jnp.log(jnp.square(self.c))
+        return 2 * signed_log_abs_diag(diagonal(self.C1)) + self.complement_dim * jnp.log(jnp.square(self.c))
 
     def project_variances(self, op):
         if operator_kind(op) == "identity":

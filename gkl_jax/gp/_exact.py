@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 
 from .._gaussian import Gaussian
-from .._linalg import full_precision, tdot
+from .._linalg import diagonal, full_precision, tdot
 from .._model import Model
 from .._result import Result
 from .._xla import program
@@ -86,13 +86,13 @@ def _exact_jit(model):
         Ky = HL @ HL.T + jnp.diag(v)
         Ly = jnp.linalg.cholesky(Ky)
         alpha = jsl.cho_solve((Ly, True), r)
-        log_z = -0.5 * (r @ alpha + 2 * jnp.sum(jnp.log(jnp.diag(Ly))) + N * jnp.log(2 * jnp.pi))
+        log_z = -0.5 * (r @ alpha + 2 * jnp.sum(jnp.log(diagonal(Ly))) + N * jnp.log(2 * jnp.pi))
         mean = prior.mean + L @ tdot(HL, alpha)
     else:
         Lp = jnp.linalg.cholesky(precision)
         b = tdot(H, r / v)
         post = jsl.cho_solve((Lp, True), b)
-        logdet = jnp.sum(jnp.log(v)) + prior.logdet() + 2 * jnp.sum(jnp.log(jnp.diag(Lp)))
+        logdet = jnp.sum(jnp.log(v)) + prior.logdet() + 2 * jnp.sum(jnp.log(diagonal(Lp)))
         quad = jnp.sum(jnp.square(r) / v) - b @ post
         log_z = -0.5 * (quad + logdet + N * jnp.log(2 * jnp.pi))
         mean = prior.mean + post

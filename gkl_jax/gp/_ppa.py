@@ -37,7 +37,7 @@ import optax
 from jax import lax
 from jax.scipy.special import ndtr
 
-from .._linalg import full_precision, tdot
+from .._linalg import diagonal, full_precision, tdot
 from .._validate import as_float_array, check_finite, check_int, check_nonnegative, check_positive, strongly_typed
 from ..kernels import AbstractKernel
 from ..potentials import Logistic, Probit
@@ -130,10 +130,10 @@ def standard_bound(params, stats, X, jitter):
     L = jnp.linalg.cholesky(K)
     Ki_C = jsl.cho_solve((L, True), stats.C)
     Ki_mu = jsl.cho_solve((L, True), stats.mu)
-    prior = -0.5 * (N * LOG_2PI + 2 * jnp.sum(jnp.log(jnp.diag(L))) + jnp.trace(Ki_C) + stats.mu @ Ki_mu)
+    prior = -0.5 * (N * LOG_2PI + 2 * jnp.sum(jnp.log(diagonal(L))) + jnp.trace(Ki_C) + stats.mu @ Ki_mu)
     f2 = stats.f_var + jnp.square(stats.f_mean)
     link = jnp.sum(-0.5 * jnp.log(2 * jnp.pi * v)
-                   - 0.5 / v * (f2 - 2 * stats.f_mean * stats.mu + jnp.square(stats.mu) + jnp.diag(stats.C)))
+                   - 0.5 / v * (f2 - 2 * stats.f_mean * stats.mu + jnp.square(stats.mu) + diagonal(stats.C)))
     _, logdet_C = jnp.linalg.slogdet(stats.C)
     entropy = 0.5 * (N * (1 + LOG_2PI) + logdet_C)
     return prior + link + entropy + stats.const
@@ -156,7 +156,7 @@ def corrected_bound(params, stats, X, jitter):
     Kv = _gram(params.kernel, X, jitter) + v * jnp.eye(X.shape[0], dtype=X.dtype)
     L = jnp.linalg.cholesky(Kv)
     a = jsl.solve_triangular(L, stats.f_mean, lower=True)
-    log_n = -0.5 * (X.shape[0] * LOG_2PI + 2 * jnp.sum(jnp.log(jnp.diag(L))) + a @ a)
+    log_n = -0.5 * (X.shape[0] * LOG_2PI + 2 * jnp.sum(jnp.log(diagonal(L))) + a @ a)
     return log_n - 0.5 / v * jnp.sum(stats.f_var) + stats.const
 
 

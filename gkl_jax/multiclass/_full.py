@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 import numpy as np
 
-from .._linalg import full_precision
+from .._linalg import diagonal, full_precision
 from .._validate import check_max_steps, check_tol, is_concrete
 from .._xla import program
 from ..priors._priors import dense_cholesky
@@ -54,7 +54,7 @@ def log_z_h(K, Y, m, V, b, S):
     LV = jnp.linalg.cholesky(V)
     A = jsl.solve_triangular(LK, LV, lower=True)
     a = jsl.solve_triangular(LK, m, lower=True)
-    logdet = 2 * (jnp.sum(jnp.log(jnp.diag(LV))) - jnp.sum(jnp.log(jnp.diag(LK))))
+    logdet = 2 * (jnp.sum(jnp.log(diagonal(LV))) - jnp.sum(jnp.log(diagonal(LK))))
     neg_kl = 0.5 * (logdet - jnp.sum(A * A) - a @ a + N)
     sites = jax.vmap(lambda y, mm, VV, bb, SS: site_bound_free(mm, VV, bb, SS) + mm @ y)
     return neg_kl + jnp.sum(sites(Y, m.reshape(n, C), blocks(V, C), b, S))

@@ -16,6 +16,8 @@ import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 from jax.scipy.special import gammaln
 
+from .._linalg import diagonal
+
 
 class ImportanceEstimate(eqx.Module):
     """log p^(y) (`log_z`), its 99.9% upper confidence value (`log_z_upper`), the effective sample size, and the
@@ -48,8 +50,8 @@ def importance_sampling(key, K, Y, mean, *, scale=None, num_samples=100_000, nu=
     num_batches = -(-int(num_samples) // batch_size)
     LK = jnp.linalg.cholesky(K)
     LS = LK if scale is None else jnp.linalg.cholesky(scale)
-    logdet_K = 2 * jnp.sum(jnp.log(jnp.diag(LK)))
-    logdet_S = 2 * jnp.sum(jnp.log(jnp.diag(LS)))
+    logdet_K = 2 * jnp.sum(jnp.log(diagonal(LK)))
+    logdet_S = 2 * jnp.sum(jnp.log(diagonal(LS)))
     log_t_const = (gammaln((nu + N) / 2) - gammaln(nu / 2) - N / 2 * jnp.log(nu * jnp.pi) - 0.5 * logdet_S)
     y = Y.reshape(-1)
 
@@ -91,8 +93,8 @@ def importance_predictive(key, K, Y, mean, K_cross, K_star_blocks, *, scale=None
     num_batches = -(-int(num_samples) // batch_size)
     LK = jnp.linalg.cholesky(K)
     LS = LK if scale is None else jnp.linalg.cholesky(scale)
-    logdet_K = 2 * jnp.sum(jnp.log(jnp.diag(LK)))
-    logdet_S = 2 * jnp.sum(jnp.log(jnp.diag(LS)))
+    logdet_K = 2 * jnp.sum(jnp.log(diagonal(LK)))
+    logdet_S = 2 * jnp.sum(jnp.log(diagonal(LS)))
     log_t_const = (gammaln((nu + N) / 2) - gammaln(nu / 2) - N / 2 * jnp.log(nu * jnp.pi) - 0.5 * logdet_S)
     A = jsl.cho_solve((LK, True), K_cross)  # K^{-1} K_*
     cond = K_star_blocks - jnp.einsum("kja,kjb->jab", K_cross.reshape(N, n_star, C), A.reshape(N, n_star, C))

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 from jax import lax
 
+from .._linalg import diagonal
 from .._optim import backtrack
 
 STEP_HALVINGS = 10
@@ -37,7 +38,7 @@ def _sym(X):
 
 
 def _logdet_pd(X):
-    return 2.0 * jnp.sum(jnp.log(jnp.diagonal(jnp.linalg.cholesky(X), axis1=-2, axis2=-1)), axis=-1)
+    return 2.0 * jnp.sum(jnp.log(diagonal(jnp.linalg.cholesky(X))), axis=-1)
 
 
 def monotone_step(trial, value0, init, *, skip=False):

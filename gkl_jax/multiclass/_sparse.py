@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 from jax import lax
 
-from .._linalg import full_precision, invert_lower, tdot
+from .._linalg import diagonal, full_precision, invert_lower, tdot
 from .._validate import check_max_steps, check_tol, is_concrete
 from .._xla import program
 from ._blocks import blockdiag_left, sym
@@ -146,7 +146,7 @@ def _moments(Lt, W, Kff):
     Z = jsl.solve_triangular(R, Lt.T, lower=True)
     Ltr, Zr = Lt.reshape(n, C, s), Z.T.reshape(n, C, s)
     Vb = sym(Kff - jnp.einsum("ias,ibs->iab", Ltr, Ltr) + jnp.einsum("ias,ibs->iab", Zr, Zr))
-    return Vb, -2.0 * jnp.sum(jnp.log(jnp.diag(R))), jnp.sum(jnp.square(invert_lower(R))), Z
+    return Vb, -2.0 * jnp.sum(jnp.log(diagonal(R))), jnp.sum(jnp.square(invert_lower(R))), Z
 
 
 def _value(Lt, Y, b, S, Vb, logdet, trace, km):
@@ -322,7 +322,7 @@ def sparse_log_z(Kzz, Kzf, Kff_blocks, Y, m, V, b, S, mask=None):
     LV = jnp.linalg.cholesky(V)
     B = jsl.solve_triangular(L, LV, lower=True)
     a = jsl.solve_triangular(L, m, lower=True)
-    logdet = 2 * (jnp.sum(jnp.log(jnp.diag(LV))) - jnp.sum(jnp.log(jnp.diag(L))))
+    logdet = 2 * (jnp.sum(jnp.log(diagonal(LV))) - jnp.sum(jnp.log(diagonal(L))))
     neg_kl = 0.5 * (logdet - jnp.sum(B * B) - a @ a + s)
     mf = tdot(A, a)
     G = jsl.solve_triangular(L.T, A, lower=False)  # K^{-1} K_f

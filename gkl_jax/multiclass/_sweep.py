@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .._linalg import invert_lower, tdot
+from .._linalg import diagonal, invert_lower, tdot
 from ._blocks import blockdiag_dense, blockdiag_left, sandwich_blocks, sym
 from ._site import (
     knowles_minka_bound,
@@ -96,7 +96,7 @@ def _covariance(K, LK, W, Lx=None):
     N = n * C
     B = jnp.eye(N, dtype=K.dtype) + _lwl(LK, W, Lx)
     R = jnp.linalg.cholesky(sym(B))
-    logdet_kv = -2.0 * jnp.sum(jnp.log(jnp.diag(R)))
+    logdet_kv = -2.0 * jnp.sum(jnp.log(diagonal(R)))
     if Lx is None:
         G = lax.linalg.triangular_solve(R, LK, left_side=False, lower=True, transpose_a=True)
     else:

@@ -15,7 +15,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .._linalg import invert_lower, lower_gram, reduced_matmul_precision, reduced_precision_hint, tdot
+from .._linalg import diagonal, invert_lower, lower_gram, reduced_matmul_precision, reduced_precision_hint, tdot
 from .._validate import as_float_array, check_finite, check_int, check_ndim, check_positive, is_concrete
 from ..operators import Dense as DenseOperator
 
@@ -265,7 +265,7 @@ class AbstractDensePrior(AbstractPrior):
     inv_chol: eqx.AbstractVar[jax.Array]
 
     def logdet(self):
-        return 2 * jnp.sum(jnp.log(jnp.diag(self.chol)))
+        return 2 * jnp.sum(jnp.log(diagonal(self.chol)))
 
     def trace_precision(self, factor):
         return jnp.sum(factor.project_variances(DenseOperator(self.inv_chol)))
@@ -283,7 +283,7 @@ class AbstractDensePrior(AbstractPrior):
         return self.chol
 
     def marginal_variances(self):
-        return jnp.diag(self.covariance)
+        return diagonal(self.covariance)
 
 
 class Dense(AbstractDensePrior):
