@@ -56,7 +56,7 @@ import jax.numpy as jnp  # noqa: E402
 
 import gkl_jax as gk  # noqa: E402
 from gkl_jax import multiclass as mc  # noqa: E402
-from gkl_jax.multiclass import _sampling, _selection, _sparse  # noqa: E402
+from gkl_jax.multiclass import _sampling, _sparse  # noqa: E402
 
 PAPER = {  # Table 3 (KL-MNL-theta columns), Table 4 (KL-MNL, WW), Table 5 (sparse KL-MNL), from the paper
     "iris": dict(thm10=-125.28, logz=(-31.46, 1.36), err=(2.28, 1.25), eq25=(-9.45, 1.38), eq24=(-11.38, 1.48),
@@ -241,7 +241,7 @@ def timing_sparse(args):
     Yl = np.eye(C)[yl]
     kl = gk.kernels.SquaredExponential(2.0, 1.0)
     sites = rng.choice(n * C, size=s, replace=False)
-    Kzz, Kzf, Kff = _selection.inducing_prior(kl, Xl, C, sites)
+    Kzz, Kzf, Kff = _sparse.inducing_prior(kl, Xl, C, sites)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         t0 = time.perf_counter()

@@ -18,8 +18,7 @@ from ..kernels import AbstractKernel
 from ._blocks import blockdiag_left, sym
 from ._full import Posterior, fit_full, one_hot_labels, prior_covariance
 from ._predict import Predictive, kronecker_predictive, predictive_moments
-from ._selection import inducing_prior
-from ._sparse import SparsePosterior, masked_prior
+from ._sparse import SparsePosterior, inducing_prior, masked_prior
 from ._sparse import fit_sparse as _fit_sparse_matrices
 from ._theory import gram_matrix_bound
 from ._threads import single_blas_thread

@@ -41,22 +41,7 @@ from .._validate import check_indices, check_int, strongly_typed
 from ._blocks import blockdiag_left
 from ._full import check_one_hot, one_hot_labels
 from ._hyper import trainable_filter
-from ._sparse import _mf, fit_sparse, masked_prior, site_statistics, whitened_cross
-
-
-def inducing_prior(kernel, X, num_classes, sites, *, noise=1e-6, jitter=1e-6, class_covariance=None):
-    """(K_zz, K_zf, K_ff blocks) for inducing variables z_a = f^{c_a}(x_{i_a}) + eps_a at the training latents
-    `sites` (indices p = i C + c), with eps_a ~ N(0, noise) (Remark 13); the latent prior carries `jitter`."""
-    C = check_int(num_classes, "num_classes", 2)
-    X = jnp.asarray(X)
-    sites = check_indices(sites, X.shape[0] * C, "sites")
-    Kc = jnp.eye(C, dtype=X.dtype) if class_covariance is None else jnp.asarray(class_covariance, X.dtype)
-    ii, cc = sites // C, sites % C
-    Kzx = kernel.gram(X[ii], X)  # (s, n)
-    Kzz = kernel.gram(X[ii]) * Kc[cc][:, cc] + noise * jnp.eye(sites.shape[0], dtype=X.dtype)
-    Kzf = (Kzx[:, :, None] * Kc[cc][:, None, :]).reshape(sites.shape[0], -1)
-    Kff = kernel.diag(X)[:, None, None] * Kc + jitter * jnp.eye(C, dtype=X.dtype)
-    return Kzz, Kzf, Kff
+from ._sparse import _mf, fit_sparse, inducing_prior, masked_prior, site_statistics, whitened_cross
 
 
 def _gain(mu, nu, kappa, kv, Vinv, S, lg, Y, w):

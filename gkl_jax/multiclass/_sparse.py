@@ -31,7 +31,7 @@ import jax.scipy.linalg as jsl
 from jax import lax
 
 from .._linalg import diagonal, full_precision, invert_lower, tdot
-from .._validate import check_max_steps, check_tol, is_concrete
+from .._validate import check_indices, check_int, check_max_steps, check_tol, is_concrete
 from .._xla import program
 from ._blocks import blockdiag_left, sym
 from ._full import V_UPDATES, check_one_hot
@@ -40,6 +40,21 @@ from ._sweep import ascend, q_conjugate_gradient, s_sweeps, site_terms
 from ._threads import single_threaded
 
 TRACE_COUNT = {"fit_sparse": 0}
+
+
+def inducing_prior(kernel, X, num_classes, sites, *, noise=1e-6, jitter=1e-6, class_covariance=None):
+    """(K_zz, K_zf, K_ff blocks) for inducing variables z_a = f^{c_a}(x_{i_a}) + eps_a at the training latents
+    `sites` (indices p = i C + c), with eps_a ~ N(0, noise) (Remark 13); the latent prior carries `jitter`."""
+    C = check_int(num_classes, "num_classes", 2)
+    X = jnp.asarray(X)
+    sites = check_indices(sites, X.shape[0] * C, "sites")
+    Kc = jnp.eye(C, dtype=X.dtype) if class_covariance is None else jnp.asarray(class_covariance, X.dtype)
+    ii, cc = sites // C, sites % C
+    Kzx = kernel.gram(X[ii], X)  # (s, n)
+    Kzz = kernel.gram(X[ii]) * Kc[cc][:, cc] + noise * jnp.eye(sites.shape[0], dtype=X.dtype)
+    Kzf = (Kzx[:, :, None] * Kc[cc][:, None, :]).reshape(sites.shape[0], -1)
+    Kff = kernel.diag(X)[:, None, None] * Kc + jitter * jnp.eye(C, dtype=X.dtype)
+    return Kzz, Kzf, Kff
 
 
 def masked_prior(Kzz, Kzf, mask):
@@ -111,8 +126,6 @@ class SparsePosterior(eqx.Module):
         if Kzz is None or Kzf is None:
             if self.kernel is None:
                 raise ValueError("this posterior was fitted on given covariances: pass Kzz and Kzf")
-            from ._selection import inducing_prior
-
             Kzz, Kzf, _ = inducing_prior(self.kernel, self.X, self.Y.shape[1], self.inducing, noise=self.noise,
                                          jitter=self.jitter)
             mask = self.mask if mask is None else mask
