@@ -8,6 +8,12 @@ log-sum-exp term, the trace) returned in 5 of 5 runs each.
     for i in 1 2 3 4 5; do timeout 30 python benchmarks/repro_xla_cpu_hang.py; echo "exit $?"; done
 
 Exit 124 (killed by `timeout`) is the hang; it printed "ok" otherwise.
+
+`--digits` runs the library's own program instead, and hangs far more reliably: `gk.multiclass.fit_sparse` on
+1000 standardised digits (scikit-learn's `load_digits`, 10 classes) with 200 random inducing latents hung in 3 of
+3 unpinned runs (2026-11-28, idle 2-core EPYC) and returned in 17.4 s pinned (`taskset -c 0`):
+
+    for i in 1 2 3; do timeout 120 python benchmarks/repro_xla_cpu_hang.py --digits; echo "exit $?"; done
 """
 
 import sys
@@ -36,5 +42,27 @@ def main(n=2000, C=5):
     print("ok", float(jnp.sum(out)), flush=True)
 
 
+def digits(n=1000, num_inducing=200):
+    import time
+
+    from sklearn.datasets import load_digits
+
+    import gkl_jax as gk
+
+    X, y = load_digits(return_X_y=True)
+    X = X[:, X.std(0) > 0]
+    X = (X - X.mean(0)) / X.std(0)
+    rng = np.random.default_rng(0)
+    train = rng.permutation(len(y))[:n]
+    kernel = gk.kernels.SquaredExponential(1.0, float(np.sqrt(X.shape[1])))
+    sites = rng.choice(n * 10, size=num_inducing, replace=False)
+    start = time.perf_counter()
+    post = gk.multiclass.fit_sparse(kernel, X[train], y[train], sites, num_classes=10)
+    print("ok", round(time.perf_counter() - start, 1), float(post.log_z), flush=True)
+
+
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 2000)
+    if sys.argv[1:] == ["--digits"]:
+        digits()
+    else:
+        main(int(sys.argv[1]) if len(sys.argv) > 1 else 2000)
