@@ -88,6 +88,24 @@ def _solver_value_jvp(primals, tangents, *, recompute):
     return out, filtered_jvp(recompute, (model, q), tangents[1:])[1]
 
 
+def envelope_value(value, model, fixed, recompute):
+    """`value`, which a fixed-point iteration computed at its converged parameters `fixed` = theta*(model), with the
+    derivative of recompute(model, fixed) in the model at fixed `fixed` (the envelope rule: the value is stationary
+    in them there). First derivatives only: a second one would miss d fixed / d model. The baselines' iterations
+    (EP's sites, the local bound's tangent points) use it.
+
+    Args:
+        value: the iteration's value (scalar).
+        model: the `Model` (with its derivatives).
+        fixed: the converged parameters (a pytree; held fixed).
+        recompute: (model, fixed) -> the value.
+
+    Returns:
+        Scalar: `value`, with the envelope derivative.
+    """
+    return _solver_value(value, model, lax.stop_gradient(fixed), recompute=recompute)
+
+
 def site_precision_envelope(model, q, W, parts):
     """The site-precision solver's bound at its (m, W, parts), taken as functions of the implicit q: first
     derivatives are the closed form's, second ones are exact (the envelope rule differentiated through dq*/dtheta).

@@ -31,13 +31,12 @@ warning is issued. Not a bound (`is_bound=False`).
 
 from typing import NamedTuple
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from .. import potentials as P
-from .._adjoint import filtered_jvp as _filtered_jvp
+from .._adjoint import envelope_value
 from .._linalg import full_precision
 from .._result import Result
 from .._validate import check_max_steps, check_tol
@@ -228,21 +227,6 @@ def _ep_jit(model, power, damping, tol, max_steps):
     # derivative in the model is the partial derivative at the fixed sites: evaluated outside the loop (in this
     # program: under jax.grad without jit it is not run op by op), which makes jax.grad (reverse mode) of log_z
     # work; the loop's outputs q stay forward-differentiable only.
-    log_z = _envelope_log_z(model, taus, nus, power, ev.log_z)
+    log_z = envelope_value(ev.log_z, model, (taus, nus), lambda m, s: _evaluate(m, C.operators(m), *s, power).log_z)
     return Result(q=q, log_z=log_z, converged=converged, num_steps=k - 1, history=hist, method="ep",
                   is_bound=False)
-
-
-@eqx.filter_custom_jvp
-def _envelope_log_z(model, taus, nus, power, value):
-    """`value` (log Z_EP from the loop at the sites (taus, nus)) with the derivative of log Z_EP in the model at
-    fixed sites (the envelope rule; first derivatives only: a second derivative would miss the sites' own)."""
-    return value
-
-
-@_envelope_log_z.def_jvp
-def _envelope_log_z_jvp(primals, tangents):
-    model, taus, nus, power, value = primals
-    taus, nus = lax.stop_gradient((taus, nus))
-    dot = _filtered_jvp(lambda m: _evaluate(m, C.operators(m), taus, nus, power).log_z, (model,), tangents[:1])[1]
-    return value, dot

@@ -19,13 +19,12 @@ O(D^3 + N D^2). Challis & Barber (2013), Section 5.1.2, prove
 the ordering the tests check.
 """
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from .. import potentials as P
-from .._adjoint import filtered_jvp
+from .._adjoint import envelope_value
 from .._linalg import full_precision
 from .._optim import default_tol
 from .._result import Result
@@ -174,21 +173,8 @@ def _local_jit(model, tol, max_steps):
     _, params, sol, value, _, hist, k, done, ok = lax.while_loop(cond, body, state)
     # B is stationary in xi at the fixed point: its derivative in the model is the partial one at fixed xi (the
     # envelope rule, first derivatives only), evaluated outside the loop; q has the loop's (forward mode only).
-    value = _envelope_bound(value, model, params)
+    value = envelope_value(value, model, params, lambda m, p: solve(m, C.operators(m), p)[1])
     q = C.gaussian_of_precision(sol.mean, sol.precision)
     return Result(q=q, log_z=value, converged=done & ok & jnp.isfinite(value), num_steps=k - 1, history=hist,
                   method="local", is_bound=True)
 
-
-@eqx.filter_custom_jvp
-def _envelope_bound(value, model, params):
-    """`value` = B(params) from the loop, with the derivative of B in the model at fixed tangent points."""
-    return value
-
-
-@_envelope_bound.def_jvp
-def _envelope_bound_jvp(primals, tangents):
-    value, model, params = primals
-    params = lax.stop_gradient(params)
-    dot = filtered_jvp(lambda m: solve(m, C.operators(m), params)[1], (model,), tangents[1:2])[1]
-    return value, dot

@@ -29,7 +29,8 @@ from ._special import log_ndtr_stable, student_t_log_norm
 
 def _labels(y, name="y"):
     y = site_vector(y, name)
-    if is_concrete(y) and not bool(((host_view(y) == 1) | (host_view(y) == -1)).all()):
+    h = host_view(y) if is_concrete(y) else None
+    if h is not None and not bool(((h == 1) | (h == -1)).all()):
         bad = np.unique(np.asarray(y)[(np.asarray(y) != 1) & (np.asarray(y) != -1)])[:5]
         raise ValueError(f"{name} must contain labels in {{-1, +1}}, got {bad.tolist()}")
     return y
@@ -113,7 +114,8 @@ class Poisson(AbstractPotential):
 
     def __init__(self, y):
         y = site_vector(y, "y")
-        if is_concrete(y) and not bool(((host_view(y) >= 0) & (host_view(y) == host_view(y).round())).all()):
+        h = host_view(y) if is_concrete(y) else None
+        if h is not None and not bool(((h >= 0) & (h == h.round())).all()):
             raise ValueError("y must contain non-negative integer counts")
         self.y = y
 
