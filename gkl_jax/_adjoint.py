@@ -74,6 +74,30 @@ def _envelope_bound_jvp(primals, tangents):
 
 
 @eqx.filter_custom_jvp
+def envelope_bound_at(model, q, value):
+    """`envelope_bound(model, q)` where the solver computed the bound at q itself (`value`): the same derivatives,
+    without evaluating the bound once more (no copy of the site quadrature in the fit's program for the value).
+
+    Args:
+        model: the `Model`.
+        q: the optimum `Gaussian`.
+        value: B(model, q) as the solver computed it (scalar; up to round-off, also in a whitened basis, where
+            the bound is the same).
+
+    Returns:
+        Scalar: the bound.
+    """
+    return value
+
+
+@envelope_bound_at.def_jvp
+def _envelope_bound_at_jvp(primals, tangents):
+    model, q, value = primals
+    out = envelope_bound_at(model, q, value)     # itself, so that higher orders see it too
+    return out, filtered_jvp(lambda model: bound(model, q), (model,), tangents[:1])[1]
+
+
+@eqx.filter_custom_jvp
 def _solver_value(value, model, q, *, recompute):
     """`value`, which the solver computed at its optimum q = q*(model), with the derivative of
     recompute(model, q): the solver's value where nothing differentiates it, the total derivative through the

@@ -20,7 +20,15 @@ from jax.experimental import checkify
 from jax.flatten_util import ravel_pytree
 
 from . import _start
-from ._adjoint import envelope_bound, frozen, implicit, site_precision_envelope, solver_mask, stop_gradients
+from ._adjoint import (
+    envelope_bound,
+    envelope_bound_at,
+    frozen,
+    implicit,
+    site_precision_envelope,
+    solver_mask,
+    stop_gradients,
+)
 from ._bound import bound
 from ._gaussian import Gaussian
 from ._linalg import full_precision, reduced_matmul_precision, reduced_precision_hint
@@ -208,13 +216,16 @@ def _fit_jit(model, factor, q0, solver, tol, max_steps, whiten):
         q_init = _mean_field_start(work, q_init, solver, tol, scale)
     if isinstance(q_init.factor, AbstractRefinableFactor) and q_init.factor.num_refinements > 0:
         q, k, ok, hist = _refine_and_solve(work, q_init, solver, tol, max_steps, scale)
-        solution_status, extras = status(ok, jnp.nanmax(hist), k, max_steps), None
+        solution_status, extras, value = status(ok, jnp.nanmax(hist), k, max_steps), None, None
     else:
         solution = _solve(work, q_init, solver, tol, max_steps, scale)
-        q, k, hist, solution_status, extras = (implicit(work, solution.q), solution.num_steps, solution.history,
-                                               solution.status, solution.extras)
+        q, k, hist, solution_status, extras, value = (implicit(work, solution.q), solution.num_steps,
+                                                      solution.history, solution.status, solution.extras,
+                                                      solution.value)
     q = back(q)
-    if extras is None:
+    if extras is None and value is not None:    # the solver's own bound at q (no second quadrature)
+        log_z = envelope_bound_at(model, q, lax.stop_gradient(value))
+    elif extras is None:
         log_z = envelope_bound(model, q)
     else:   # the closed-form covariance derivative from the site precisions; the value is q's own bound
         log_z = site_precision_envelope(model, q, extras[0], extras[1:])
@@ -232,6 +243,7 @@ class _Solved(eqx.Module):
     history: jax.Array
     status: jax.Array
     extras: object = None
+    value: object = None
 
 
 def _solve(model, q_init, solver, tol, max_steps, scale):
@@ -239,7 +251,7 @@ def _solve(model, q_init, solver, tol, max_steps, scale):
     problem = Problem(frozen(model), stop_gradients(q_init), solver_mask(q_init), scale)
     solution = solver.solve(problem, tol, max_steps)
     return _Solved(problem.to_q(solution.x), solution.num_steps, solution.history, solution.status,
-                   solution.extras)
+                   solution.extras, solution.value)
 
 
 def _mean_field_start(model, q_init, solver, tol, scale):

@@ -1,5 +1,8 @@
 """Tolerances and round-off levels of a floating dtype, shared by every solver."""
 
+import functools
+
+import jax
 import jax.numpy as jnp
 
 MAX_HALVINGS = 30
@@ -41,8 +44,8 @@ def roundoff(value, magnitude=None, factor: float = 64.0):
 
 
 def max_abs(x):
-    """max_i |x_i| of an array (the solvers' gradient norm)."""
-    return jnp.max(jnp.abs(x))
+    """max_i |x_i| of an array, or over all the entries of a pytree of arrays (the solvers' gradient norm)."""
+    return functools.reduce(jnp.maximum, [jnp.max(jnp.abs(leaf)) for leaf in jax.tree.leaves(x)])
 
 
 def scaled_gradient(g, x, scale):
@@ -54,14 +57,15 @@ def scaled_gradient(g, x, scale):
     met 1e-6 at the start, 6.6 nats short of the optimum).
 
     Args:
-        g: (P,) the gradient of the objective.
-        x: (P,) the variables.
+        g: (P,) the gradient of the objective, or a pytree of arrays (the maximum is over all their entries).
+        x: (P,) the variables, or a pytree of the same structure as g.
         scale: scalar, sigma0 > 0, the variables' typical scale (the fit's starting standard deviation).
 
     Returns:
         Scalar array, in units of the objective (nats).
     """
-    return max_abs(g * jnp.maximum(jnp.abs(x), scale))
+    parts = [max_abs(a * jnp.maximum(jnp.abs(b), scale)) for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(x))]
+    return functools.reduce(jnp.maximum, parts)
 
 
 def stop_level(value, tol):

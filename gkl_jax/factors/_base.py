@@ -19,6 +19,7 @@ Factors with a closed-form stationary point of eq. 10 (S^{-1} = Sigma^{-1} + H^T
 import abc
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 
 from .._linalg import tdot
@@ -188,6 +189,33 @@ class AbstractFactor(eqx.Module):
 class AbstractFixedPointFactor(AbstractFactor):
     """A factor whose optimal value for fixed Gamma (Challis & Barber 2013, eq. 10) has a closed form.
     """
+
+    def interpolate(self, target, rho):
+        """The factor C + rho (C* - C) on the segment to `target` (the fixed-point solver's factor step).
+
+        Args:
+            target: an initialised factor of this type (C*).
+            rho: float scalar.
+
+        Returns:
+            An initialised factor of this type.
+        """
+        return jax.tree.map(lambda a, b: a + rho * (b - a) if eqx.is_inexact_array(a) else a, self, target)
+
+    def variance_path(self, op, target):
+        """The site variances s_n^2 = h_n^T S h_n along the segment C + rho (C* - C), as a function of rho that
+        is cheap to evaluate for many rho (the line search of the factor step). By default each evaluation projects
+        the interpolated factor (`project_variances`); a factor whose projection costs more than O(N D) overrides
+        it with a precomputed form.
+
+        Args:
+            op: the site group's operator (N_g, D).
+            target: the other end of the segment (C*), an initialised factor of this type.
+
+        Returns:
+            A function rho -> (N_g,) float array.
+        """
+        return lambda rho: self.interpolate(target, rho).project_variances(op)
 
     @abc.abstractmethod
     def fixed_point(self, prior, sites_ops, gammas):

@@ -107,6 +107,13 @@ class Full(AbstractFixedPointFactor):
         lam = _precision(prior, sites_ops, gammas, self.dim, self.C.dtype)
         return Full(upper_factor_of_inverse(lam))
 
+    def variance_path(self, op, target):
+        """s_n^2(rho) = ||A_n + rho B_n||^2 with A = H C^T and B = H C*^T - A: two O(N D^2) products once, then
+        O(N D) per rho (projecting each interpolated factor costs O(N D^2))."""
+        A = op.mm(self.upper().T)
+        B = op.mm(target.upper().T) - A
+        return lambda rho: jnp.sum(jnp.square(A + rho * B), axis=1)
+
 
 class Diagonal(AbstractFixedPointFactor):
     """C = diag(d): the mean-field Gaussian. O(N D) per bound evaluation (O(nnz(H)) for sparse H).

@@ -55,6 +55,8 @@ class Solution(eqx.Module):
         history: (max_steps + 1,) the objective after each step (NaN past `num_steps`).
         status: int32 scalar, a `RESULTS` code.
         extras: solver-specific quantities at the optimum (the site-precision solver's (W, parts)), or None.
+        value: the objective at x, where the solver has it (`fit` then takes the bound from it instead of
+            evaluating it once more), or None.
     """
 
     x: jax.Array
@@ -63,6 +65,7 @@ class Solution(eqx.Module):
     history: jax.Array
     status: jax.Array
     extras: Any = None
+    value: Any = None
 
 
 class Problem(eqx.Module):

@@ -22,9 +22,15 @@ the gradient (round-off), reporting converged=False then.
 Optimising m to convergence for each factor (cheap: no O(N D^2) products) is what makes the outer iteration
 fast: the factor fixed point then contracts at the rate of d Gamma / d S alone, about 0.3 per step on the
 logistic benchmark (9 outer steps to max|grad| <= 1e-4 at D = 500, N = 2500), where the previous joint damped
-step contracted by about 0.6 (31 steps). Each outer step costs four products of the size of H C^T: s_n^2 at the
-trial factor, the weighted Gram matrix of the fixed point, and the forward and adjoint products of the
-value-and-gradient pass at the new point (plus O(D^3) for the factor's Cholesky and triangular inverse).
+step contracted by about 0.6 (31 steps). Each outer step costs five products of the size of H C^T: the two of
+the factor's `variance_path` (H C^T and H C*^T, after which every trial factor's s_n^2 costs O(N D)), the
+weighted Gram matrix of the fixed point, and the forward and adjoint products of the value-and-gradient pass at
+the new point (plus O(D^3) for the factor's Cholesky and triangular inverse); every trial point, of the factor
+step or of a mean step, costs one O(N D) projection and one quadrature.
+
+The compiled program has one copy of the quadrature: the trials of an outer step (factor step, then mean steps)
+are the iterations of one trial loop, which also evaluates the start (`fixed_point`): the first fit compiles in
+about two thirds of the time of the nested loops it replaced (docs: design decisions).
 """
 
 import equinox as eqx
@@ -35,7 +41,7 @@ from jax.flatten_util import ravel_pytree
 
 from .._optim import MAX_HALVINGS as _MAX_HALVINGS
 from .._optim import MAX_STALLS as _MAX_STALLS
-from .._optim import backtrack, conjugate_gradient, max_abs, roundoff, stationary
+from .._optim import conjugate_gradient, max_abs, roundoff, stationary
 from ..factors import AbstractFixedPointFactor
 from ._base import AbstractSolver, Problem, Solution, check_setting, status
 
@@ -54,15 +60,34 @@ def _prior_mean_terms(prior, m):
     return -0.5 * (m - prior.mean) @ p, -p
 
 
+class _Trials(eqx.Module):
+    """The carry of the trial loop of one outer step (`fixed_point`)."""
+
+    phase: jax.Array        # 0: factor step, 1: mean Newton step, 2: done
+    step: jax.Array         # the trial step: rho in the factor phase, t in the mean phase
+    halvings: jax.Array     # halvings of the current line search so far
+    rho: jax.Array          # the factor step taken (after the factor phase)
+    s2s: list               # the site variances at that factor (fixed in the mean phase)
+    mean: jax.Array         # the mean phase's last accepted m
+    moms: list              # the site moments there
+    value: jax.Array        # the mean objective there
+    direction: jax.Array    # the Newton direction p
+    slope: jax.Array        # g^T p
+    mean_steps: jax.Array   # mean Newton steps concluded
+
+
 def fixed_point(model, to_q, flat0, tol, max_steps, max_cg=100, scale=1.0):
     """Alternating factor fixed point / mean Newton-CG (module doc) from the flat parameters `flat0`.
 
     Every site quantity comes from `expected_log_phi_moments` (E[log phi], E[log phi'], E[log phi''] from one
     quadrature): the gradient in m is H^T E[log phi'] - Sigma^{-1} (m - mu), the Hessian-vector product in m is
-    H^T (E[log phi''] . H v) - Sigma^{-1} v, Gamma = -E[log phi''] and dB/ds_n^2 = E[log phi''] / 2. Each trial
-    point of a line search evaluates all three, so an accepted trial hands the next step its gradient and
-    curvature: the compiled program holds three copies of the quadrature (the start, the factor step and the mean
-    step), where differentiating the bound needed seven.
+    H^T (E[log phi''] . H v) - Sigma^{-1} v, Gamma = -E[log phi''] and dB/ds_n^2 = E[log phi''] / 2.
+
+    The compiled program is small: one outer loop whose body runs one trial loop, and every trial of the outer
+    step (the factor step's rho = 1, 1/2, ..., then each mean Newton step's t = 1, 1/2, ...) is one iteration of
+    that loop, with the program's only copy of the quadrature. The start is the outer loop's first iteration (its
+    trial loop evaluates the site moments at the start and stops). Along the factor step the site variances come
+    from the factor's `variance_path` (O(N D) per trial for the Full factor).
 
     Args:
         model: the (gradient-free) `Model`.
@@ -74,12 +99,15 @@ def fixed_point(model, to_q, flat0, tol, max_steps, max_cg=100, scale=1.0):
         scale: sigma0, the variables' typical scale (scalar).
 
     Returns:
-        (x, num_steps, converged, history), history[k] the bound after step k (NaN past the last).
+        (x, num_steps, converged, history, value), history[k] the bound after step k (NaN past the last), value
+        the bound at x.
     """
     ops = [s.operator(model.dim) for s in model.sites]
     q_template = to_q(flat0)
     gaussian = lambda mean, factor: eqx.tree_at(lambda r: (r.mean, r.factor), q_template, (mean, factor))
-    zero = jnp.zeros((), flat0.dtype)
+    dtype = flat0.dtype
+    zero = jnp.zeros((), dtype)
+    where = lambda c, a, b: jax.tree.map(lambda u, w: jnp.where(c, u, w), a, b)
 
     def variances(factor):
         """s_n^2 per group for a factor (the O(N D^2) products for a full factor)."""
@@ -103,102 +131,116 @@ def fixed_point(model, to_q, flat0, tol, max_steps, max_cg=100, scale=1.0):
         return value if model.prior is None else value + model.prior.expected_log_density(q)
 
     def evaluate(mean, factor, moms):
-        """B and its flat gradient at (mean, factor) from the site moments there (no quadrature)."""
+        """B and its gradient (in m, in the factor's arrays) at (mean, factor) from the site moments there (no
+        quadrature)."""
         _, pullback = jax.vjp(variances, factor)
         value, (g_mean, g_factor) = jax.value_and_grad(rest, argnums=(0, 1))(mean, factor)
         g_mean = g_mean + sites_grad(moms, mean)
         (g_sites,) = pullback([0.5 * mo[2] for mo in moms])
         g_factor = jax.tree.map(lambda a, b: a + b, g_factor, g_sites)
-        return value + sites_value(moms), _to_flat(gaussian(g_mean, g_factor))
+        return value + sites_value(moms), (g_mean, eqx.filter(g_factor, eqx.is_inexact_array))
 
-    def maximise_mean(m0, moms0, s2s, precond, tol):
-        """Preconditioned Newton-CG with Armijo backtracking on the concave m -> B(m) at fixed s_n^2; stops without
-        stepping where the stopping test holds at tol. Returns the last accepted m and the site moments there."""
+    def mean_terms(m, moms):
+        """The terms of B that depend on m at fixed s_n^2, and their gradient."""
+        prior_value, prior_grad = _prior_mean_terms(model.prior, m)
+        return prior_value + sites_value(moms), prior_grad + sites_grad(moms, m)
 
-        def terms(m, moms):
-            prior_value, prior_grad = _prior_mean_terms(model.prior, m)
-            return prior_value + sites_value(moms), prior_grad + sites_grad(moms, m)
+    def trials(q, target, f, moms_x, s2s_x, is_init):
+        """The factor step C + rho (C* - C), rho = 1, 1/2, ... until the bound does not decrease (none: the factor
+        stays), then Newton-CG on the concave m -> B(m) at the fixed s_n^2 with the preconditioner S of the new
+        factor and Armijo backtracking, until the stopping test at tol / 10 holds or a step fails to raise B. At
+        the start (`is_init`) only the first trial, which is the start itself (target = C)."""
+        paths = [q.factor.variance_path(op, target) for op in ops]
+        noise = roundoff(f)
+        mean_tol = 0.1 * tol
 
-        def cond(state):
-            m, moms, k, go = state
-            return go & (k < _MAX_MEAN_STEPS)
-
-        def body(state):
-            m, moms, k, _ = state
-            f, g = terms(m, moms)
-            curvatures = [mo[2] for mo in moms]
+        def body(st):
+            in_factor = st.phase == 0
+            s2s = where(in_factor, [path(st.step) + s.variance_offset for path, s in zip(paths, model.sites)], st.s2s)
+            mean = jnp.where(in_factor, q.mean, st.mean + st.step * st.direction)
+            moms = moments(mean, s2s)
+            value = mean_terms(mean, moms)[0]
+            # the factor step's test: B does not decrease (beyond round-off); at the start anything goes
+            factor_value = lax.cond(in_factor, lambda: rest(q.mean, q.factor.interpolate(target, st.step)),
+                                    lambda: zero) + sites_value(moms)
+            factor_ok = is_init | (jnp.isfinite(factor_value) & (factor_value >= f - noise))
+            # the mean step's test: Armijo (or no decrease where the predicted gain is round-off)
+            armijo = (value >= st.value + 1e-4 * st.step * st.slope) | (
+                (st.slope <= roundoff(st.value)) & (value >= st.value))
+            mean_ok = jnp.isfinite(value) & armijo
+            concluded = jnp.where(in_factor, factor_ok, mean_ok) | (st.halvings >= _MAX_HALVINGS)
+            # a concluded factor step: a failed one keeps the factor and the site moments at x
+            factor_done = in_factor & concluded
+            rho = jnp.where(factor_done, jnp.where(factor_ok, st.step, 0.0), st.rho)
+            # a concluded mean step moves where B does not decrease; the next one follows where it rose
+            mean_done = ~in_factor & concluded
+            moved = mean_done & jnp.isfinite(value) & (value >= st.value)
+            mean_steps = st.mean_steps + mean_done
+            m_new = jnp.where(factor_done, q.mean, jnp.where(moved, mean, st.mean))
+            moms_new = where(factor_done, where(factor_ok, moms, moms_x), where(moved, moms, st.moms))
+            s2s_new = where(factor_done, where(factor_ok, s2s, s2s_x), st.s2s)
+            again = (factor_done & ~is_init) | (moved & (value > st.value) & (mean_steps < _MAX_MEAN_STEPS))
+            # the next Newton direction (CG does nothing where its right-hand side is zero)
+            f_m, g_m = mean_terms(m_new, moms_new)
+            newton = again & ~stationary(g_m, m_new, f_m, mean_tol, scale)
+            curvatures = [mo[2] for mo in moms_new]
 
             def neg_hvp(v):
                 out = sum((op.rmv(c * op.mv(v)) for op, c in zip(ops, curvatures)), jnp.zeros_like(v))
                 prior_v = jnp.zeros_like(v) if model.prior is None else model.prior.precision_mv(v)
                 return prior_v - out
 
-            forcing = jnp.minimum(0.1, jnp.sqrt(jnp.linalg.norm(g)))
-            p = conjugate_gradient(neg_hvp, g, max_iters=max_cg, rtol=forcing, precond=precond)
-            slope = g @ p
-            noise = roundoff(f)
+            forcing = jnp.minimum(0.1, jnp.sqrt(jnp.linalg.norm(g_m)))
+            precond = q.factor.interpolate(target, rho).covariance_mv
+            p = conjugate_gradient(neg_hvp, jnp.where(newton, g_m, 0.0), max_iters=max_cg, rtol=forcing,
+                                   precond=precond)
+            phase = jnp.where(concluded, jnp.where(newton, 1, 2), st.phase)
+            return _Trials(phase, jnp.where(concluded, 1.0, 0.5 * st.step).astype(dtype),
+                           jnp.where(concluded, 0, st.halvings + 1), rho, s2s_new, m_new, moms_new,
+                           jnp.where(newton, f_m, st.value), jnp.where(newton, p, st.direction),
+                           jnp.where(newton, g_m @ p, st.slope), mean_steps)
 
-            def trial(t):
-                m_t = m + t * p
-                moms_t = moments(m_t, s2s)
-                return terms(m_t, moms_t)[0], moms_t
+        init = _Trials(jnp.zeros((), jnp.int32), jnp.ones((), dtype), jnp.zeros((), jnp.int32), zero, s2s_x,
+                       q.mean, moms_x, zero, jnp.zeros_like(q.mean), zero, jnp.zeros((), jnp.int32))
+        st = lax.while_loop(lambda st: st.phase < 2, body, init)
+        return st.mean, q.factor.interpolate(target, st.rho), st.moms, st.s2s
 
-            accept = lambda t, aux: jnp.isfinite(aux[0]) & ((aux[0] >= f + 1e-4 * t * slope) |
-                                                             ((slope <= noise) & (aux[0] >= f)))
-            t, (f_new, moms_new), _ = backtrack(trial, accept, (f, moms), dtype=m.dtype, max_halvings=_MAX_HALVINGS)
-            done = stationary(g, m, f, tol, scale)
-            ok = ~done & jnp.isfinite(f_new) & (f_new >= f)
-            keep = lambda a, b: jax.tree.map(lambda u, w: jnp.where(ok, u, w), a, b)
-            return keep(m + t * p, m), keep(moms_new, moms), k + 1, ok & (f_new > f)
-
-        m, moms, _, _ = lax.while_loop(cond, body, (m0, moms0, 0, jnp.array(True)))
-        return m, moms
+    # The outer loop carries q as (m, C) and the gradient in the same structure (flattened once, at the end).
+    arrays = lambda factor: eqx.filter(factor, eqx.is_inexact_array)
 
     def cond(state):
-        x, f, g, moms, k, hist, stalls = state
-        return (stalls < _MAX_STALLS) & (k < max_steps) & ~stationary(g, x, f, tol, scale)
+        mean, factor, f, g, moms, s2s, k, hist, stalls, it = state
+        x = (mean, arrays(factor))
+        return (it == 0) | ((stalls < _MAX_STALLS) & (k < max_steps) & ~stationary(g, x, f, tol, scale))
 
     def body(state):
-        x, f, g, moms, k, hist, stalls = state
-        q = to_q(x)
-        target = q.factor.fixed_point(model.prior, ops, [-mo[2] for mo in moms])
-        noise = roundoff(f)
-
-        def factor_at(rho):
-            return jax.tree.map(lambda a, b: a + rho * (b - a) if eqx.is_inexact_array(a) else a, q.factor, target)
-
-        # Factor step: C + rho (C* - C), rho = 1, 1/2, ..., until the bound does not decrease.
-        def trial(rho):
-            factor = factor_at(rho)
-            s2s = variances(factor)
-            moms_t = moments(q.mean, s2s)
-            return rest(q.mean, factor) + sites_value(moms_t), s2s, moms_t
-
-        accept = lambda rho, aux: jnp.isfinite(aux[0]) & (aux[0] >= f - noise)
-        init = (f, variances(q.factor), moms)
-        rho, (_, s2s, moms_fac), ok_fac = backtrack(trial, accept, init, dtype=x.dtype, max_halvings=_MAX_HALVINGS)
-        # a failed factor step keeps the factor and the site moments at x
-        rho = jnp.where(ok_fac, rho, 0.0)
-        s2s = jax.tree.map(lambda a, b: jnp.where(ok_fac, a, b), s2s, init[1])
-        moms_fac = jax.tree.map(lambda a, b: jnp.where(ok_fac, a, b), moms_fac, moms)
-        factor = factor_at(rho)
-        # Mean step at the fixed factor: O(N D) per iteration.
-        mean, moms_new = maximise_mean(q.mean, moms_fac, s2s, factor.covariance_mv, 0.1 * tol)
+        mean_x, factor_x, f, g, moms, s2s, k, hist, stalls, it = state
+        q = gaussian(mean_x, factor_x)
+        is_init = it == 0
+        # C*: the stationary factor for the site curvatures at x; at the start the start itself
+        target = lax.cond(is_init, lambda: q.factor,
+                          lambda: q.factor.fixed_point(model.prior, ops, [-mo[2] for mo in moms]))
+        mean, factor, moms_new, s2s_new = trials(q, target, f, moms, s2s, is_init)
         f_new, g_new = evaluate(mean, factor, moms_new)
-        x_new = _to_flat(gaussian(mean, factor))
-        ok = jnp.isfinite(f_new) & (f_new >= f - noise)
+        ok = is_init | (jnp.isfinite(f_new) & (f_new >= f - roundoff(f)))
         progress = ok & ((f_new > f) | (max_abs(g_new) < max_abs(g)))
-        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
-        return (keep(x_new, x), keep(f_new, f), keep(g_new, g), keep(moms_new, moms), k + 1,
-                hist.at[k + 1].set(keep(f_new, f)), jnp.where(progress, 0, stalls + 1))
+        keep = lambda new, old: where(ok, new, old)
+        f_kept = keep(f_new, f)
+        return (keep(mean, mean_x), keep(factor, factor_x), f_kept, keep(g_new, g), keep(moms_new, moms),
+                keep(s2s_new, s2s), k + (~is_init), hist.at[jnp.where(is_init, 0, k + 1)].set(f_kept),
+                jnp.where(progress | is_init, 0, stalls + 1), it + 1)
 
     q0 = to_q(flat0)
-    moms0 = moments(q0.mean, variances(q0.factor))
-    f0, g0 = evaluate(q0.mean, q0.factor, moms0)
-    hist0 = jnp.full((max_steps + 1,), jnp.nan, dtype=f0.dtype).at[0].set(f0)
-    x, f, g, _, k, hist, _ = lax.while_loop(cond, body, (flat0, f0, g0, moms0, 0, hist0, 0))
-    converged = stationary(g, x, f, tol, scale)
-    return x, k, converged, hist
+    s2s0 = jax.eval_shape(variances, q0.factor)
+    moms0 = jax.eval_shape(moments, q0.mean, s2s0)
+    zeros = lambda tree: jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), tree)
+    hist0 = jnp.full((max_steps + 1,), jnp.nan, dtype=dtype)
+    g0 = zeros((q0.mean, arrays(q0.factor)))
+    init = (q0.mean, q0.factor, jnp.array(-jnp.inf, dtype), g0, zeros(moms0), zeros(s2s0),
+            jnp.zeros((), jnp.int32), hist0, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
+    mean, factor, f, g, _, _, k, hist, _, _ = lax.while_loop(cond, body, init)
+    converged = stationary(g, (mean, arrays(factor)), f, tol, scale)
+    return _to_flat(gaussian(mean, factor)), k, converged, hist, f
 
 
 class FixedPoint(AbstractSolver):
@@ -225,6 +267,6 @@ class FixedPoint(AbstractSolver):
             raise ValueError("solver FixedPoint() needs log-concave potentials (Gamma_nn >= 0)")
 
     def solve(self, problem: Problem, tol, max_steps: int) -> Solution:
-        x, k, ok, hist = fixed_point(problem.model, problem.to_q, problem.x0, tol, max_steps, max_cg=self.max_cg,
-                                     scale=problem.scale)
-        return Solution(x, k, ok, hist, status(ok, hist[k], k, max_steps))
+        x, k, ok, hist, value = fixed_point(problem.model, problem.to_q, problem.x0, tol, max_steps,
+                                            max_cg=self.max_cg, scale=problem.scale)
+        return Solution(x, k, ok, hist, status(ok, value, k, max_steps), value=value)

@@ -9,10 +9,6 @@ from .._optim import backtrack, conjugate_gradient, roundoff, stationary
 from ._base import AbstractSolver, Problem, Solution, check_setting, status
 
 
-def _history(max_steps, f0):
-    return jnp.full((max_steps + 1,), jnp.nan, dtype=f0.dtype).at[0].set(f0)
-
-
 def armijo_search(f, x, fx, g, p, *, max_halvings=40, c=1e-4, skip=False):
     """Backtracking along p from x with the Armijo test f(x + t p) >= f(x) + c t g.p, finite and strictly above
     f(x); in the round-off regime (predicted gain g.p below the resolution of f) a step is accepted when f does
@@ -44,9 +40,11 @@ def newton_cg(f, x0, *, tol, max_steps, max_cg=100, scale=1.0):
     """Maximise f by truncated Newton-CG with Hessian-vector products (forward-over-reverse, linearised once per
     step so the CG iterations reuse the primal computation) and an Armijo line search.
 
-    Each step starts with `jax.linearize` of the gradient at x, whose primal output is the gradient itself: the
-    stopping test and the CG right-hand side take it from there, so a step costs one gradient evaluation. CG
-    stops at negative curvature (Steihaug), so every step is an ascent step also where f is not concave.
+    Each step starts with `jax.linearize` of the value and gradient at x, whose primal output is (f(x), grad f(x))
+    itself: the stopping test, the CG right-hand side and the history take them from there, so a step costs one
+    gradient evaluation, and the compiled program holds two copies of f (that linearisation and the line
+    search's trials), the start included. CG stops at negative curvature (Steihaug), so every step is an ascent
+    step also where f is not concave.
 
     Args:
         f: the objective, (P,) -> scalar.
@@ -60,25 +58,27 @@ def newton_cg(f, x0, *, tol, max_steps, max_cg=100, scale=1.0):
     Returns:
         (x, num_steps, converged, history), history[k] the objective after step k (NaN past the last).
     """
-    grad = jax.grad(f)
-    f0 = f(x0)
+    value_and_grad = jax.value_and_grad(f)
+    dtype = x0.dtype
 
     def body(state):
-        x, fx, _, k, hist, _ = state
-        g, hvp = jax.linearize(grad, x)
+        x, _, _, k, hist, _ = state
+        (fx, g), linear = jax.linearize(value_and_grad, x)
+        hist = hist.at[k].set(fx)
         done = stationary(g, x, fx, tol, scale) | (k >= max_steps)
         forcing = jnp.minimum(0.5, jnp.sqrt(jnp.linalg.norm(g)))
         p = lax.cond(done, lambda: jnp.zeros_like(x),
-                     lambda: conjugate_gradient(lambda v: -hvp(v), g, max_iters=max_cg, rtol=forcing))
+                     lambda: conjugate_gradient(lambda v: -linear(v)[1], g, max_iters=max_cg, rtol=forcing))
         # The line search is skipped by its own loop condition, not inside the conditional: the parts of f that do
         # not depend on x (the projections H E_1 of a subspace basis) stay invariants of the Newton loop, which XLA
         # computes once per solve (inside a conditional branch they were computed once per Newton step).
         t, f_new, ok = armijo_search(f, x, fx, g, p, skip=done)
         x_new, f_new = jnp.where(ok, x + t * p, x), jnp.where(ok, f_new, fx)
         hist = jnp.where(done, hist, hist.at[k + 1].set(f_new))
-        return x_new, f_new, g, k + (~done).astype(k.dtype), hist, ~done & ok
+        return x_new, fx, g, k + (~done).astype(k.dtype), hist, ~done & ok
 
-    init = (x0, f0, jnp.zeros_like(x0), jnp.zeros((), jnp.int32), _history(max_steps, f0), jnp.array(True))
+    hist0 = jnp.full((max_steps + 1,), jnp.nan, dtype=dtype)
+    init = (x0, jnp.zeros((), dtype), jnp.zeros_like(x0), jnp.zeros((), jnp.int32), hist0, jnp.array(True))
     x, fx, g, k, hist, _ = lax.while_loop(lambda state: state[-1], body, init)
     converged = stationary(g, x, fx, tol, scale)
     return x, k, converged, hist
@@ -106,4 +106,5 @@ class Newton(AbstractSolver):
     def solve(self, problem: Problem, tol, max_steps: int) -> Solution:
         x, k, ok, hist = newton_cg(problem.objective, problem.x0, tol=tol, max_steps=max_steps,
                                    max_cg=self.max_cg, scale=problem.scale)
-        return Solution(x, k, ok, hist, status(ok, hist[k], k, max_steps))
+        value = hist[k]     # the objective at x (the fit's bound without another evaluation)
+        return Solution(x, k, ok, hist, status(ok, value, k, max_steps), value=value)
