@@ -107,7 +107,6 @@ def fixed_point(model, to_q, flat0, tol, max_steps, max_cg=100, scale=1.0):
     gaussian = lambda mean, factor: eqx.tree_at(lambda r: (r.mean, r.factor), q_template, (mean, factor))
     dtype = flat0.dtype
     zero = jnp.zeros((), dtype)
-    where = lambda c, a, b: jax.tree.map(lambda u, w: jnp.where(c, u, w), a, b)
 
     def variances(factor):
         """s_n^2 per group for a factor (the O(N D^2) products for a full factor)."""
@@ -156,7 +155,8 @@ def fixed_point(model, to_q, flat0, tol, max_steps, max_cg=100, scale=1.0):
 
         def body(st):
             in_factor = st.phase == 0
-            s2s = where(in_factor, [path(st.step) + s.variance_offset for path, s in zip(paths, model.sites)], st.s2s)
+            along = lambda: [path(st.step) + s.variance_offset for path, s in zip(paths, model.sites)]
+            s2s = lax.cond(in_factor, along, lambda: st.s2s)    # the factor step's s_n^2; fixed in the mean phase
             mean = jnp.where(in_factor, q.mean, st.mean + st.step * st.direction)
             moms = moments(mean, s2s)
             value = mean_terms(mean, moms)[0]
@@ -176,9 +176,12 @@ def fixed_point(model, to_q, flat0, tol, max_steps, max_cg=100, scale=1.0):
             mean_done = ~in_factor & concluded
             moved = mean_done & jnp.isfinite(value) & (value >= st.value)
             mean_steps = st.mean_steps + mean_done
-            m_new = jnp.where(factor_done, q.mean, jnp.where(moved, mean, st.mean))
-            moms_new = where(factor_done, where(factor_ok, moms, moms_x), where(moved, moms, st.moms))
-            s2s_new = where(factor_done, where(factor_ok, s2s, s2s_x), st.s2s)
+            # (m, site moments, s2s) after the trial: the trial's (an accepted factor step, a mean step that moved),
+            # x's (a failed factor step) or the carried ones; one conditional picks the buffers
+            source = jnp.where(factor_done, jnp.where(factor_ok, 1, 2), jnp.where(moved, 1, 0))
+            m_new, moms_new, s2s_new = lax.switch(source, [lambda: (st.mean, st.moms, st.s2s),
+                                                           lambda: (mean, moms, s2s),
+                                                           lambda: (q.mean, moms_x, s2s_x)])
             again = (factor_done & ~is_init) | (moved & (value > st.value) & (mean_steps < _MAX_MEAN_STEPS))
             # the next Newton direction (CG does nothing where its right-hand side is zero)
             f_m, g_m = mean_terms(m_new, moms_new)
@@ -224,11 +227,11 @@ def fixed_point(model, to_q, flat0, tol, max_steps, max_cg=100, scale=1.0):
         f_new, g_new = evaluate(mean, factor, moms_new)
         ok = is_init | (jnp.isfinite(f_new) & (f_new >= f - roundoff(f)))
         progress = ok & ((f_new > f) | (max_abs(g_new) < max_abs(g)))
-        keep = lambda new, old: where(ok, new, old)
-        f_kept = keep(f_new, f)
-        return (keep(mean, mean_x), keep(factor, factor_x), f_kept, keep(g_new, g), keep(moms_new, moms),
-                keep(s2s_new, s2s), k + (~is_init), hist.at[jnp.where(is_init, 0, k + 1)].set(f_kept),
-                jnp.where(progress | is_init, 0, stalls + 1), it + 1)
+        mean, factor, f_kept, g_new, moms_new, s2s_new = lax.cond(
+            ok, lambda: (mean, factor, f_new, g_new, moms_new, s2s_new), lambda: (mean_x, factor_x, f, g, moms, s2s))
+        return (mean, factor, f_kept, g_new, moms_new, s2s_new, k + (~is_init),
+                hist.at[jnp.where(is_init, 0, k + 1)].set(f_kept), jnp.where(progress | is_init, 0, stalls + 1),
+                it + 1)
 
     q0 = to_q(flat0)
     s2s0 = jax.eval_shape(variances, q0.factor)
