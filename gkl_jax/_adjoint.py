@@ -49,10 +49,10 @@ def filtered_jvp(fn, args, t_args):
     return jax.jvp(lambda d: fn(*eqx.combine(d, static)), (dynamic,), (t_dynamic,))
 
 
-@eqx.filter_custom_jvp
 def envelope_bound(model, q):
     """B(model, q) at an optimum q = q*(model) of the solver leaves: the value at the gradient-stopped q, and the
-    derivative dB/dtheta at fixed q (the envelope theorem: dB/dq = 0 there), which needs no solve for dq*/dtheta.
+    derivative dB/dtheta at fixed q (the envelope theorem: dB/dq = 0 there), which needs no solve for dq*/dtheta
+    (`envelope_bound_at` with the bound evaluated here).
 
     q enters the derivative rule as given, with the implicit derivative `fit` attaches to it: a second
     differentiation adds d^2B/dtheta dq . dq*/dtheta, so second derivatives of the optimal bound are exact too.
@@ -64,13 +64,7 @@ def envelope_bound(model, q):
     Returns:
         Scalar: the bound.
     """
-    return bound(model, lax.stop_gradient(q))
-
-
-@envelope_bound.def_jvp
-def _envelope_bound_jvp(primals, tangents):
-    model, q = primals
-    return filtered_jvp(lambda model: bound(model, q), (model,), tangents[:1])
+    return envelope_bound_at(model, q, bound(stop_gradients(model), lax.stop_gradient(q)))
 
 
 @eqx.filter_custom_jvp
