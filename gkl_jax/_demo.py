@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._cli_common import DEMO_DIR, prepare_output_dir
+from ._optim import backtrack
 from ._progress import Progress
 
 PNG_NAME = "gkl_jax_demo.png"
@@ -58,11 +59,9 @@ def map_estimate(H, y, prior_variance):
         step = jnp.linalg.solve(neg_hess, g)
         f0 = log_joint(w)
 
-        def halve(state):
-            rho, _ = state
-            return rho / 2, log_joint(w + rho / 2 * step)
-
-        rho, _ = jax.lax.while_loop(lambda s: (s[1] < f0) & (s[0] > 1e-10), halve, (1.0, log_joint(w + step)))
+        # halvings while the log joint drops, down to rho = 2^-34 (the step is taken at the last rho either way)
+        rho, _, _ = backtrack(lambda rho: log_joint(w + rho * step), lambda rho, f: ~(f < f0), f0, dtype=H.dtype,
+                              max_halvings=34)
         return w + rho * step, None
 
     w, _ = jax.lax.scan(newton_step, jnp.zeros(H.shape[1], H.dtype), None, length=30)

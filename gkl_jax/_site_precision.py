@@ -52,7 +52,7 @@ from jax import lax
 from ._linalg import diagonal, invert_lower, lower_gram, solve_lower, tdot
 from ._optim import MAX_HALVINGS as _MAX_HALVINGS
 from ._optim import MAX_STALLS as _MAX_STALLS
-from ._optim import scaled_gradient, stop_level
+from ._optim import backtrack, no_decrease, scaled_gradient, stop_level
 from .operators import Identity
 
 
@@ -119,23 +119,17 @@ def site_precision(model, start, tol, max_steps, scale=1.0):
 
         # Factor step: W + t (Gamma - W), t = 1, 1/2, ..., until the bound does not decrease. Each trial also
         # gives the m-terms (value, gradient, d/d diag S) at the new factor, where the mean step starts.
-        def ls_cond(ls):
-            t, f_t, _, j = ls
-            return (j == 0) | (~(jnp.isfinite(f_t) & (f_t >= f - noise)) & (j <= _MAX_HALVINGS))
-
-        def ls_body(ls):
-            t, _, _, j = ls
-            t = jnp.where(j == 0, t, 0.5 * t)
+        def factor_trial(t):
             W_t = W + t * (target - W)
             logdet_t, s_diag_t, V_t, L_t = parts(W_t)
             terms = mean_terms(x, s_diag_t)
-            value = _bound_value(W_t, logdet_t, s_diag_t, terms[0])
-            return t, value, (W_t, logdet_t, s_diag_t, V_t, L_t, terms), j + 1
+            return _bound_value(W_t, logdet_t, s_diag_t, terms[0]), (W_t, logdet_t, s_diag_t, V_t, L_t, terms)
 
         dummy = (W, logdet, s_diag, L, L, (f, g, (-0.5 * gamma, sites)))
-        t, f_t, (W_v, logdet_t, s_diag_t, V_t, L_t, terms_t), _ = lax.while_loop(
-            ls_cond, ls_body, (jnp.ones((), f.dtype), f, dummy, 0))
-        t = jnp.where(jnp.isfinite(f_t) & (f_t >= f - noise), t, 0.0)
+        t, (f_t, (W_v, logdet_t, s_diag_t, V_t, L_t, terms_t)), accepted = backtrack(
+            factor_trial, lambda t, out: no_decrease(out[0], f, noise), (f, dummy), dtype=f.dtype,
+            max_halvings=_MAX_HALVINGS)
+        t = jnp.where(accepted, t, 0.0)
         W_t = W + t * (target - W)
         # Mean step at S = (Sigma^{-1} + diag W_t)^{-1}, preconditioned by S (O(n^2) per iteration), to
         # max |g| <= max(tol, residual) / 10: loose while the factor is far from its fixed point. (After a failed
@@ -145,7 +139,7 @@ def site_precision(model, start, tol, max_steps, scale=1.0):
             lambda xx: mean_terms(xx, s_diag_t), x, terms_t, functools.partial(_preconditioned, K, W_v, V_t, L_t),
             0.1 * jnp.maximum(stop_level(f, tol), residual(x, g, W, gamma, s_diag)) / m_scale(x), noise)
         f_new, gamma_new = _bound_value(W_t, logdet_t, s_diag_t, value_m), -2 * b_new
-        ok = jnp.isfinite(f_new) & (f_new >= f - noise)
+        ok = no_decrease(f_new, f, noise)
         r_old, r_new = residual(x, g, W, gamma, s_diag), residual(x_new, g_new, W_t, gamma_new, s_diag_t)
         progress = ok & ((f_new > f) | (r_new < r_old))
         new = (x_new, W_t, f_new, g_new, gamma_new, s_diag_t, logdet_t, L_t, sites_new)
@@ -317,17 +311,8 @@ def _mean_steps(terms, x0, start, precond, tol, noise):
         step = lambda t: jax.tree.map(lambda a, b: a + t * b, x, p)
 
         # t = 1, 1/2, ...: the first trial is made inside the loop, so the quadrature has one call site here
-        def ls_cond(ls):
-            t, trial, j = ls
-            return (j == 0) | (~(jnp.isfinite(trial[0]) & (trial[0] >= f - noise)) & (j <= _MAX_HALVINGS))
-
-        def ls_body(ls):
-            t, _, j = ls
-            t = jnp.where(j == 0, t, 0.5 * t)
-            return t, terms(step(t)), j + 1
-
-        t, trial, _ = lax.while_loop(ls_cond, ls_body, (jnp.ones((), f.dtype), current, 0))
-        ok = jnp.isfinite(trial[0]) & (trial[0] >= f - noise)
+        t, trial, ok = backtrack(lambda t: terms(step(t)), lambda t, out: no_decrease(out[0], f, noise), current,
+                                 dtype=f.dtype, max_halvings=_MAX_HALVINGS)
         progress = ok & ((trial[0] > f) | (jnp.max(jnp.abs(trial[1])) < jnp.max(jnp.abs(g))))
         kept = jax.tree.map(lambda a, b: jnp.where(ok, a, b), (step(t), trial), (x, current))
         return *kept, k + 1, progress

@@ -42,7 +42,7 @@ from .. import _lanczos
 from .._adjoint import forward_mode_only
 from .._gaussian import Gaussian
 from .._linalg import full_precision
-from .._optim import conjugate_gradient
+from .._optim import backtrack, conjugate_gradient, sufficient_increase
 from .._result import Result
 from .._validate import as_int, check_int, check_key, check_tol
 from .._xla import program
@@ -172,16 +172,8 @@ def _inner(model, groups, forms, zs, u0, max_inner, max_cg):
             prior = 0.5 * (u - mu) @ gp + t * dgp - 0.5 * t**2 * dpd
             return prior + sum(jnp.sum(s[0]) for s in sites)
 
-        def ls_cond(carry):
-            t, f_new, j = carry
-            return ~(jnp.isfinite(f_new) & (f_new >= value + 1e-4 * t * slope)) & (j < 40)
-
-        def ls_body(carry):
-            t, _, j = carry
-            return 0.5 * t, along(0.5 * t), j + 1
-
-        t, f_new, _ = lax.while_loop(ls_cond, ls_body, (jnp.ones((), u.dtype), along(1.0), 0))
-        good = jnp.isfinite(f_new) & (f_new >= value + 1e-4 * t * slope)
+        t, f_new, good = backtrack(along, lambda t, f_new: sufficient_increase(f_new, value, t, slope), value,
+                                   dtype=u.dtype, max_halvings=40)
         u_new = jnp.where(good, u + t * d, u)
         tiny = 1e-13 * (1 + jnp.abs(value))
         done = ~good | (0.5 * slope <= tiny)

@@ -38,6 +38,7 @@ from jax import lax
 from .. import potentials as P
 from .._adjoint import envelope_value
 from .._linalg import full_precision
+from .._optim import backtrack
 from .._result import Result
 from .._validate import check_max_steps, check_tol
 from .._xla import program
@@ -201,16 +202,8 @@ def _ep_jit(model, power, damping, tol, max_steps):
             new_n = [nu + t * damp * (nt - nu) for nu, (_, nt) in zip(nus, ev.targets)]
             return new_t, new_n
 
-        def halve_cond(carry):
-            t, pd, j = carry
-            return ~pd & (j < 20)
-
-        def halve(carry):
-            t, _, j = carry
-            return 0.5 * t, _precision_ok(model, groups, candidate(0.5 * t)[0]), j + 1
-
-        t, pd, _ = lax.while_loop(halve_cond, halve, (jnp.ones((), dtype),
-                                                      _precision_ok(model, groups, candidate(1.0)[0]), 0))
+        t, _, pd = backtrack(lambda t: _precision_ok(model, groups, candidate(t)[0]), lambda t, pd: pd,
+                             jnp.asarray(False), dtype=dtype, max_halvings=20)
         move = ~done & ok & pd & (k < max_steps)
         new_t, new_n = candidate(t)
         taus = [jnp.where(move, a, b) for a, b in zip(new_t, taus)]

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .._linalg import diagonal, invert_lower, tdot
+from .._optim import backtrack
 from .._validate import as_float_array, check_finite, check_ndim, is_concrete
 from ._base import check_initialised, signed_log_abs_diag
 from ._full import upper_factor_of_inverse
@@ -352,19 +353,13 @@ class Subspace(AbstractRefinableFactor):
             f0, g = value_and_grad(E)
             alpha0 = 0.5 * scale / jnp.maximum(jnp.linalg.norm(g), jnp.finfo(g.dtype).tiny)
 
-            def cond(state):
-                alpha, f_new, _, j = state
-                return ~(jnp.isfinite(f_new) & (f_new > f0)) & (j < 30)
-
-            def body(state):
-                alpha, _, _, j = state
-                alpha = 0.5 * alpha
+            def trial(alpha):
                 E_new = orthonormal(E + alpha * g)
-                return alpha, value(E_new), E_new, j + 1
+                return value(E_new), E_new
 
-            E1 = orthonormal(E + alpha0 * g)
-            _, f_new, E_new, _ = lax.while_loop(cond, body, (alpha0, value(E1), E1, 0))
-            return jnp.where(jnp.isfinite(f_new) & (f_new > f0), E_new, E)
+            _, (_, E_new), up = backtrack(trial, lambda alpha, out: jnp.isfinite(out[0]) & (out[0] > f0), (f0, E),
+                                          dtype=E.dtype, max_halvings=30, t0=alpha0)
+            return jnp.where(up, E_new, E)
 
         E = lax.fori_loop(0, self.basis_iterations, step, lax.stop_gradient(self.basis))
         return self._replace(E, self.C1, self.c)

@@ -2,8 +2,9 @@
 evaluates the inner method at one trial point per iteration and accepts the trial or halves the step (`_advance`),
 run as one compiled `lax.while_loop` (`_run_jit`) or, for methods that need concrete values, as a host loop.
 
-The line search is a state of this loop rather than a call of `gkl_jax._optim.backtrack`: every trial is a whole
-inner fit, so the loop has one call site of the objective (one trace) whether a step is accepted or halved."""
+The line search is a state of this loop rather than a call of `gkl_jax._optim.backtrack` (with that search's
+acceptance test and halving cap, `sufficient_increase` and `MAX_HALVINGS`): every trial is a whole inner fit, so
+the loop has one call site of the objective (one trace) whether a step is accepted or halved."""
 
 from typing import Any, Callable, NamedTuple, Union
 
@@ -15,7 +16,7 @@ import numpy as np
 import optax
 from jax import lax
 
-from .._optim import max_abs
+from .._optim import MAX_HALVINGS, max_abs, sufficient_increase
 from .._site_precision import initial_point as site_precision_start
 from .._start import initial_q as _initial_q
 from .._warm import WarmPoint, WarmStart, fit_warm
@@ -23,8 +24,6 @@ from .._xla import program
 from ..factors import Full
 
 _LBFGS = optax.scale_by_lbfgs(memory_size=10)
-C1, MAX_HALVINGS = 1e-4, 30
-"""Armijo constant and the most step halvings of one line search."""
 _RUNNING, _CONVERGED, _STOPPED, _NOT_FINITE = 0, 1, 2, 3
 """Outer-loop status: running; a stopping rule met; stopped without (step limit, failed line search, a non-finite
 optimiser step); the objective not finite at the starting parameters."""
@@ -157,7 +156,7 @@ def _advance(s: _State, v, g, r, settings: _Settings, exact=True) -> _State:
 
     The first evaluation (the starting point) is accepted if finite. After that, with `linesearch` (L-BFGS) a
     trial x + t d, first t = min(1, max_step / max|d|), is accepted on the Armijo condition
-    v <= f + C1 t <g, d> and otherwise the step is halved; a
+    v <= f + c t <g, d> (`gkl_jax._optim.sufficient_increase`, c = 1e-4) and otherwise the step is halved; a
     non-finite objective (a failed inner fit at an extreme hyperparameter) counts as a rejected step. Without it
     every finite optimiser update is taken. After an acceptance the next direction is d = -H g from the
     optimiser (steepest descent where that is not a descent direction). Stops when max |g| <= gtol, when an
@@ -168,7 +167,8 @@ def _advance(s: _State, v, g, r, settings: _Settings, exact=True) -> _State:
     only to an evaluation whose inner fit ran at the given tolerance (`exact`; see `_inner_tol`)."""
     first = jnp.isinf(s.f)  # f starts at +inf; the starting point is accepted only if finite
     finite = jnp.isfinite(v)
-    sufficient = (v <= s.f + C1 * s.t * s.slope) if settings.linesearch else True
+    # the Armijo test of the minimised -log_z (`gkl_jax._optim.sufficient_increase` of log_z)
+    sufficient = sufficient_increase(-v, -s.f, s.t, -s.slope) if settings.linesearch else True
     accept = finite & (first | sufficient)
     step = accept & ~first
     pick = lambda new, old: _select(accept, new, old)

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._linalg import full_precision
-from .._optim import lbfgs_direction
+from .._optim import backtrack_host, lbfgs_direction, sufficient_increase
 from .._validate import check_int, check_nonnegative, check_tol, is_concrete
 from .._xla import program
 from ._blocks import blockdiag_dense, blockdiag_left, sym
@@ -157,14 +157,14 @@ def _learn(solve, x0, params0, max_steps, ftol, max_step, memory, inner_tol):
             d = g  # keep an ascent direction
         d = d * min(1.0, max_step / max(float(np.max(np.abs(d))), 1e-30))
         slope = float(g @ d)
-        t, accepted = 1.0, False
-        for _ in range(10):
-            f_t, g_t, st_t, aux_t = solve(params_of(x + t * d), st, False, tol)
+
+        def trial(t, x=x, d=d, st=st, tol=tol):
+            nonlocal evaluations
             evaluations += 1
-            if np.isfinite(f_t) and f_t >= f + 1e-4 * t * slope:
-                accepted = True
-                break
-            t *= 0.5
+            return solve(params_of(x + t * d), st, False, tol)
+
+        t, (f_t, g_t, st_t, aux_t), accepted = backtrack_host(
+            trial, lambda t, out, f=f, slope=slope: sufficient_increase(out[0], f, t, slope), max_halvings=9)
         # settled: an accepted step that raised the bound by <= ftol (1 + |f|), or a failed line search where the
         # first-order gain of the full step is itself below that (round-off at the optimum); a failed line search
         # with a larger predicted gain is a stall (status 2), reported as not converged

@@ -37,6 +37,7 @@ import numpy as np
 from jax import lax
 
 from .._linalg import tdot
+from .._optim import backtrack, backtrack_host, sufficient_increase
 from .._validate import check_indices, check_int, strongly_typed
 from ._blocks import blockdiag_left
 from ._full import check_one_hot, one_hot_labels
@@ -113,17 +114,8 @@ def _maximise_gain_d1(kappa, kv, Vinv, S, lg, Y, w, Lt_data, B, iters=40):
         g = jax.grad(f)(p)
         g = jnp.where(jnp.isfinite(g), g, 0.0)
 
-        def ls_cond(ls):
-            t, f_new, j = ls
-            return ~(f_new > fp) & (j < 30)
-
-        def ls_body(ls):
-            t, _, j = ls
-            t = 0.5 * t
-            return t, f(p + t * g), j + 1
-
-        t, f_new, _ = lax.while_loop(ls_cond, ls_body, (jnp.ones((), p.dtype), f(p + g), 0))
-        better = f_new > fp
+        t, f_new, better = backtrack(lambda t: f(p + t * g), lambda t, f_new: f_new > fp, fp, dtype=p.dtype,
+                                     max_halvings=30)
         return jnp.where(better, p + t * g, p), jnp.where(better, f_new, fp)
 
     _, best = lax.fori_loop(0, iters, step, (p0, f(p0)))
@@ -333,14 +325,18 @@ def hyper_ascent(kernel, X, Y, sites, mask, post, spec, fit, *, step=0.5, max_ha
     if not g_max > 0:
         return kernel, post, False
     slope = sum(float(jnp.vdot(x, x)) for x in leaves)
-    t = step / g_max
-    for _ in range(int(max_halvings)):
-        trial = eqx.apply_updates(kernel, jax.tree.map(lambda x: t * x, g))
-        fitted = fit(trial, post)
-        if np.isfinite(float(fitted.log_z)) and float(fitted.log_z) >= float(post.log_z) + 1e-4 * t * slope:
-            return trial, fitted, True
-        t *= 0.5
-    return kernel, post, False
+    if int(max_halvings) < 1:
+        return kernel, post, False
+
+    def trial(t):
+        moved = eqx.apply_updates(kernel, jax.tree.map(lambda x: t * x, g))
+        return moved, fit(moved, post)
+
+    base = float(post.log_z)
+    _, (moved, fitted), accepted = backtrack_host(
+        trial, lambda t, out: sufficient_increase(float(out[1].log_z), base, t, slope),
+        max_halvings=int(max_halvings) - 1, t0=step / g_max)
+    return (moved, fitted, True) if accepted else (kernel, post, False)
 
 
 def sparse_hyper_gradient(kernel, X, Y, sites, mask, post, *, noise=1e-6, jitter=1e-6):

@@ -30,7 +30,9 @@ step or of a mean step, costs one O(N D) projection and one quadrature.
 
 The compiled program has one copy of the quadrature: the trials of an outer step (factor step, then mean steps)
 are the iterations of one trial loop, which also evaluates the start (`fixed_point`): the first fit compiles in
-about two thirds of the time of the nested loops it replaced (docs: design decisions).
+about two thirds of the time of the nested loops it replaced (docs: design decisions). Its line searches are
+`gkl_jax._optim`'s backtracking rule (the tests `no_decrease` and `sufficient_increase`, at most `MAX_HALVINGS`
+halvings), interleaved in that loop's state instead of called as `backtrack`, which would hold a second copy.
 """
 
 import equinox as eqx
@@ -41,7 +43,7 @@ from jax.flatten_util import ravel_pytree
 
 from .._optim import MAX_HALVINGS as _MAX_HALVINGS
 from .._optim import MAX_STALLS as _MAX_STALLS
-from .._optim import conjugate_gradient, max_abs, roundoff, stationary
+from .._optim import conjugate_gradient, max_abs, no_decrease, roundoff, stationary, sufficient_increase
 from ..factors import AbstractFixedPointFactor
 from ._base import AbstractSolver, Problem, Solution, check_setting, status
 
@@ -163,11 +165,10 @@ def fixed_point(model, to_q, flat0, tol, max_steps, max_cg=100, scale=1.0):
             # the factor step's test: B does not decrease (beyond round-off); at the start anything goes
             factor_value = lax.cond(in_factor, lambda: rest(q.mean, q.factor.interpolate(target, st.step)),
                                     lambda: zero) + sites_value(moms)
-            factor_ok = is_init | (jnp.isfinite(factor_value) & (factor_value >= f - noise))
+            factor_ok = is_init | no_decrease(factor_value, f, noise)
             # the mean step's test: Armijo (or no decrease where the predicted gain is round-off)
-            armijo = (value >= st.value + 1e-4 * st.step * st.slope) | (
-                (st.slope <= roundoff(st.value)) & (value >= st.value))
-            mean_ok = jnp.isfinite(value) & armijo
+            mean_ok = sufficient_increase(value, st.value, st.step, st.slope) | (
+                (st.slope <= roundoff(st.value)) & no_decrease(value, st.value, 0.0))
             concluded = jnp.where(in_factor, factor_ok, mean_ok) | (st.halvings >= _MAX_HALVINGS)
             # a concluded factor step: a failed one keeps the factor and the site moments at x
             factor_done = in_factor & concluded
@@ -225,7 +226,7 @@ def fixed_point(model, to_q, flat0, tol, max_steps, max_cg=100, scale=1.0):
                           lambda: q.factor.fixed_point(model.prior, ops, [-mo[2] for mo in moms]))
         mean, factor, moms_new, s2s_new = trials(q, target, f, moms, s2s, is_init)
         f_new, g_new = evaluate(mean, factor, moms_new)
-        ok = is_init | (jnp.isfinite(f_new) & (f_new >= f - roundoff(f)))
+        ok = is_init | no_decrease(f_new, f, roundoff(f))
         progress = ok & ((f_new > f) | (max_abs(g_new) < max_abs(g)))
         mean, factor, f_kept, g_new, moms_new, s2s_new = lax.cond(
             ok, lambda: (mean, factor, f_new, g_new, moms_new, s2s_new), lambda: (mean_x, factor_x, f, g, moms, s2s))

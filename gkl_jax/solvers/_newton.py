@@ -5,11 +5,11 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .._optim import backtrack, conjugate_gradient, roundoff, stationary
+from .._optim import ARMIJO_C, backtrack, conjugate_gradient, no_decrease, roundoff, stationary, sufficient_increase
 from ._base import AbstractSolver, Problem, Solution, check_setting, status
 
 
-def armijo_search(f, x, fx, g, p, *, max_halvings=40, c=1e-4, skip=False):
+def armijo_search(f, x, fx, g, p, *, max_halvings=40, c=ARMIJO_C, skip=False):
     """Backtracking along p from x with the Armijo test f(x + t p) >= f(x) + c t g.p, finite and strictly above
     f(x); in the round-off regime (predicted gain g.p below the resolution of f) a step is accepted when f does
     not drop by more than that resolution (quadratically convergent Newton steps are then the only way to
@@ -30,8 +30,8 @@ def armijo_search(f, x, fx, g, p, *, max_halvings=40, c=1e-4, skip=False):
     in_noise = slope <= noise
 
     def accept(t, fnew):
-        armijo = (fnew >= fx + c * t * slope) & (fnew > fx)
-        return jnp.isfinite(fnew) & (armijo | (in_noise & (fnew >= fx - noise)))
+        armijo = sufficient_increase(fnew, fx, t, slope, c) & (fnew > fx)
+        return armijo | (in_noise & no_decrease(fnew, fx, noise))
 
     return backtrack(lambda t: f(x + t * p), accept, fx, dtype=x.dtype, max_halvings=max_halvings, skip=skip)
 
