@@ -341,7 +341,9 @@ def test_factor_analysis_optimums_are_chevron_with_their_heywood_rows_first():
     for start, fa in fits.items():
         assert bool(fa.converged), start
         ratio = np.asarray(fa.q.factor.uniquenesses() / fa.q.factor.marginal_variances())
-        assert np.sort(ratio)[K - 1] < 1e-10 < 1e-2 < np.sort(ratio)[K], start
+        # the K Heywood ratios approach 0 as the fit converges: at tol 1e-6 they end between 1e-12 and 2e-10
+        # (depending on the line search's path), the next one at 0.75
+        assert np.sort(ratio)[K - 1] < 1e-8 < 1e-2 < np.sort(ratio)[K], start
         _, dense = np.linalg.slogdet(np.asarray(fa.q.factor.covariance()))
         assert abs(float(fa.q.factor.logdet()) - dense) < 1e-8, start
         hubs = np.argsort(ratio)[:K]

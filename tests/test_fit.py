@@ -424,11 +424,12 @@ def test_lbfgs_returns_its_best_iterate_and_stops_when_no_step_makes_progress():
 
     w = jnp.array([1.0, 3.0, 10.0], dtype=jnp.float64)
     f = lambda x: -1e12 * jnp.sum(w * (x * x - 2) ** 2)
-    x, k, ok, hist = jax.jit(lambda x0: _solvers.lbfgs(f, x0, tol=1e-8, max_steps=500))(jnp.ones(3, jnp.float64))
+    x, k, ok, hist, value = jax.jit(lambda x0: _solvers.lbfgs(f, x0, tol=1e-8, max_steps=500))(
+        jnp.ones(3, jnp.float64))
     assert not bool(ok) and float(jnp.max(jnp.abs(jax.grad(f)(x)))) > 1e-8
     visited = np.asarray(hist[: int(k) + 1])
     best = float(np.max(visited))
-    assert -1e-10 < best < 0 and abs(float(jax.jit(f)(x)) - best) < 1e-12
+    assert -1e-10 < best < 0 and abs(float(jax.jit(f)(x)) - best) < 1e-12 and float(value) == float(jax.jit(f)(x))
     frozen = optax.chain(optax.scale(0.0), optax.scale_by_backtracking_linesearch(5))   # a line search's state
     x, k, ok, _ = _solvers.optax_solver(f, jnp.ones(3, jnp.float64), frozen, tol=1e-8, max_steps=500)
     assert not bool(ok) and int(k) == _solvers.LINESEARCH_MAX_STALLS

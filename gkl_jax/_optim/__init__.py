@@ -5,6 +5,7 @@ tolerance and round-off rules of a dtype (`default_tol`, `roundoff`) and the sca
 (`stationary`)."""
 
 from ._cg import conjugate_gradient as conjugate_gradient
+from ._lbfgs import LBFGSMemory as LBFGSMemory
 from ._lbfgs import lbfgs_direction as lbfgs_direction
 from ._linesearch import ARMIJO_C as ARMIJO_C
 from ._linesearch import backtrack as backtrack

@@ -173,5 +173,5 @@ def _map_stage(model, w, eps2, tol, max_steps, concave):
     if concave:
         x, _, ok, _ = newton_cg(f, w, tol=tol, max_steps=max_steps)
     else:
-        x, _, ok, _ = lbfgs(f, w, tol=tol, max_steps=max_steps)
+        x, _, ok, _, _ = lbfgs(f, w, tol=tol, max_steps=max_steps)
     return jax.lax.stop_gradient(x), ok

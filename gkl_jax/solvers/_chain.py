@@ -53,7 +53,7 @@ class Chain(AbstractSolver):
             filled = filled + solution.num_steps + (1 if i == 0 else 0)
             x, total = solution.x, total + solution.num_steps
         assert solution is not None     # stages is non-empty (__check_init__)
-        return Solution(x, total, solution.converged, history, solution.status, solution.extras)
+        return Solution(x, total, solution.converged, history, solution.status, solution.extras, solution.value)
 
 
 def _append(history, part, filled, first):

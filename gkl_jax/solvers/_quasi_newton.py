@@ -1,12 +1,14 @@
-"""First-order solvers: L-BFGS (Nocedal 1980) with a zoom line search, and any Optax gradient transformation,
-both driven by `optax_solver`."""
+"""First-order solvers: L-BFGS (Nocedal 1980) with a weak Wolfe line search (`lbfgs`), and any Optax gradient
+transformation (`optax_solver`)."""
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import optax
 from jax import lax
 
-from .._optim import max_abs, stationary
+from .._optim import MAX_HALVINGS as _MAX_HALVINGS
+from .._optim import LBFGSMemory, max_abs, no_decrease, roundoff, stationary, sufficient_increase
 from ._base import AbstractSolver, Problem, Solution, check_setting, status
 
 LINESEARCH_MAX_STALLS = 10
@@ -67,13 +69,101 @@ def optax_solver(f, x0, optimizer, *, tol, max_steps, scale=1.0):
     return _select(converged, x, best[0]), k, converged, hist
 
 
-def lbfgs(f, x0, *, tol, max_steps, memory_size=10, scale=1.0):
-    """L-BFGS (optax, zoom line search) maximising f; see `optax_solver` for the arguments and returns.
+CURVATURE = 0.9
+"""c2 of the weak Wolfe curvature condition of `lbfgs`'s line search (Nocedal & Wright 2006, eq. 3.6; 0.9 for
+quasi-Newton methods)."""
 
-    Memory 10 (optax's and scipy's default): each step's two-loop recursion streams the 2 m stored vectors twice,
-    which at FactorAnalysis sizes (10^4-10^5 parameters) costs more than the extra steps a longer memory saves."""
-    return optax_solver(f, x0, optax.lbfgs(memory_size=memory_size), tol=tol, max_steps=max_steps,
-                        scale=scale)
+
+class _LBFGSState(eqx.Module):
+    """The carry of `lbfgs`'s loop: the accepted point, the line search along d, and the counters."""
+
+    x: jax.Array            # the last accepted point
+    f: jax.Array            # f(x)
+    g: jax.Array            # grad f(x)
+    memory: LBFGSMemory     # the curvature pairs of -f
+    d: jax.Array            # the ascent direction
+    slope: jax.Array        # g^T d
+    t: jax.Array            # the trial step
+    lo: jax.Array           # the bracket [lo, hi] of the weak Wolfe search
+    hi: jax.Array
+    trials: jax.Array       # trials of the current line search
+    k: jax.Array            # accepted steps
+    hist: jax.Array
+    stalls: jax.Array       # consecutive failed line searches
+    it: jax.Array           # loop iterations (= evaluations of f)
+
+
+def lbfgs(f, x0, *, tol, max_steps, memory_size=10, scale=1.0):
+    """L-BFGS (Nocedal & Wright 2006, Alg. 7.5) maximising f, with one evaluation of (f, grad f) per iteration of
+    one loop: the compiled program holds one copy of the objective.
+
+    Directions come from the two-loop recursion over the last `memory_size` pairs (`gkl_jax._optim.LBFGSMemory`;
+    without pairs the gradient scaled to length <= 1). The line search is a bisection for the weak Wolfe
+    conditions (Nocedal & Wright 2006, eq. 3.6): the Armijo test `gkl_jax._optim.sufficient_increase` (or, where
+    the predicted gain g^T d is below the round-off of f, `no_decrease`) and the curvature test
+    grad f(x + t d)^T d <= `CURVATURE` g^T d, which keeps the curvature pairs positive (a pair that is not is not
+    stored). t = 1 first; a trial failing Armijo halves the bracket, one passing Armijo but not the curvature test
+    doubles t (or halves the bracket); after `MAX_HALVINGS` trials an Armijo point is taken. A search that finds
+    none restarts from steepest ascent with the memory cleared, and the solver stops after
+    `LINESEARCH_MAX_STALLS` such failures in a row (round-off), unconverged. The start is the loop's first
+    iteration.
+
+    Args:
+        f: the objective, (P,) -> scalar.
+        x0: (P,) the start.
+        tol: stop where `gkl_jax._optim.stationary(grad f, x, f, tol, scale)`.
+        max_steps: the most accepted steps.
+        memory_size: the number of stored curvature pairs.
+        scale: sigma0, the variables' typical scale (scalar).
+
+    Returns:
+        (x, num_steps, converged, history, value): history[k] the objective after step k (NaN past the last),
+        value = f(x).
+    """
+    value_and_grad = jax.value_and_grad(f)
+    dtype = x0.dtype
+    one, zero, inf = jnp.ones((), dtype), jnp.zeros((), dtype), jnp.asarray(jnp.inf, dtype)
+
+    def cond(s):
+        stop = (s.k >= max_steps) | ~jnp.isfinite(s.f) | (s.stalls >= LINESEARCH_MAX_STALLS)
+        return (s.it == 0) | ~(stop | stationary(s.g, s.x, s.f, tol, scale))
+
+    def body(s):
+        first = s.it == 0
+        trial = jnp.where(first, s.x, s.x + s.t * s.d)
+        v, gv = value_and_grad(trial)
+        noise = roundoff(s.f)
+        in_noise = s.slope <= noise
+        armijo = sufficient_increase(v, s.f, s.t, s.slope) | (in_noise & no_decrease(v, s.f, noise))
+        curved = (gv @ s.d <= CURVATURE * s.slope) | in_noise
+        out_of_trials = s.trials >= _MAX_HALVINGS
+        accept = jnp.where(first, jnp.isfinite(v), armijo & (curved | out_of_trials))
+        failed = ~first & ~armijo & out_of_trials
+        renew = accept | failed
+        # the pair of the minimised -f (y = -(change of grad f)), stored where s^T y > 0
+        step, change = trial - s.x, s.g - gv
+        memory = s.memory.push(step, change, ~first & accept & (step @ change > 0)).reset(failed)
+        x = jnp.where(accept, trial, s.x)
+        fx, g = jnp.where(accept, v, s.f), jnp.where(accept, gv, s.g)
+        d = memory.direction(g)
+        slope = g @ d
+        d, slope = jnp.where(slope > 0, d, g), jnp.where(slope > 0, slope, g @ g)
+        # the bracket: shrink above a trial failing Armijo, grow below one failing the curvature test
+        lo, hi = jnp.where(armijo, s.t, s.lo), jnp.where(armijo, s.hi, s.t)
+        t_next = jnp.where(jnp.isinf(hi), 2 * s.t, 0.5 * (lo + hi))
+        k = s.k + (accept & ~first)
+        return _LBFGSState(
+            x, fx, g, memory, jnp.where(renew, d, s.d), jnp.where(renew, slope, s.slope),
+            jnp.where(renew, one, t_next), jnp.where(renew, zero, lo), jnp.where(renew, inf, hi),
+            jnp.where(renew, 0, s.trials + 1), k, jnp.where(accept, s.hist.at[k].set(v), s.hist),
+            jnp.where(failed, s.stalls + 1, jnp.where(accept & ~first, 0, s.stalls)), s.it + 1)
+
+    init = _LBFGSState(x0, jnp.asarray(-jnp.inf, dtype), jnp.zeros_like(x0), LBFGSMemory.empty(x0, memory_size),
+                       jnp.zeros_like(x0), zero, one, zero, inf, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32),
+                       jnp.full((max_steps + 1,), jnp.nan, dtype=dtype), jnp.zeros((), jnp.int32),
+                       jnp.zeros((), jnp.int32))
+    s = lax.while_loop(cond, body, init)
+    return s.x, s.k, stationary(s.g, s.x, s.f, tol, scale), s.hist, s.f
 
 
 def _state_leaf(state, key):
@@ -102,9 +192,9 @@ def _finish(x, k, ok, hist, max_steps):
 
 
 class LBFGS(AbstractSolver):
-    """L-BFGS with optax's zoom line search (`lbfgs`): the default for non-concave factors (FactorAnalysis) and,
-    outside GP and dense priors, for non-log-concave sites (Challis & Barber 2013 use it throughout). Under an
-    ill-conditioned GP prior pass `fit(..., whiten=True)`.
+    """L-BFGS with a weak Wolfe line search and one copy of the objective (`lbfgs`): the default for non-concave
+    factors (FactorAnalysis) and, outside GP and dense priors, for non-log-concave sites (Challis & Barber 2013
+    use L-BFGS throughout). Under an ill-conditioned GP prior pass `fit(..., whiten=True)`.
 
     Attributes:
         tol: gradient tolerance (None: the dtype's default).
@@ -119,9 +209,9 @@ class LBFGS(AbstractSolver):
         check_setting(self.memory, "memory", self)
 
     def solve(self, problem: Problem, tol, max_steps: int) -> Solution:
-        x, k, ok, hist = lbfgs(problem.objective, problem.x0, tol=tol, max_steps=max_steps,
-                               memory_size=self.memory, scale=problem.scale)
-        return _finish(x, k, ok, hist, max_steps)
+        x, k, ok, hist, value = lbfgs(problem.objective, problem.x0, tol=tol, max_steps=max_steps,
+                                      memory_size=self.memory, scale=problem.scale)
+        return Solution(x, k, ok, hist, status(ok, value, k, max_steps), value=value)
 
 
 class Optax(AbstractSolver):
