@@ -89,3 +89,27 @@ def test_lbfgs_reaches_the_optimum_with_one_copy_of_the_objective():
     x, k, ok, _, _ = jax.jit(lambda x0: lbfgs(rosenbrock, x0, tol=1e-9, max_steps=500))(jnp.array([-1.2, 1.0]))
     assert bool(ok) and int(k) < 200
     np.testing.assert_allclose(x, [1.0, 1.0], atol=1e-6)
+
+
+def test_optax_form_matches_optax_on_positive_curvature_pairs():
+    """`scale_by_lbfgs` gives optax.scale_by_lbfgs's directions along a sequence of points of a convex quadratic
+    (every pair has positive curvature), for a dict of parameters; with memory 2 the oldest pairs drop out."""
+    import optax
+
+    from gkl_jax._optim import scale_by_lbfgs
+
+    rng = np.random.default_rng(2)
+    M = rng.normal(size=(4, 4))
+    A = M @ M.T + np.eye(4)
+    grad = lambda p: {"a": A[:2] @ np.concatenate([p["a"], p["b"]]), "b": A[2:] @ np.concatenate([p["a"], p["b"]])}
+    ours, theirs = scale_by_lbfgs(2), optax.scale_by_lbfgs(memory_size=2)
+    points = [{"a": jnp.asarray(v[:2]), "b": jnp.asarray(v[2:])} for v in rng.normal(size=(5, 4))]
+    state_ours, state_theirs = ours.init(points[0]), theirs.init(points[0])
+    for p in points:
+        g = jax.tree.map(jnp.asarray, grad(p))
+        d_ours, state_ours = ours.update(g, state_ours, p)
+        d_theirs, state_theirs = theirs.update(g, state_theirs, p)
+        for key in ("a", "b"):
+            np.testing.assert_allclose(d_ours[key], d_theirs[key], rtol=1e-10)
+    with pytest.raises(ValueError, match="params"):
+        ours.update(g, state_ours)

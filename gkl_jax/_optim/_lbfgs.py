@@ -115,3 +115,42 @@ class LBFGSMemory(eqx.Module):
 
         r, _ = lax.scan(second, r, jnp.arange(m - 1, -1, -1))
         return r
+
+
+class _ScaleByLBFGSState(eqx.Module):
+    memory: LBFGSMemory
+    params: jax.Array       # the flat parameters and updates of the previous call
+    updates: jax.Array
+    started: jax.Array
+
+
+def scale_by_lbfgs(memory_size: int = 10):
+    """The L-BFGS preconditioner as an optax gradient transformation (the interface of `optax.scale_by_lbfgs`):
+    updates -> H updates, with the pair (change of params, change of updates) between consecutive calls stored
+    in an `LBFGSMemory` where it has positive curvature; the first call returns updates / max(||updates||, 1).
+    For loops (the ML-II outer loop) that drive their own line search.
+
+    Args:
+        memory_size: the number of stored pairs.
+
+    Returns:
+        `optax.GradientTransformation`; `update` needs `params`.
+    """
+    import optax
+    from jax.flatten_util import ravel_pytree
+
+    def init(params):
+        flat = ravel_pytree(params)[0]
+        return _ScaleByLBFGSState(LBFGSMemory.empty(flat, memory_size), jnp.zeros_like(flat), jnp.zeros_like(flat),
+                                  jnp.zeros((), bool))
+
+    def update(updates, state, params=None):
+        if params is None:
+            raise ValueError("scale_by_lbfgs: update needs params")
+        u, unravel = ravel_pytree(updates)
+        p = ravel_pytree(params)[0]
+        s, y = p - state.params, u - state.updates
+        memory = state.memory.push(s, y, state.started & (s @ y > 0))
+        return unravel(memory.direction(u)), _ScaleByLBFGSState(memory, p, u, jnp.ones((), bool))
+
+    return optax.GradientTransformation(init, update)

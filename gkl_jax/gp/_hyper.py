@@ -14,7 +14,7 @@ For G-KL the gradient is the envelope theorem (App. F.2, eq. 24): at the optimum
 which is what differentiating `Result.log_z` gives (`fit` evaluates the bound at a stop-gradient optimum).
 For the other methods the gradient is whatever their `log_z` provides (exact: closed form).
 Each inner fit is warm-started at the previous optimum (q0), so after the first few outer steps an inner fit
-costs a few iterations. The outer optimiser is L-BFGS (the direction from `optax.scale_by_lbfgs`, an Armijo
+costs a few iterations. The outer optimiser is L-BFGS (the direction from `gkl_jax._optim.scale_by_lbfgs`, an Armijo
 backtracking line search that treats a failed inner fit as a rejected step) or any `optax.GradientTransformation`
 (every update taken). The whole run is one compiled `lax.while_loop` whose body evaluates (log_z, gradient,
 inner result) at one trial point and then accepts it or halves the step (`_advance`), so the objective has one
