@@ -33,14 +33,15 @@ import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 import numpy as np
-import optax
 from jax import lax
+from jax.flatten_util import ravel_pytree
 from jax.scipy.special import ndtr
 
 from .._linalg import diagonal, full_precision, tdot
 from .._validate import as_float_array, check_finite, check_int, check_nonnegative, check_positive, strongly_typed
 from ..kernels import AbstractKernel
 from ..potentials import Logistic, Probit
+from ..solvers._quasi_newton import lbfgs
 from ._predict import log_predictive_density
 
 LOG_2PI = jnp.log(2 * jnp.pi)
@@ -214,35 +215,17 @@ def e_step(params, f_mean, lik, X, jitter, max_sweeps: int = 1, sweep_tol: float
 
 @eqx.filter_jit
 def m_step(params, stats, X, jitter, corrected: bool, m_steps: int, gtol: float, learn_noise: bool = True):
-    """Up to `m_steps` L-BFGS iterations (optax, zoom line search) on the chosen objective in theta (and log v
-    when `learn_noise`)."""
+    """Up to `m_steps` L-BFGS steps (`gkl_jax.solvers._quasi_newton.lbfgs`, the library's L-BFGS loop) on the
+    chosen objective in theta (and log v when `learn_noise`), to its stopping test at `gtol`."""
     objective = corrected_bound if corrected else standard_bound
     spec = jax.tree.map(eqx.is_inexact_array, params)
     if not learn_noise:
         spec = eqx.tree_at(lambda p: p.log_noise, spec, False)
     dyn, static = eqx.partition(params, spec)
-    f = lambda d: -objective(eqx.combine(d, static), stats, X, jitter)
-    opt = optax.lbfgs()
-    value_and_grad = optax.value_and_grad_from_state(f)
-    state0 = jax.tree.map(lambda x: jnp.array(x, dtype=jnp.result_type(x)) if eqx.is_array_like(x) else x,
-                          opt.init(dyn))
-
-    def cond(carry):
-        _, state, k, gmax = carry
-        return (k < m_steps) & (gmax > gtol)
-
-    def body(carry):
-        d, state, k, _ = carry
-        value, grad = value_and_grad(d, state=state)
-        updates, state = opt.update(grad, state, d, value=value, grad=grad, value_fn=f)
-        d_new = optax.apply_updates(d, updates)
-        ok = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(d_new)]))
-        d_new = jax.tree.map(lambda a, b: jnp.where(ok, a, b), d_new, d)
-        gmax = jnp.max(jnp.stack([jnp.max(jnp.abs(g)) for g in jax.tree.leaves(grad)]))
-        return d_new, state, k + 1, jnp.where(ok, gmax, 0.0)
-
-    d, _, _, _ = lax.while_loop(cond, body, (dyn, state0, 0, jnp.array(jnp.inf, dtype=stats.mu.dtype)))
-    return eqx.combine(d, static)
+    flat, unravel = ravel_pytree(dyn)
+    f = lambda x: objective(eqx.combine(unravel(x), static), stats, X, jitter)
+    x = lbfgs(f, flat, tol=jnp.asarray(gtol, flat.dtype), max_steps=m_steps)[0]
+    return eqx.combine(unravel(x), static)
 
 
 def _labels(y):
