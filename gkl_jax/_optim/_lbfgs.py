@@ -20,12 +20,8 @@ def _second_pass(r, s, y, on, a, where):
     return r + where(on, s * (a - (y @ r) / where(on, s @ y, 1.0)), 0.0)
 
 
-def _initial_scale(q, s, y, on, where):
-    """gamma = s^T y / y^T y of the newest pair; without one 1 / max(||q||, 1)."""
-    if where is _keep:
-        fallback = 1.0 / max(float(np.linalg.norm(q)), 1.0)
-    else:
-        fallback = 1.0 / jnp.maximum(jnp.linalg.norm(q), 1.0)
+def _initial_scale(s, y, on, where, fallback=None):
+    """gamma = s^T y / y^T y of the newest pair; `fallback` where it is not on."""
     return where(on, (s @ y) / where(on, y @ y, 1.0), fallback)
 
 
@@ -55,7 +51,7 @@ def lbfgs_direction(g, pairs):
     for s, y in reversed(pairs):
         q, a = _first_pass(q, s, y, True, _keep)
         alphas.append(a)
-    r = _initial_scale(q, *pairs[-1], True, _keep) * q
+    r = _initial_scale(*pairs[-1], True, _keep) * q
     for (s, y), a in zip(pairs, reversed(alphas)):
         r = _second_pass(r, s, y, True, a, _keep)
     return r
@@ -108,7 +104,8 @@ class LBFGSMemory(eqx.Module):
             return q, a
 
         q, alphas = lax.scan(first, g, jnp.arange(m))
-        r = _initial_scale(q, self.s[newest[0]], self.y[newest[0]], on[0], jnp.where) * q
+        no_pairs = 1.0 / jnp.maximum(jnp.linalg.norm(q), 1.0)     # q = g then: as lbfgs_direction without pairs
+        r = _initial_scale(self.s[newest[0]], self.y[newest[0]], on[0], jnp.where, no_pairs) * q
 
         def second(r, i):
             return _second_pass(r, self.s[newest[i]], self.y[newest[i]], on[i], alphas[i], jnp.where), None

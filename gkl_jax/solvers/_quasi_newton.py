@@ -145,7 +145,7 @@ def lbfgs(f, x0, *, tol, max_steps, memory_size=10, scale=1.0):
         memory = s.memory.push(step, change, ~first & accept & (step @ change > 0)).reset(failed)
         x = jnp.where(accept, trial, s.x)
         fx, g = jnp.where(accept, v, s.f), jnp.where(accept, gv, s.g)
-        d = memory.direction(g)
+        d = memory.direction(g)     # O(m P) on every trial: cheaper than a conditional that copies the memory
         slope = g @ d
         d, slope = jnp.where(slope > 0, d, g), jnp.where(slope > 0, slope, g @ g)
         # the bracket: shrink above a trial failing Armijo, grow below one failing the curvature test
