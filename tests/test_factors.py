@@ -454,11 +454,13 @@ def test_subspace_krylov_basis_with_an_invariant_krylov_space():
     from gkl_jax.factors._kernels import precision_mm, site_curvatures
 
     K, dim = 3, 60
+    # compiled, as the refinement runs it (op by op, each of its primitives was compiled on its own)
+    krylov = eqx.filter_jit(lambda model, q, key: q.factor._krylov(
+        lambda X: precision_mm(model, site_curvatures(model, q), X), q.factor.basis, key))
     for N in (0, 5):
         model, A = _gaussian_target(N, dim=dim)
         q = gk.Gaussian(jnp.zeros(dim), Subspace(K).initialise(dim, 1.0))
-        Q, AQ = q.factor._krylov(lambda X: precision_mm(model, site_curvatures(model, q), X), q.factor.basis,
-                                 jax.random.PRNGKey(1))
+        Q, AQ = krylov(model, q, jax.random.PRNGKey(1))
         Q, AQ = np.asarray(Q), np.asarray(AQ)
         assert Q.shape == (dim, 3 * (K + 10))
         np.testing.assert_allclose(Q.T @ Q, np.eye(Q.shape[1]), atol=1e-13)
@@ -470,7 +472,7 @@ def test_subspace_krylov_basis_with_an_invariant_krylov_space():
     # a basis orthonormal only to 1e-6 (the constructor accepts 1e-5): the first block is orthonormalised by one
     # Cholesky QR pass, which must still leave Q orthonormal to round-off and spanning the given basis
     E0 = q.factor.basis + 1e-6 * jax.random.normal(jax.random.PRNGKey(3), q.factor.basis.shape)
-    Q, _ = q.factor._krylov(lambda X: X, E0, jax.random.PRNGKey(1))
+    Q, _ = eqx.filter_jit(lambda E0, key: q.factor._krylov(lambda X: X, E0, key))(E0, jax.random.PRNGKey(1))
     Q, E0 = np.asarray(Q), np.asarray(E0)
     np.testing.assert_allclose(Q.T @ Q, np.eye(Q.shape[1]), atol=1e-13)
     np.testing.assert_allclose(Q @ (Q.T @ E0), E0, atol=1e-13)
