@@ -31,7 +31,7 @@ import numpy as np
 
 from .._linalg import diagonal, full_precision
 from .._validate import check_max_steps, check_tol, is_concrete
-from .._xla import program
+from .._xla import LAPACK_BOUND, program
 from ..priors._priors import dense_cholesky
 from ._blocks import blockdiag_dense, blockdiag_left, blocks, sym
 from ._site import site_bound_free
@@ -192,7 +192,7 @@ def prior_covariance(kernel, X, num_classes, class_covariance=None, jitter=1e-6)
     return jnp.kron(Kx, Kc) + jitter * jnp.eye(N, dtype=Kx.dtype)
 
 
-@program
+@program(cpu_options=LAPACK_BOUND)
 def _fit_jit(K, Y, warm, cold, km, mf, newton, tol, max_steps, s_sweeps, init_scale, kron=False):
     """One compiled fit per (shapes, variant): km, mf, newton, max_steps and `kron` are static Python values.
     `kron`: K = K^x (x) I_C (+ jitter I), factorised through the (n, n) Cholesky factor of its every C-th

@@ -34,14 +34,14 @@ import numpy as np
 from .._linalg import full_precision
 from .._optim import backtrack_host, lbfgs_direction, sufficient_increase
 from .._validate import check_int, check_nonnegative, check_tol, is_concrete
-from .._xla import program
+from .._xla import LAPACK_BOUND, program
 from ._blocks import blockdiag_dense, blockdiag_left, sym
 from ._full import COVARIANCES, SITES, Posterior, one_hot_labels, prior_covariance
 from ._sweep import fit_core, initial_state
 from ._threads import single_threaded
 
 TRACE_COUNT = {"hyper": 0}
-# One S_i update per sweep in the inner fits: the Newton V step sets S_i = S^fx(V_i) anyway, and on glass three
+# One S_i update per (b, S) round in the inner fits: the Newton V step sets S_i = S^fx(V_i) anyway, and on glass three
 # updates per sweep (the `fit_full` default) gave the same sweeps and bound at 15% more time.
 INNER_S_SWEEPS = 1
 ADAPTIVE_INNER_TOL = True
@@ -100,7 +100,7 @@ class HyperResult(eqx.Module):
         return self.kernel
 
 
-@program
+@program(cpu_options=LAPACK_BOUND)
 def _solve(params, static, X, Y, class_covariance, jitter, warm, cold, inner_tol, flags, inner_steps):
     """The inner fit at the kernel (params, static), warm-started from `warm` = (b, S, W) unless `cold`, with the
     envelope gradient of the bound in the kernel's parameters and T (eq. 75). One compiled program per (shapes,

@@ -32,7 +32,7 @@ from jax import lax
 
 from .._linalg import diagonal, full_precision, invert_lower, tdot
 from .._validate import check_indices, check_int, check_max_steps, check_tol, is_concrete
-from .._xla import program
+from .._xla import LAPACK_BOUND, program
 from ._blocks import blockdiag_left, sym
 from ._full import V_UPDATES, check_one_hot
 from ._site import monotone_step, profile_sensitivity, s_fixed_point_profile, site_bound_free, site_statistics
@@ -193,7 +193,7 @@ def _b_step(Lt, Y, st, km):
     u = blockdiag_left(SM, r[:, None])[:, 0]
     ELt = blockdiag_left(E, Lt)
     inner = jnp.eye(Lt.shape[1], dtype=Lt.dtype) + tdot(Lt, ELt)
-    w = jnp.linalg.solve(inner, tdot(Lt, u))
+    w = jsl.cho_solve((jnp.linalg.cholesky(sym(inner)), True), tdot(Lt, u))  # inner >= I: E = S - S M S >= 0
     d = -(u - ELt @ w).reshape(n, C)
     d = jnp.where(jnp.isfinite(d), d, 0.0)
     f = lambda t: (_value(Lt, Y, st.b + t * d, st.S, st.Vb, st.logdet, st.trace, km), ())
@@ -244,7 +244,8 @@ def _initial(Lt, Kff, Y, km, warm, cold, scale=1.0):
     a = scale * (Y + (Y - 1.0) / (C - 1))
     Wa = jnp.einsum("ab,ib->ia", W1, a).reshape(-1)
     # m = V K^{-1} K_f W a  <=>  mu_u = Sigma_u Ltil^T W a; b = y - alpha with Ltil^T alpha = mu_u (minimum norm)
-    mu = jnp.linalg.solve(sym(jnp.eye(Lt.shape[1], dtype=Lt.dtype) + tdot(Lt, blockdiag_left(W, Lt))), tdot(Lt, Wa))
+    B = sym(jnp.eye(Lt.shape[1], dtype=Lt.dtype) + tdot(Lt, blockdiag_left(W, Lt)))  # positive definite, as in _moments
+    mu = jsl.cho_solve((jnp.linalg.cholesky(B), True), tdot(Lt, Wa))
     alpha = Wa - blockdiag_left(W, (Lt @ mu)[:, None])[:, 0]  # Woodbury: (I + W K~)^{-1} W a, K~ = Ltil Ltil^T
     b = jnp.where(cold, Y - alpha.reshape(n, C), warm[0])
     S = jnp.where(cold, sym(jnp.linalg.inv(Vb) + W1), warm[1])
@@ -263,7 +264,7 @@ def sparse_core(Lt, Kff, Y, st0, km, newton, tol, max_steps, s_sweeps, cg_iters=
     return st, k, converged, hist, jnp.max(jnp.abs(st.b - gbar))
 
 
-@program
+@program(cpu_options=LAPACK_BOUND)
 def _sparse_jit(Kzz, Kzf, Kff, Y, mask, warm, cold, km, newton, tol, max_steps, s_sweeps):
     TRACE_COUNT["fit_sparse"] += 1
     Kzz, Kzf = masked_prior(Kzz, Kzf, mask)
