@@ -110,7 +110,7 @@ def _covariance(K, LK, W, Lx=None):
 
 class State(eqx.Module):
     """The iterate of the sweeps: site parameters (b, S), site precisions W, the blocks of V and its factor
-    G (V = G G^T), log|K^{-1} V|, tr(K^{-1} V) and the bound."""
+    G (V = G G^T), log|K^{-1} V|, tr(K^{-1} V), the bound, and what the last V step gained (inf before the first)."""
 
     b: jax.Array
     S: jax.Array
@@ -120,6 +120,7 @@ class State(eqx.Module):
     logdet_kv: jax.Array
     trace_kv: jax.Array
     value: jax.Array
+    v_gain: jax.Array
 
     @property
     def V(self):
@@ -275,7 +276,7 @@ def v_step(K, LK, Y, st, km, mf, newton, cg_iters, Lx=None, skip_below=-jnp.inf)
     init = (st.value, (st.W, st.Vb, st.logdet_kv, st.trace_kv, st.S, st.G))
     skip = (slope <= skip_below) if (not km and not mf) else False
     _, (val, (W, Vb, ld, tr, S, G)) = monotone_step(trial, st.value, init, skip=skip)
-    return State(b=st.b, S=S, W=W, Vb=Vb, G=G, logdet_kv=ld, trace_kv=tr, value=val)
+    return State(b=st.b, S=S, W=W, Vb=Vb, G=G, logdet_kv=ld, trace_kv=tr, value=val, v_gain=val - st.value)
 
 
 def initial_state(K, Y, km=False, mf=False, scale=1.0, warm=None, cold=True, Lx=None):
@@ -301,13 +302,15 @@ def initial_state(K, Y, km=False, mf=False, scale=1.0, warm=None, cold=True, Lx=
     b = jnp.where(cold, Y - alpha.reshape(n, C), warm[0])
     S = jnp.where(cold, sym(spd_inverse(Vb) + W1), warm[1])
     val = value(K, Y, b, S, Vb, ld, tr, km)
-    return State(b=b, S=S, W=W, Vb=Vb, G=G, logdet_kv=ld, trace_kv=tr, value=val)
+    return State(b=b, S=S, W=W, Vb=Vb, G=G, logdet_kv=ld, trace_kv=tr, value=val,
+                 v_gain=jnp.asarray(jnp.inf, val.dtype))
 
 
 BS_ROUNDS = 4
-"""(b, S) rounds per V step. A V step re-forms the O((nC)^3) covariance at each of its trials, a (b, S) round costs
-one (nC)^2 solve; with one round per V step the ascent was slow to converge at large kernel variances (iris, variance
-e^5: 70 sweeps against 23 with four rounds, the same bound to 1e-8; design-decisions page)."""
+"""The most (b, S) rounds per V step. A V step re-forms the O((nC)^3) covariance at each of its trials; a (b, S) round
+costs one Cholesky factorisation. A sweep takes another round while the last one gained more than the last V step
+did: with one round per V step the ascent was slow at large kernel variances, where the V steps gain little (iris,
+variance e^5: 70 sweeps against 20-25), and with four always glass ML-II took 40% longer (design-decisions page)."""
 
 
 def fit_core(K, Y, st0, km, mf, newton, tol, max_steps, s_sweeps_, cg_iters=50, Lx=None, bs_rounds=BS_ROUNDS):
@@ -317,12 +320,21 @@ def fit_core(K, Y, st0, km, mf, newton, tol, max_steps, s_sweeps_, cg_iters=50, 
     Returns (state, num_steps, converged, history, stationarity)."""
     LK = prior_factor(K, Lx)
 
-    def b_and_s(_, st):
+    def b_and_s(st):
         st = b_step(K, Y, st, km)
         return s_sweeps(_means(K, Y, st.b), st, km, s_sweeps_)
 
+    def more(carry):
+        st, k, gain = carry
+        return (k < bs_rounds) & ((k == 0) | (gain > st.v_gain))
+
+    def one_round(carry):
+        st, k, _ = carry
+        new = b_and_s(st)
+        return new, k + 1, new.value - st.value
+
     def step(st, prev):
-        st = lax.fori_loop(0, bs_rounds, b_and_s, st)
+        st, *_ = lax.while_loop(more, one_round, (st, 0, jnp.asarray(jnp.inf, st.value.dtype)))
         return v_step(K, LK, Y, st, km, mf, newton, cg_iters, Lx,
                       skip_below=tol * (1 + jnp.abs(st.value)) - (st.value - prev))
 
