@@ -33,7 +33,7 @@ import numpy as np
 
 from .._linalg import full_precision
 from .._optim import backtrack_host, lbfgs_direction, sufficient_increase
-from .._validate import check_int, check_nonnegative, check_tol, is_concrete
+from .._validate import check_int, check_nonnegative, check_tol, host_view, is_concrete
 from .._xla import LAPACK_BOUND, program
 from ._blocks import blockdiag_dense, blockdiag_left, sym
 from ._full import COVARIANCES, SITES, Posterior, one_hot_labels, prior_covariance
@@ -236,7 +236,7 @@ def fit_hyperparameters(kernel, X, y, *, num_classes=None, fixed=(), class_covar
         X = X[:, None]
     if X.ndim != 2:
         raise ValueError(f"X must be (n, d), got shape {X.shape}")
-    if is_concrete(X) and not bool(jnp.all(jnp.isfinite(X))):
+    if is_concrete(X) and not bool(np.isfinite(host_view(X)).all()):
         raise ValueError("X contains NaN or inf")
     Y = one_hot_labels(y, X.shape[0], num_classes, X.dtype if jnp.issubdtype(X.dtype, jnp.floating) else None)
     check_int(max_steps, "max_steps", 0)
@@ -257,10 +257,12 @@ def fit_hyperparameters(kernel, X, y, *, num_classes=None, fixed=(), class_covar
     flags = (site == "knowles_minka", covariance == "class_factorised", True)
     dt = Y.dtype
     n, C = Y.shape
-    X = X.astype(dt)
+    X = X if X.dtype == dt else X.astype(dt)
     jit_args = dict(class_covariance=class_covariance, jitter=jnp.asarray(jitter, dt), flags=flags,
                     inner_steps=int(inner_steps))
-    cold_warm = (jnp.zeros((n, C), dt), jnp.broadcast_to(jnp.eye(C, dtype=dt), (n, C, C)), jnp.zeros((n, C, C), dt))
+    # host arrays: the start, the history and the results' fields are not op-by-op programs compiled per shape
+    cold_warm = tuple(jnp.asarray(a) for a in (np.zeros((n, C), dt), np.broadcast_to(np.eye(C, dtype=dt), (n, C, C)),
+                                               np.zeros((n, C, C), dt)))
 
     def solve(p, st, cold, tol):
         warm = cold_warm if st is None else (st.b, st.S, st.W)
@@ -276,7 +278,9 @@ def fit_hyperparameters(kernel, X, y, *, num_classes=None, fixed=(), class_covar
                       "limit or a failed line search); the returned hyper-parameters are the best found",
                       stacklevel=2)
     done = jnp.asarray(done or max_steps == 0)
-    history = jnp.full((int(max_steps) + 1,), jnp.nan, dt).at[:len(hist)].set(jnp.asarray(hist, dt))
+    history = np.full((int(max_steps) + 1,), np.nan, dt)
+    history[:len(hist)] = hist
+    history = jnp.asarray(history)
     new_kernel = eqx.combine(_unflatten(params, x), static)
     f = jnp.asarray(f, dt)
     k = jnp.asarray(k)
