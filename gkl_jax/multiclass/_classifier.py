@@ -12,7 +12,6 @@ scikit-learn's `fit` protocol requires; everything numerical lives in the functi
 import warnings
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from .._validate import check_int, check_max_steps, check_nonnegative, check_tol
@@ -165,7 +164,7 @@ class GPClassifier:
         self.posterior_ = post
         self.log_z_ = float(post.log_z)
         self.X_train_ = X
-        self._alpha = jnp.asarray((np.asarray(post.Y) - np.asarray(post.b)).reshape(-1))  # = post.alpha, on the host
+        self._alpha = post.alpha
         self._T = res.t_matrix
         return self
 

@@ -107,7 +107,10 @@ class Posterior(eqx.Module):
 
     @property
     def alpha(self):
-        """alpha = K^{-1} m = y - b: (nC,) float, datum-major."""
+        """alpha = K^{-1} m = y - b: (nC,) float, datum-major (computed on the host for host data: no program is
+        compiled for it per shape)."""
+        if is_concrete(self.b):
+            return jnp.asarray((host_view(self.Y) - host_view(self.b)).reshape(-1))
         return (self.Y - self.b).reshape(-1)
 
     def prior_covariance(self):

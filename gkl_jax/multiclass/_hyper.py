@@ -278,9 +278,9 @@ def fit_hyperparameters(kernel, X, y, *, num_classes=None, fixed=(), class_covar
                       "limit or a failed line search); the returned hyper-parameters are the best found",
                       stacklevel=2)
     done = jnp.asarray(done or max_steps == 0)
-    history = np.full((int(max_steps) + 1,), np.nan, dt)
-    history[:len(hist)] = hist
-    history = jnp.asarray(history)
+    history_host = np.full((int(max_steps) + 1,), np.nan, dt)
+    history_host[:len(hist)] = hist
+    history = jnp.asarray(history_host)
     new_kernel = eqx.combine(_unflatten(params, x), static)
     f = jnp.asarray(f, dt)
     k = jnp.asarray(k)

@@ -313,9 +313,9 @@ did: with one round per V step the ascent was slow at large kernel variances, wh
 variance e^5: 70 sweeps against 20-25), and with four always glass ML-II took 40% longer (design-decisions page)."""
 
 
-def fit_core(K, Y, st0, km, mf, newton, tol, max_steps, s_sweeps_, cg_iters=50, Lx=None, bs_rounds=BS_ROUNDS):
+def fit_core(K, Y, st0, km, mf, newton, tol, max_steps, s_sweeps_, cg_iters=50, Lx=None):
     """The block-coordinate ascent from state `st0` (traceable; shared by `fit_full` and hyper-parameter learning;
-    `Lx` as in `initial_state`; `km`, `mf`, `newton` Python booleans; `bs_rounds` (b, S) rounds per V step).
+    `Lx` as in `initial_state`; `km`, `mf`, `newton` Python booleans; at most `BS_ROUNDS` (b, S) rounds per V step).
 
     Returns (state, num_steps, converged, history, stationarity)."""
     LK = prior_factor(K, Lx)
@@ -326,7 +326,7 @@ def fit_core(K, Y, st0, km, mf, newton, tol, max_steps, s_sweeps_, cg_iters=50, 
 
     def more(carry):
         st, k, gain = carry
-        return (k < bs_rounds) & ((k == 0) | (gain > st.v_gain))
+        return (k < BS_ROUNDS) & ((k == 0) | (gain > st.v_gain))
 
     def one_round(carry):
         st, k, _ = carry
