@@ -28,6 +28,7 @@ from .._linalg import full_precision
 from .._model import Model, Sites
 from .._predict import predict as gk_predict
 from .._xla import program
+from ..baselines._laplace import _laplace_jit
 from ..gp import exact as gp_exact
 from ..priors import Diagonal
 from . import _ml2 as ml2
@@ -98,11 +99,24 @@ class _Finish(eqx.Module):
         return result, eqx.combine(dyn, self.static), result.log_z - self.build.padding_log_phi()
 
 
+LAPLACE_TOL, LAPLACE_STEPS = 1e-4, 25
+"""Newton's method of the Laplace start (`_fit_fixed`): a start needs no more than a loose mode."""
+
+
 @full_precision
 @program
-def _fit_fixed(build, params, method, kwargs):
-    """The fit at fixed hyperparameters and its outputs, as `_ml2.run` gives them, in one compiled call."""
-    result = method(build(params), **kwargs)
+def _fit_fixed(build, params, method, kwargs, laplace_start=False):
+    """The fit at fixed hyperparameters and its outputs, as `_ml2.run` gives them, in one compiled call.
+
+    With `laplace_start` (log-concave sites, Full factor) the G-KL fit starts from the Laplace approximation
+    N(w*, A^{-1}) (`gkl_jax.baselines.laplace`'s Newton iteration, to max|grad| <= LAPLACE_TOL) instead of the
+    prior: the bound is concave there, so the optimum is the same, and on breast cancer (448 x 32 padded) Newton-CG
+    took 8 steps instead of 13 (design-decisions page).
+    """
+    model = build(params)
+    q0 = _laplace_jit(model, jnp.asarray(LAPLACE_TOL, build.H.dtype), LAPLACE_STEPS).q \
+        if laplace_start else None
+    result = method(model, q0=q0, **kwargs) if laplace_start else method(model, **kwargs)
     return (result, params, result.log_z - build.padding_log_phi()), result.converged, jnp.zeros((), int)
 
 
@@ -187,7 +201,8 @@ class _BayesianLinear(BaseEstimator):
                 objective, dyn, static, dynamic = ml2.linear_objective(build, method, kwargs, learn, params)
                 out, converged, _ = ml2.run(objective, ml2.settings(max_steps), dyn, dynamic, _Finish(build, static))
             else:
-                out, converged, _ = _fit_fixed(build, params, method, kwargs)
+                laplace_start = method is gk_fit and likelihood == "logistic" and isinstance(factor, F.Full)
+                out, converged, _ = _fit_fixed(build, params, method, kwargs, laplace_start)
         result, params, log_z = out
         converged = bool(converged) and bool(result.converged)
         return (result, float(jnp.exp(params["log_prior_variance"])), float(jnp.exp(params["log_noise"])),
