@@ -1,17 +1,19 @@
-"""A minimal reproducer of the XLA CPU hang behind README "Known issue" (for an upstream report).
+"""A minimal reproducer of the deadlock of jaxlib 0.10's batched CPU LAPACK kernels (docs: sharp bits), for an
+upstream report, and a check that the library's own multiclass program no longer meets it.
 
 jit(vmap(jvp)) of the Theorem 6 site bound over n = 2000 data (C = 5) never returns in some runs on a 2-core
-machine (jax/jaxlib 0.10.2): 0% CPU, the main thread in BlockUntilReady, every Eigen worker in WaitForWork. The
-same program pinned to one core (`taskset -c 0`) always returns; its pieces alone (the log-determinant, the
-log-sum-exp term, the trace) returned in 5 of 5 runs each.
+machine (jax/jaxlib 0.10.2): 0% CPU, the main thread in BlockUntilReady, and (gdb) both threads of XLA's intra-op
+pool inside `jax::ParallelBatchMap` -> `BlockingCounter::Wait`, each in a batched LAPACK kernel (Cholesky, LU)
+waiting for parts of its batch queued behind the other. Pinned to one core (`taskset -c 0`) it always returns.
 
     for i in 1 2 3 4 5; do timeout 30 python benchmarks/repro_xla_cpu_hang.py; echo "exit $?"; done
 
 Exit 124 (killed by `timeout`) is the hang; it printed "ok" otherwise.
 
-`--digits` runs the library's own program instead, and hangs far more reliably: `gk.multiclass.fit_sparse` on
-1000 standardised digits (scikit-learn's `load_digits`, 10 classes) with 200 random inducing latents hung in 3 of
-3 unpinned runs (2026-11-28, idle 2-core EPYC) and returned in 17.4 s pinned (`taskset -c 0`):
+`--digits` runs the library's own program: `gk.multiclass.fit_sparse` on 1000 standardised digits (scikit-learn's
+`load_digits`, 10 classes) with 200 random inducing latents. It hung in 3 of 3 unpinned runs (2026-11-28, idle
+2-core EPYC and Xeon) until the multiclass solvers ran their per-datum linear algebra in inline-sized chunks
+(`gkl_jax.multiclass._blocks.per_datum`); since then it returns unpinned (3 of 3, 7.8-8.5 s on the Xeon):
 
     for i in 1 2 3; do timeout 120 python benchmarks/repro_xla_cpu_hang.py --digits; echo "exit $?"; done
 """

@@ -716,3 +716,54 @@ def test_block_helpers_equal_their_dense_definitions():
     dense = V @ _blocks.blockdiag_dense(D) @ V
     np.testing.assert_allclose(_blocks.sandwich_blocks(V, D), _blocks.blocks(dense, C), rtol=1e-12, atol=1e-10)
     np.testing.assert_allclose(_blocks.blockdiag_left(D, V), _blocks.blockdiag_dense(D) @ V, rtol=1e-12, atol=1e-10)
+
+
+def test_per_datum_is_the_vmap_in_chunks_with_the_same_gradient():
+    """`per_datum` maps in equal chunks where n exceeds `datum_chunk(C)` (C = 10: 25; here 3 parts of 20) and
+    gives the vmap's values and reverse-mode derivatives."""
+    n, C = 60, 10
+    assert _blocks.datum_chunk(C) == 25 and _blocks.datum_chunk(3) == 925
+    rng = np.random.default_rng(3)
+    m = jnp.asarray(rng.normal(size=(n, C)))
+    A = rng.normal(size=(n, C, C))
+    V = jnp.asarray(A @ np.swapaxes(A, 1, 2) / C + 0.3 * np.eye(C))
+    b = jnp.asarray(rng.dirichlet(np.ones(C), size=n))
+    S = jnp.linalg.inv(V) + jnp.eye(C) / C
+    total = lambda mapper: lambda mm, VV: jnp.sum(mapper(_site.site_bound_free)(mm, VV, b, S))
+    for f in (jax.vmap, _blocks.per_datum):
+        value, grads = jax.jit(jax.value_and_grad(total(f), argnums=(0, 1)))(m, V)
+        if f is jax.vmap:
+            ref = (value, grads)
+    np.testing.assert_allclose(value, ref[0], rtol=1e-13)
+    for g, r in zip(grads, ref[1]):
+        np.testing.assert_allclose(g, r, rtol=1e-10, atol=1e-12)
+
+
+_HANG_CHECK = """
+import jax
+jax.config.update("jax_enable_x64", True)
+import numpy as np
+import gkl_jax as gk
+rng = np.random.default_rng(0)
+n, C = 300, 10
+X = rng.normal(size=(n, 4))
+y = np.argmax(X @ rng.normal(size=(4, C)) + rng.gumbel(size=(n, C)), 1)
+post = gk.multiclass.fit_sparse(gk.kernels.SquaredExponential(1.0, 2.0), X, y, rng.choice(n * C, 40, replace=False),
+                                num_classes=C, max_steps=5)
+print("ok", float(post.log_z))
+"""
+
+
+@pytest.mark.slow
+def test_sparse_fit_returns_on_every_core():
+    """A sparse fit whose per-datum LAPACK batches (300 blocks of 10 x 10) are large enough for jaxlib 0.10 to split
+    over XLA's thread pool: before `per_datum` it hung in 2 of 2 runs on a 2-core machine (two splitting kernels
+    waiting on each other's pool threads); it must return, in a fresh unpinned process, within the time limit."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"JAX_PLATFORMS": "cpu"}
+    out = subprocess.run([sys.executable, "-c", _HANG_CHECK], capture_output=True, text=True, timeout=180, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith("ok ") and math.isfinite(float(out.stdout.split()[1]))

@@ -1,6 +1,52 @@
-"""Block-diagonal helpers for datum-major (nC, nC) matrices (the i-th C x C diagonal block belongs to datum i)."""
+"""Block-diagonal helpers for datum-major (nC, nC) matrices (the i-th C x C diagonal block belongs to datum i),
+and `per_datum`, the map of a per-datum function over the data that keeps XLA's CPU runtime from hanging."""
 
+import jax
 import jax.numpy as jnp
+
+LAPACK_INLINE_WORK = 200_000
+"""jaxlib 0.10's CPU LAPACK kernels (Cholesky, LU, eigh, triangular solves) split a batch of B matrices of order C
+into parts on XLA's intra-op thread pool, and wait for them, when B times the per-matrix work (5 C^3 for eigh, C^3
+/ 3 for Cholesky) reaches 200,000; a batch at most 200,000 / work runs inline. Two kernels that split at the same
+time on a pool of two threads (a 2-core machine) each hold a thread while waiting for parts queued behind the other:
+the process hangs at 0% CPU (gdb: both pool threads in `jax::ParallelBatchMap` -> `BlockingCounter::Wait`, the
+README's known issue; jaxlib 0.11 builds without that path). `per_datum` keeps every batch below the limit."""
+
+
+def datum_chunk(C: int) -> int:
+    """The most data per batched LAPACK call for C x C blocks: 200,000 / (8 C^3) (eigh's 5 C^3 with a margin).
+
+    Args:
+        C: the block order (the number of classes).
+
+    Returns:
+        int >= 1 (C = 3: 925; C = 7: 72; C = 10: 25).
+    """
+    return max(1, LAPACK_INLINE_WORK // (8 * int(C) ** 3))
+
+
+def per_datum(fn):
+    """`jax.vmap(fn)` over the leading (datum) axis of every argument, run as `lax.map` over chunks of
+    `datum_chunk(C)` data where there are more (C: the largest trailing axis of the arguments), so that each batched
+    LAPACK call inside runs inline (`LAPACK_INLINE_WORK`). The same values as the vmap; differentiable.
+
+    Args:
+        fn: a function of one datum's arrays (leading axis removed) returning a pytree.
+
+    Returns:
+        The mapped function of the stacked arrays.
+    """
+    def mapped(*args):
+        leaves = jax.tree.leaves(args)
+        n = leaves[0].shape[0]
+        C = max([a.shape[-1] for a in leaves if a.ndim >= 2] or [1])
+        parts = -(-n // datum_chunk(C))
+        if parts <= 1:
+            return jax.vmap(fn)(*args)
+        # equal parts (n = 128, C = 7: two of 64, not 72 + 56): no remainder, which lax.map would vmap separately
+        return jax.lax.map(lambda xs: fn(*xs), args, batch_size=-(-n // parts))
+
+    return mapped
 
 
 def sym(X):

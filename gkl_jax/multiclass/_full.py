@@ -33,7 +33,7 @@ from .._linalg import diagonal, full_precision
 from .._validate import check_max_steps, check_tol, host_view, is_concrete
 from .._xla import LAPACK_BOUND, program
 from ..priors._priors import dense_cholesky
-from ._blocks import blockdiag_dense, blockdiag_left, blocks, sym
+from ._blocks import blockdiag_dense, blockdiag_left, blocks, per_datum, sym
 from ._site import site_bound_free
 from ._sweep import _covariance, fit_core, initial_state
 from ._threads import single_threaded
@@ -56,7 +56,7 @@ def log_z_h(K, Y, m, V, b, S):
     a = jsl.solve_triangular(LK, m, lower=True)
     logdet = 2 * (jnp.sum(jnp.log(diagonal(LV))) - jnp.sum(jnp.log(diagonal(LK))))
     neg_kl = 0.5 * (logdet - jnp.sum(A * A) - a @ a + N)
-    sites = jax.vmap(lambda y, mm, VV, bb, SS: site_bound_free(mm, VV, bb, SS) + mm @ y)
+    sites = per_datum(lambda y, mm, VV, bb, SS: site_bound_free(mm, VV, bb, SS) + mm @ y)
     return neg_kl + jnp.sum(sites(Y, m.reshape(n, C), blocks(V, C), b, S))
 
 

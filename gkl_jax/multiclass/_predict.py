@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from .._linalg import tdot
+from ._blocks import per_datum
 from ._site import optimise_site
 
 
@@ -69,7 +70,7 @@ class Predictive(eqx.Module):
         Returns:
             (n_*, C) float array.
         """
-        opt = jax.vmap(lambda m, V: optimise_site(m, V, tol=tol, max_steps=max_steps))(self.mean, self.covariance)
+        opt = per_datum(lambda m, V: optimise_site(m, V, tol=tol, max_steps=max_steps))(self.mean, self.covariance)
         return self.mean + opt.value[:, None]
 
     def upper_bounds(self, log_lower=None):

@@ -39,7 +39,7 @@ from jax import lax
 from .._linalg import tdot
 from .._optim import backtrack, backtrack_host, sufficient_increase
 from .._validate import check_indices, check_int, strongly_typed
-from ._blocks import blockdiag_left
+from ._blocks import blockdiag_left, per_datum
 from ._full import check_one_hot, one_hot_labels
 from ._hyper import trainable_filter
 from ._sparse import _mf, fit_sparse, inducing_prior, masked_prior, site_statistics, whitened_cross
@@ -124,8 +124,8 @@ def _maximise_gain_d1(kappa, kv, Vinv, S, lg, Y, w, Lt_data, B, iters=40):
 
 def _posterior_site_stats(Lt, Y, post):
     mf = _mf(Lt, Y, post.b)
-    gbar, _ = jax.vmap(site_statistics)(mf, post.b, post.S)
-    return jnp.linalg.inv(post.Vf_blocks), jnp.log(jnp.maximum(gbar, 1e-300))
+    gbar, _ = per_datum(site_statistics)(mf, post.b, post.S)
+    return per_datum(jnp.linalg.inv)(post.Vf_blocks), jnp.log(jnp.maximum(gbar, 1e-300))
 
 
 @functools.partial(jax.jit, static_argnames=("num_classes", "d1"))

@@ -33,7 +33,7 @@ from jax import lax
 from .._linalg import diagonal, full_precision, invert_lower, tdot
 from .._validate import check_indices, check_int, check_max_steps, check_tol, is_concrete
 from .._xla import LAPACK_BOUND, program
-from ._blocks import blockdiag_left, sym
+from ._blocks import blockdiag_left, per_datum, sym
 from ._full import V_UPDATES, check_one_hot
 from ._site import monotone_step, profile_sensitivity, s_fixed_point_profile, site_bound_free, site_statistics
 from ._sweep import ascend, q_conjugate_gradient, s_sweeps, site_terms
@@ -170,14 +170,19 @@ def _value(Lt, Y, b, S, Vb, logdet, trace, km):
             + site_terms(mf.reshape(n, C), Vb, b, S, km))
 
 
+def _inv(X):
+    """The inverses of the blocks X (n, C, C) (`per_datum`: no batched LAPACK call large enough to split)."""
+    return per_datum(jnp.linalg.inv)(X)
+
+
 def _mf(Lt, Y, b):
     n, C = Y.shape
     return (Lt @ tdot(Lt, (Y - b).reshape(-1))).reshape(n, C)
 
 
 def _gbar(Lt, Y, b, S, Vb, km):
-    S_eff = jnp.where(km, jnp.linalg.inv(Vb), S)
-    return jax.vmap(site_statistics)(_mf(Lt, Y, b), b, S_eff)
+    S_eff = jnp.where(km, _inv(Vb), S)
+    return per_datum(site_statistics)(_mf(Lt, Y, b), b, S_eff)
 
 
 def _b_step(Lt, Y, st, km):
@@ -186,7 +191,7 @@ def _b_step(Lt, Y, st, km):
     gbar, _ = _gbar(Lt, Y, st.b, st.S, st.Vb, km)
     D = jax.vmap(lambda g: jnp.diag(g) - jnp.outer(g, g))(gbar)
     Sb = jnp.where(km, jnp.linalg.inv(st.Vb), st.S)  # the blocks whose inverse is added to K_f^T K^{-1} K_f
-    M = jnp.linalg.inv(sym(Sb + D))
+    M = _inv(sym(Sb + D))
     SM = jnp.einsum("iab,ibc->iac", Sb, M)
     E = sym(Sb - jnp.einsum("iab,ibc->iac", SM, Sb))  # S - S M S
     r = (st.b - gbar).reshape(-1)
@@ -208,8 +213,8 @@ def _s_step(Lt, Y, st, km, sweeps):
 def _v_step(Lt, Kff, Y, st, km, newton, cg_iters):
     """W towards the stationarity of eq. 33 (Newton with profiled S_i, or the fixed point), safeguarded."""
     _, A = _gbar(Lt, Y, st.b, st.S, st.Vb, km)
-    Vinv = jnp.linalg.inv(st.Vb)
-    S_fx, G, phi = jax.vmap(s_fixed_point_profile)(st.Vb, A)
+    Vinv = _inv(st.Vb)
+    S_fx, G, phi = per_datum(s_fixed_point_profile)(st.Vb, A)
     profiled = newton & ~km
     target = jnp.where(km, A, sym(jnp.where(profiled, S_fx, st.S) - Vinv))
     R = target - st.W
@@ -226,7 +231,7 @@ def _v_step(Lt, Kff, Y, st, km, newton, cg_iters):
     def evaluate(t):
         W = st.W + t * delta
         Vb, ld, tr, Z = _moments(Lt, W, Kff)
-        S = jnp.where(profiled, jax.vmap(s_fixed_point_profile)(Vb, A)[0], st.S)
+        S = jnp.where(profiled, per_datum(s_fixed_point_profile)(Vb, A)[0], st.S)
         return _value(Lt, Y, st.b, S, Vb, ld, tr, km), (W, Vb, ld, tr, Z, S)
 
     init = (st.value, (st.W, st.Vb, st.logdet, st.trace, st.Z, st.S))
@@ -248,7 +253,7 @@ def _initial(Lt, Kff, Y, km, warm, cold, scale=1.0):
     mu = jsl.cho_solve((jnp.linalg.cholesky(B), True), tdot(Lt, Wa))
     alpha = Wa - blockdiag_left(W, (Lt @ mu)[:, None])[:, 0]  # Woodbury: (I + W K~)^{-1} W a, K~ = Ltil Ltil^T
     b = jnp.where(cold, Y - alpha.reshape(n, C), warm[0])
-    S = jnp.where(cold, sym(jnp.linalg.inv(Vb) + W1), warm[1])
+    S = jnp.where(cold, sym(_inv(Vb) + W1), warm[1])
     return _SState(b=b, S=S, W=W, Vb=Vb, Z=Z, logdet=ld, trace=tr, value=_value(Lt, Y, b, S, Vb, ld, tr, km))
 
 
@@ -260,7 +265,7 @@ def sparse_core(Lt, Kff, Y, st0, km, newton, tol, max_steps, s_sweeps, cg_iters=
 
     st, k, converged, hist = ascend(step, st0, tol, max_steps)
     gbar, A = _gbar(Lt, Y, st.b, st.S, st.Vb, km)
-    st = eqx.tree_at(lambda s: s.S, st, jnp.where(km, sym(jnp.linalg.inv(st.Vb) + A), st.S))
+    st = eqx.tree_at(lambda s: s.S, st, jnp.where(km, sym(_inv(st.Vb) + A), st.S))
     return st, k, converged, hist, jnp.max(jnp.abs(st.b - gbar))
 
 
@@ -344,5 +349,5 @@ def sparse_log_z(Kzz, Kzf, Kff_blocks, Y, m, V, b, S, mask=None):
     Ar = A.reshape(s, n, C)
     VG = jnp.einsum("st,tia->sia", V, Gr)
     Vf = Kff_blocks - jnp.einsum("sia,sib->iab", Ar, Ar) + jnp.einsum("sia,sib->iab", Gr, VG)
-    sites = jax.vmap(lambda y, mm, VV, bb, SS: site_bound_free(mm, VV, bb, SS) + mm @ y)
+    sites = per_datum(lambda y, mm, VV, bb, SS: site_bound_free(mm, VV, bb, SS) + mm @ y)
     return neg_kl + jnp.sum(sites(Y, mf.reshape(n, C), sym(Vf), b, S))

@@ -34,7 +34,7 @@ import numpy as np
 from jax import lax
 
 from .._linalg import diagonal, invert_lower, tdot
-from ._blocks import blockdiag_dense, blockdiag_left, blockdiag_right, sandwich_blocks, sym
+from ._blocks import blockdiag_dense, blockdiag_left, blockdiag_right, per_datum, sandwich_blocks, sym
 from ._site import (
     knowles_minka_bound,
     monotone_step,
@@ -53,19 +53,22 @@ def pick(flag, if_true, if_false):
     return jnp.where(flag, if_true(), if_false())
 
 
-def spd_inverse(A):
-    """The inverse of symmetric positive definite matrices (..., C, C) through their Cholesky factors."""
+def _spd_inverse_one(A):
     L = jnp.linalg.cholesky(A)
-    eye = jnp.broadcast_to(jnp.eye(A.shape[-1], dtype=A.dtype), A.shape)
-    Li = lax.linalg.triangular_solve(L, eye, left_side=True, lower=True)
-    return sym(jnp.swapaxes(Li, -1, -2) @ Li)
+    Li = lax.linalg.triangular_solve(L, jnp.eye(A.shape[-1], dtype=A.dtype), left_side=True, lower=True)
+    return sym(Li.T @ Li)
+
+
+def spd_inverse(A):
+    """The inverses of symmetric positive definite blocks (n, C, C) through their Cholesky factors (`per_datum`)."""
+    return per_datum(_spd_inverse_one)(A)
 
 
 def site_terms(m, Vb, b, S, km):
     """sum_i of the label-free site bounds (h_i - m_i^T y_i) for data-major arrays (n, C), (n, C, C); `km` selects
     the Knowles-Minka bound S_i = V_i^{-1} instead of Theorem 6."""
-    thm6 = lambda: jnp.sum(jax.vmap(site_bound_free)(m, Vb, b, S))
-    kmb = lambda: jnp.sum(jax.vmap(lambda mm, V, bb: knowles_minka_bound(jnp.zeros_like(mm), mm, V, bb))(m, Vb, b))
+    thm6 = lambda: jnp.sum(per_datum(site_bound_free)(m, Vb, b, S))
+    kmb = lambda: jnp.sum(per_datum(lambda mm, V, bb: knowles_minka_bound(jnp.zeros_like(mm), mm, V, bb))(m, Vb, b))
     return pick(km, kmb, thm6)
 
 
@@ -145,7 +148,7 @@ def _means(K, Y, b):
 def site_moments(K, Y, b, S, Vb, km):
     """(gbar, A) of every site (eqs. 17-18) at the tied mean; S_i = V_i^{-1} for the Knowles-Minka bound."""
     S_eff = pick(km, lambda: spd_inverse(Vb), lambda: S)
-    return jax.vmap(site_statistics)(_means(K, Y, b), b, S_eff)
+    return per_datum(site_statistics)(_means(K, Y, b), b, S_eff)
 
 
 def b_step(K, Y, st, km):
@@ -177,11 +180,11 @@ def b_step(K, Y, st, km):
 def s_sweeps(m, st, km, sweeps):
     """`sweeps` monotone S_i updates (eq. 61) in parallel over the data at the latent means m (n, C); none for
     the Knowles-Minka bound. `st` holds (b, S, Vb, value), as the full and the sparse solvers' states do."""
-    vals = jax.vmap(site_bound_free)(m, st.Vb, st.b, st.S)
+    vals = per_datum(site_bound_free)(m, st.Vb, st.b, st.S)
 
     def one(_, carry):
         S, v = carry
-        return jax.vmap(s_step)(m, st.Vb, st.b, S, v)
+        return per_datum(s_step)(m, st.Vb, st.b, S, v)
 
     S, vals_new = lax.fori_loop(0, pick(km, lambda: 0, lambda: sweeps), one, (st.S, vals))
     new = pick(km, lambda: st.value, lambda: st.value + jnp.sum(vals_new) - jnp.sum(vals))
@@ -248,7 +251,7 @@ def v_direction(K, Y, st, km, mf, newton, cg_iters):
     if km:
         R = mask * (A - st.W)
     else:
-        S_fx, G, phi = jax.vmap(s_fixed_point_profile)(st.Vb, A)
+        S_fx, G, phi = per_datum(s_fixed_point_profile)(st.Vb, A)
         R = mask * (sym((S_fx if profiled else st.S) - spd_inverse(st.Vb)) - st.W)
     if profiled:
         D = lambda X: mask * jax.vmap(profile_sensitivity)(G, phi, X)
@@ -270,7 +273,7 @@ def v_step(K, LK, Y, st, km, mf, newton, cg_iters, Lx=None, skip_below=-jnp.inf)
     def trial(t):
         W = st.W + t * delta
         Vb, ld, tr, G = _covariance(K, LK, W, Lx)
-        S = jax.vmap(s_fixed_point_profile)(Vb, A)[0] if profiled else st.S
+        S = per_datum(s_fixed_point_profile)(Vb, A)[0] if profiled else st.S
         return value(K, Y, st.b, S, Vb, ld, tr, km), (W, Vb, ld, tr, S, G)
 
     init = (st.value, (st.W, st.Vb, st.logdet_kv, st.trace_kv, st.S, st.G))
