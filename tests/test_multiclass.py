@@ -767,3 +767,76 @@ def test_sparse_fit_returns_on_every_core():
     out = subprocess.run([sys.executable, "-c", _HANG_CHECK], capture_output=True, text=True, timeout=180, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.startswith("ok ") and math.isfinite(float(out.stdout.split()[1]))
+
+
+def test_sparse_ml2_gradient_is_the_derivative_of_the_reoptimised_bound():
+    """The sparse ML-II objective's envelope gradient (App. C.4) equals central differences of the re-optimised
+    sparse bound log Z~_h*(theta), and its value is `fit_sparse`'s."""
+    from gkl_jax.multiclass import _sparse_hyper
+
+    X, labels, Y, _ = _problem(seed=5, n=12)
+    inducing = jnp.asarray(np.random.default_rng(5).choice(12 * N_CLASSES, 20, replace=False))
+    kernel = gk.kernels.SquaredExponential(1.5, 0.8)
+    params, static = eqx.partition(kernel, _hyper.trainable_filter(kernel))
+    solve = _sparse_hyper.sparse_solver(static, jnp.asarray(X), jnp.asarray(Y), inducing, noise=1e-6, jitter=1e-6,
+                                        km=False, max_steps=2000, flatten=_hyper._flatten)
+    x0 = _hyper._flatten(params)
+    value, grad, _, aux = solve(_hyper._unflatten(params, x0), None, True, 1e-14)
+    assert bool(aux[0])
+    h = 1e-5
+    central = [(solve(_hyper._unflatten(params, x0 + h * e), None, True, 1e-14)[0]
+                - solve(_hyper._unflatten(params, x0 - h * e), None, True, 1e-14)[0]) / (2 * h)
+               for e in np.eye(len(x0))]
+    np.testing.assert_allclose(grad, central, rtol=1e-6, atol=1e-8)
+    direct = mc.fit_sparse(kernel, X, labels, inducing, num_classes=N_CLASSES, tol=1e-14, max_steps=2000)
+    np.testing.assert_allclose(value, float(direct.log_z), rtol=1e-10)
+
+
+def test_sparse_ml2_with_every_latent_inducing_learns_the_full_ml2_kernel():
+    """With every latent inducing the sparse bound is the full one (Theorem 15), so ML-II of the sparse bound
+    (`fit_hyperparameters(inducing=...)`) learns the kernel and bound of the full ML-II; its posterior predicts."""
+    X, labels, _, _ = _problem(seed=6)
+    kernel = gk.kernels.SquaredExponential(1.0, 1.0)
+    full = mc.fit_hyperparameters(kernel, X, labels, num_classes=N_CLASSES, jitter=1e-8)
+    sparse = mc.fit_hyperparameters(kernel, X, labels, num_classes=N_CLASSES, jitter=1e-8, noise=1e-8,
+                                    inducing=np.arange(N_DATA * N_CLASSES))
+    assert bool(full.converged) and bool(sparse.converged) and sparse.t_matrix is None
+    assert isinstance(sparse.posterior, mc.SparsePosterior)
+    np.testing.assert_allclose(float(sparse.log_z), float(full.log_z), rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(sparse.kernel), jax.tree.leaves(full.kernel)):
+        np.testing.assert_allclose(a, b, rtol=2e-3, atol=2e-3)
+    Xs = np.random.default_rng(7).normal(size=(4, 2))
+    np.testing.assert_allclose(mc.predict(sparse.posterior, Xs).mean, mc.predict(full.posterior, Xs).mean,
+                               atol=2e-3)
+
+
+def test_sparse_ml2_bad_input():
+    X, labels, _, _ = _problem()
+    kernel = gk.kernels.SquaredExponential(1.0, 1.0)
+    with pytest.raises(ValueError, match="inducing"):
+        mc.fit_hyperparameters(kernel, X, labels, inducing=np.arange(3), class_covariance=np.eye(N_CLASSES))
+    with pytest.raises(ValueError, match="inducing"):
+        mc.fit_hyperparameters(kernel, X, labels, inducing=np.arange(3), covariance="class_factorised")
+    with pytest.raises(ValueError, match="inducing"):
+        mc.fit_hyperparameters(kernel, X, labels, inducing=np.array([], int))
+    with pytest.raises(ValueError, match="inducing"):
+        mc.fit_hyperparameters(kernel, X, labels, inducing=np.array([0, N_DATA * N_CLASSES]))
+    with pytest.raises(ValueError, match="noise"):
+        mc.fit_hyperparameters(kernel, X, labels, inducing=np.arange(3), noise=-1.0)
+
+
+def test_classifier_with_inducing_latents_uses_the_sparse_bound():
+    """`GPClassifier(num_inducing=s)`: s < n C fits the sparse bound on s random latents (a `SparsePosterior`, no
+    more than the full bound, probabilities that sum to one); s >= n C is the full estimator."""
+    X, labels, _, _ = _problem(seed=8)
+    kernel = gk.kernels.SquaredExponential(1.0, 1.0)
+    full = mc.GPClassifier(kernel, learn_hyperparameters=False).fit(X, labels)
+    same = mc.GPClassifier(kernel, learn_hyperparameters=False, num_inducing=N_DATA * N_CLASSES).fit(X, labels)
+    sparse = mc.GPClassifier(kernel, learn_hyperparameters=False, num_inducing=10, random_state=3).fit(X, labels)
+    assert isinstance(same.posterior_, mc.Posterior) and isinstance(sparse.posterior_, mc.SparsePosterior)
+    assert same.log_z_ == full.log_z_ and sparse.log_z_ <= full.log_z_ + 1e-9
+    proba = sparse.predict_proba(X)
+    np.testing.assert_allclose(proba.sum(axis=1), 1.0, rtol=1e-12)
+    assert sparse.predict(X).shape == (N_DATA,)
+    with pytest.raises(ValueError, match="num_inducing"):
+        mc.GPClassifier(num_inducing=0)

@@ -10,6 +10,7 @@ q(f) = N(m, V) and the sites together.
     pred = gk.multiclass.predict(post, X_new)             # N(m_*, V_*) per test point
     pred.renormalised_probabilities()                     # softmax(m_*) (eq. 25)
     res = gk.multiclass.fit_hyperparameters(kernel, X, y) # ML-II on log Z_h* (Section 6): res.kernel, res.posterior
+    res = gk.multiclass.fit_hyperparameters(kernel, X, y, inducing=sites)   # ML-II on the sparse bound (Section 4)
     sel = gk.multiclass.select_inducing(kernel, X, y, 30) # the sparse bound (Section 4) on an active inducing set
     gk.multiclass.GPClassifier().fit(X, y).predict_proba(X_new)   # the scikit-learn-style estimator
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from .._validate import check_int, check_max_steps, check_nonnegative, check_tol
 from ..kernels import AbstractKernel, SquaredExponential
+from ._api import predict
 from ._full import COVARIANCES, SITES
 from ._hyper import fit_hyperparameters
 from ._predict import kronecker_predictive
@@ -59,6 +60,10 @@ class GPClassifier:
         jitter: non-negative float added to the prior's diagonal.
         max_steps: the most outer (ML-II) steps.
         tol: the inner fit's tolerance on the bound.
+        num_inducing: None (default) for the full bound, whose cost grows as (n C)^3; an int s for the sparse bound
+            of Chai (2012, Section 4) on s latents f^c(x_i) drawn at random (`random_state`), at O(n C s^2) per
+            sweep (ML-II through `fit_hyperparameters(inducing=...)`); s >= n C uses the full bound.
+        random_state: the integer seed of that draw.
 
     Attributes:
         classes_: (C,) NumPy array of the class labels, in the column order of `predict_proba` (after `fit`).
@@ -82,7 +87,7 @@ class GPClassifier:
     """
 
     def __init__(self, kernel=None, *, fixed=(), learn_hyperparameters=True, classes=None, site="theorem6",
-                 covariance="full", jitter=1e-6, max_steps=50, tol=1e-8):
+                 covariance="full", jitter=1e-6, max_steps=50, tol=1e-8, num_inducing=None, random_state=0):
         if site not in SITES:
             raise ValueError(f"site must be one of {SITES}, got {site!r}")
         if covariance not in COVARIANCES:
@@ -102,6 +107,8 @@ class GPClassifier:
         self.jitter = check_nonnegative(jitter, "jitter")
         self.max_steps = check_max_steps(max_steps)
         self.tol = check_tol(tol)
+        self.num_inducing = None if num_inducing is None else check_int(num_inducing, "num_inducing", 1)
+        self.random_state = check_int(random_state, "random_state", 0)
 
     def _encode(self, y, n):
         y = np.asarray(y)
@@ -151,10 +158,15 @@ class GPClassifier:
         """
         X = _as_inputs(X, "X")
         self.classes_, Y = self._encode(y, X.shape[0])
+        latents = Y.size
+        inducing = None
+        if self.num_inducing is not None and self.num_inducing < latents:
+            inducing = np.sort(np.random.default_rng(self.random_state).choice(latents, self.num_inducing,
+                                                                               replace=False))
         # one compiled program serves both cases: without learning, the outer loop takes no step
         res = fit_hyperparameters(self.kernel, X, Y, fixed=self.fixed, jitter=self.jitter, site=self.site,
                                   covariance=self.covariance, inner_tol=self.tol, ftol=OUTER_FTOL,
-                                  max_steps=self.max_steps if self.learn_hyperparameters else 0)
+                                  max_steps=self.max_steps if self.learn_hyperparameters else 0, inducing=inducing)
         self.kernel_ = res.kernel
         post = res.posterior
         self.converged_ = bool(res.converged) and bool(post.converged)
@@ -164,7 +176,7 @@ class GPClassifier:
         self.posterior_ = post
         self.log_z_ = float(post.log_z)
         self.X_train_ = X
-        self._alpha = post.alpha
+        self._alpha = None if inducing is not None else post.alpha
         self._T = res.t_matrix
         return self
 
@@ -187,6 +199,8 @@ class GPClassifier:
             raise ValueError(f"X_new has {X_new.shape[1]} columns but the classifier was fitted on "
                              f"{self.X_train_.shape[1]}")
         with single_blas_thread():
+            if self._T is None:     # the sparse bound: its own predictive (`gk.multiclass.predict`)
+                return predict(self.posterior_, X_new)
             return kronecker_predictive(self.kernel_, self.X_train_, X_new, self._alpha, self._T)
 
     def predict_proba(self, X_new, method="mean", num_samples=2000, seed=0):

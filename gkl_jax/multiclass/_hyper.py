@@ -25,6 +25,7 @@ With K^c = I, K = (K^x + jitter I) (x) I_C is factorised through the (n, n) Chol
 
 import time
 import warnings
+from typing import Optional
 
 import equinox as eqx
 import jax
@@ -33,10 +34,11 @@ import numpy as np
 
 from .._linalg import full_precision
 from .._optim import backtrack_host, lbfgs_direction, sufficient_increase
-from .._validate import check_int, check_nonnegative, check_tol, host_view, is_concrete
+from .._validate import check_indices, check_int, check_nonnegative, check_tol, host_view, is_concrete
 from .._xla import LAPACK_BOUND, program
 from ._blocks import blockdiag_dense, blockdiag_left, sym
 from ._full import COVARIANCES, SITES, Posterior, one_hot_labels, prior_covariance
+from ._sparse_hyper import sparse_posterior, sparse_solver
 from ._sweep import fit_core, initial_state
 from ._threads import single_threaded
 
@@ -73,13 +75,14 @@ class HyperResult(eqx.Module):
 
     Attributes:
         kernel: the learned `gk.kernels` kernel (`params` is the same object, as in `gk.gp.HyperResult`).
-        posterior: the `Posterior` at the learned kernel (it holds the kernel and inputs, so `predict` takes it).
+        posterior: the `Posterior` at the learned kernel (it holds the kernel and inputs, so `predict` takes it); a
+            `SparsePosterior` for ML-II of the sparse bound (`inducing`).
         log_z: float scalar array, the optimised bound log Z_h* at the learned kernel.
         converged: bool scalar array, whether the outer loop settled (see `fit_hyperparameters`).
         num_steps: int scalar array, outer steps taken.
         history: (max_steps + 1,) float array, log Z_h* at the start and after each outer step (NaN after).
         t_matrix: (nC, nC) float T = W - W V W at the optimum (Chai 2012, eq. 75: the predictive covariance is
-            K_** - K_*^T T K_*).
+            K_** - K_*^T T K_*); None for a sparse fit.
         num_inner_fits: int, inner fits run (the first, cold one and one per line-search trial; static).
         wall_time: float, seconds for the whole run, compilation included (static).
     """
@@ -90,7 +93,7 @@ class HyperResult(eqx.Module):
     converged: jax.Array
     num_steps: jax.Array
     history: jax.Array
-    t_matrix: jax.Array
+    t_matrix: Optional[jax.Array]
     num_inner_fits: int = eqx.field(static=True, default=0)
     wall_time: float = eqx.field(static=True, default=0.0)
 
@@ -192,7 +195,7 @@ def _learn(solve, x0, params0, max_steps, ftol, max_step, memory, inner_tol):
 @single_threaded
 def fit_hyperparameters(kernel, X, y, *, num_classes=None, fixed=(), class_covariance=None, jitter=1e-6,
                         site="theorem6", covariance="full", max_steps=50, ftol=1e-7, inner_tol=1e-8, inner_steps=100,
-                        max_step=1.0, memory=10) -> HyperResult:
+                        max_step=1.0, memory=10, inducing=None, noise=1e-6) -> HyperResult:
     """Maximise log Z_h*(theta) (Section 6) over the kernel's unconstrained parameters (all inexact arrays except
     the attribute names in `fixed`), by L-BFGS on the host with warm-started compiled inner fits.
 
@@ -219,11 +222,16 @@ def fit_hyperparameters(kernel, X, y, *, num_classes=None, fixed=(), class_covar
         inner_steps: the most sweeps of an inner fit.
         max_step: the most an outer step moves any log-parameter.
         memory: the L-BFGS memory.
+        inducing: (s,) int indices i C + c of inducing latents: ML-II of the sparse bound log Z~_h* (Section 4,
+            the gradient of App. C.4; `_sparse_hyper`) on that set, for n C too large for the full bound (cost per
+            inner fit O(n C^3 + n C s^2 + s^3)); the posterior is then a `SparsePosterior` and t_matrix None.
+            Needs class_covariance None and covariance "full". None (default): the full bound.
+        noise: the inducing variables' noise variance (sparse only, as `fit_sparse`).
 
     Returns:
         A `HyperResult`: the learned kernel, the posterior at it (for `gk.multiclass.predict`), log Z_h*,
-        T = W - W V W for predictions, and the bookkeeping (history of the bound per outer step, number of inner
-        fits, wall time).
+        T = W - W V W for predictions (None for a sparse fit), and the bookkeeping (history of the bound per outer
+        step, number of inner fits, wall time).
 
     Raises:
         ValueError: a kernel that is not an Equinox module, inputs that are not finite (n, d), labels that do not
@@ -252,6 +260,14 @@ def fit_hyperparameters(kernel, X, y, *, num_classes=None, fixed=(), class_covar
         raise ValueError(f"site must be one of {SITES}, got {site!r}")
     if covariance not in COVARIANCES:
         raise ValueError(f"covariance must be one of {COVARIANCES}, got {covariance!r}")
+    if inducing is not None:
+        if class_covariance is not None or covariance != "full":
+            raise ValueError("inducing: the sparse bound has K^c = I and full site covariances; leave "
+                             "class_covariance=None and covariance='full'")
+        inducing = check_indices(inducing, Y.size, "inducing")
+        if inducing.shape[0] == 0:
+            raise ValueError("inducing must hold at least one latent index")
+        check_nonnegative(noise, "noise")
     start = time.perf_counter()
     params, static = eqx.partition(kernel, trainable_filter(kernel, fixed))
     flags = (site == "knowles_minka", covariance == "class_factorised", True)
@@ -270,9 +286,12 @@ def fit_hyperparameters(kernel, X, y, *, num_classes=None, fixed=(), class_covar
                                         inner_tol=jnp.asarray(tol, dt), **jit_args)
         return float(st1.value), _flatten(g), st1, (ok, stat, T)
 
-    x, f, st, (inner_ok, stat, T), k, done, hist, evals = _learn(solve, _flatten(params), params, int(max_steps),
-                                                          float(ftol), float(max_step), int(memory),
-                                                          float(inner_tol))
+    if inducing is not None:
+        solve = sparse_solver(static, X, Y, inducing, noise=noise, jitter=jitter, km=flags[0], max_steps=inner_steps,
+                              flatten=_flatten)
+
+    x, f, st, aux, k, done, hist, evals = _learn(solve, _flatten(params), params, int(max_steps), float(ftol),
+                                                 float(max_step), int(memory), float(inner_tol))
     if not done and max_steps > 0:
         warnings.warn(f"gkl_jax.multiclass.fit_hyperparameters: {int(k)} steps without the bound settling (step "
                       "limit or a failed line search); the returned hyper-parameters are the best found",
@@ -284,6 +303,11 @@ def fit_hyperparameters(kernel, X, y, *, num_classes=None, fixed=(), class_covar
     new_kernel = eqx.combine(_unflatten(params, x), static)
     f = jnp.asarray(f, dt)
     k = jnp.asarray(k)
+    if inducing is not None:
+        post = sparse_posterior(st, aux, Y, new_kernel, X, inducing, noise, jitter)
+        return HyperResult(kernel=new_kernel, posterior=post, log_z=f, converged=done, num_steps=k, history=history,
+                           t_matrix=None, num_inner_fits=evals, wall_time=time.perf_counter() - start)
+    inner_ok, stat, T = aux
     post = Posterior(Y=Y, b=st.b, S=st.S, W=st.W, V_blocks=st.Vb, log_z=f, converged=inner_ok, num_steps=k,
                      history=history, stationarity=stat, kernel=new_kernel, X=X,
                      class_covariance=None if class_covariance is None else jnp.asarray(class_covariance, dt),

@@ -272,17 +272,23 @@ class MulticlassGPClassifier(ClassifierMixin, BaseEstimator):
         kernel: a `gkl_jax.kernels` kernel (default SquaredExponential(1, 1)).
         learn_hyperparameters: maximise the bound over the kernel parameters (default True).
         jitter, max_steps, tol: passed on.
+        num_inducing: None (the full bound, cost (n C)^3) or the number of random inducing latents of the sparse
+            bound (cost n C s^2 per sweep; for n C in the thousands), drawn with `random_state`.
+        random_state: the integer seed of that draw.
 
     Attributes (after `fit`): classes_, kernel_, log_evidence_ (the bound on log p(y | X)), converged_, estimator_
     (the underlying `gkl_jax.multiclass.GPClassifier`).
     """
 
-    def __init__(self, kernel=None, *, learn_hyperparameters=True, jitter=1e-6, max_steps=50, tol=1e-8):
+    def __init__(self, kernel=None, *, learn_hyperparameters=True, jitter=1e-6, max_steps=50, tol=1e-8,
+                 num_inducing=None, random_state=0):
         self.kernel = kernel
         self.learn_hyperparameters = learn_hyperparameters
         self.jitter = jitter
         self.max_steps = max_steps
         self.tol = tol
+        self.num_inducing = num_inducing
+        self.random_state = random_state
 
     @float64
     def fit(self, X, y):
@@ -300,7 +306,10 @@ class MulticlassGPClassifier(ClassifierMixin, BaseEstimator):
         with quiet_convergence():
             est = _MulticlassGP(_kernel(self.kernel), learn_hyperparameters=bool(self.learn_hyperparameters),
                                 classes=np.arange(len(classes)), jitter=float(self.jitter),
-                                max_steps=check_steps(self.max_steps), tol=float(self.tol)).fit(X, codes)
+                                max_steps=check_steps(self.max_steps), tol=float(self.tol),
+                                num_inducing=None if self.num_inducing is None else check_steps(self.num_inducing,
+                                                                                               "num_inducing"),
+                                random_state=self.random_state).fit(X, codes)
         self.estimator_, self.classes_ = est, classes
         self.kernel_, self.log_evidence_, self.converged_ = est.kernel_, float(est.log_z_), bool(est.converged_)
         if not self.converged_:
