@@ -3,6 +3,7 @@ and `per_datum`, the map of a per-datum function over the data that keeps XLA's 
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 LAPACK_INLINE_WORK = 200_000
 """jaxlib 0.10's CPU LAPACK kernels (Cholesky, LU, eigh, triangular solves) split a batch of B matrices of order C
@@ -23,6 +24,20 @@ def datum_chunk(C: int) -> int:
         int >= 1 (C = 3: 925; C = 7: 72; C = 10: 25).
     """
     return max(1, LAPACK_INLINE_WORK // (8 * int(C) ** 3))
+
+
+def placeholder_sites(n: int, C: int, dtype):
+    """(b, S, W) = (0, I, 0) per datum: the `warm` argument of a cold start (the solvers then build their own start),
+    made on the host so that no program is compiled for it per shape.
+
+    Args:
+        n: data; C: classes; dtype: float dtype.
+
+    Returns:
+        ((n, C), (n, C, C), (n, C, C)) arrays.
+    """
+    eye = np.broadcast_to(np.eye(C, dtype=dtype), (n, C, C))
+    return tuple(jnp.asarray(a) for a in (np.zeros((n, C), dtype), eye, np.zeros((n, C, C), dtype)))
 
 
 def per_datum(fn):

@@ -33,7 +33,7 @@ from .._linalg import diagonal, full_precision
 from .._validate import check_max_steps, check_tol, host_view, is_concrete
 from .._xla import LAPACK_BOUND, program
 from ..priors._priors import dense_cholesky
-from ._blocks import blockdiag_dense, blockdiag_left, blocks, per_datum, sym
+from ._blocks import blockdiag_dense, blockdiag_left, blocks, per_datum, placeholder_sites, sym
 from ._site import site_bound_free
 from ._sweep import _covariance, fit_core, initial_state
 from ._threads import single_threaded
@@ -311,8 +311,7 @@ def fit_full(K, Y, *, site="theorem6", covariance="full", v_update="newton", tol
         raise ValueError("init must be a Posterior for the same (n, C)")
     n, C = Y.shape
     if init is None:
-        warm = (jnp.zeros((n, C), K.dtype), jnp.broadcast_to(jnp.eye(C, dtype=K.dtype), (n, C, C)),
-                jnp.zeros((n, C, C), K.dtype))
+        warm = placeholder_sites(n, C, K.dtype)
     else:
         warm = jax.tree.map(lambda x: jnp.asarray(x, K.dtype), warm_start(init))
     flags = (site == "knowles_minka", covariance == "class_factorised", v_update == "newton")

@@ -36,7 +36,7 @@ from .._linalg import full_precision
 from .._optim import backtrack_host, lbfgs_direction, sufficient_increase
 from .._validate import check_indices, check_int, check_nonnegative, check_tol, host_view, is_concrete
 from .._xla import LAPACK_BOUND, program
-from ._blocks import blockdiag_dense, blockdiag_left, sym
+from ._blocks import blockdiag_dense, blockdiag_left, placeholder_sites, sym
 from ._full import COVARIANCES, SITES, Posterior, one_hot_labels, prior_covariance
 from ._sparse_hyper import sparse_posterior, sparse_solver
 from ._sweep import fit_core, initial_state
@@ -276,9 +276,7 @@ def fit_hyperparameters(kernel, X, y, *, num_classes=None, fixed=(), class_covar
     X = X if X.dtype == dt else X.astype(dt)
     jit_args = dict(class_covariance=class_covariance, jitter=jnp.asarray(jitter, dt), flags=flags,
                     inner_steps=int(inner_steps))
-    # host arrays: the start, the history and the results' fields are not op-by-op programs compiled per shape
-    cold_warm = tuple(jnp.asarray(a) for a in (np.zeros((n, C), dt), np.broadcast_to(np.eye(C, dtype=dt), (n, C, C)),
-                                               np.zeros((n, C, C), dt)))
+    cold_warm = placeholder_sites(n, C, dt)
 
     def solve(p, st, cold, tol):
         warm = cold_warm if st is None else (st.b, st.S, st.W)

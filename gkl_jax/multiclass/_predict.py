@@ -90,7 +90,7 @@ class Predictive(eqx.Module):
 @functools.partial(jax.jit, static_argnums=3)
 def _integrated(key, mean, cov, num_pairs):
     n_star, C = mean.shape
-    L = jnp.linalg.cholesky(cov + 1e-12 * jnp.eye(C, dtype=cov.dtype))
+    L = per_datum(jnp.linalg.cholesky)(cov + 1e-12 * jnp.eye(C, dtype=cov.dtype))
     z = jax.random.normal(key, (num_pairs, n_star, C), dtype=mean.dtype)
     f = jnp.einsum("jab,sjb->sja", L, z)
     p = 0.5 * (jax.nn.softmax(mean + f, axis=-1) + jax.nn.softmax(mean - f, axis=-1))

@@ -33,7 +33,7 @@ from jax import lax
 from .._linalg import diagonal, full_precision, invert_lower, tdot
 from .._validate import check_indices, check_int, check_max_steps, check_tol, is_concrete
 from .._xla import LAPACK_BOUND, program
-from ._blocks import blockdiag_left, per_datum, sym
+from ._blocks import blockdiag_left, per_datum, placeholder_sites, sym
 from ._full import V_UPDATES, check_one_hot
 from ._site import monotone_step, profile_sensitivity, s_fixed_point_profile, site_bound_free, site_statistics
 from ._sweep import ascend, q_conjugate_gradient, s_sweeps, site_terms
@@ -190,7 +190,7 @@ def _b_step(Lt, Y, st, km):
     n, C = Y.shape
     gbar, _ = _gbar(Lt, Y, st.b, st.S, st.Vb, km)
     D = jax.vmap(lambda g: jnp.diag(g) - jnp.outer(g, g))(gbar)
-    Sb = jnp.where(km, jnp.linalg.inv(st.Vb), st.S)  # the blocks whose inverse is added to K_f^T K^{-1} K_f
+    Sb = jnp.where(km, _inv(st.Vb), st.S)  # the blocks whose inverse is added to K_f^T K^{-1} K_f
     M = _inv(sym(Sb + D))
     SM = jnp.einsum("iab,ibc->iac", Sb, M)
     E = sym(Sb - jnp.einsum("iab,ibc->iac", SM, Sb))  # S - S M S
@@ -311,8 +311,7 @@ def fit_sparse(Kzz, Kzf, Kff_blocks, Y, *, mask=None, site="theorem6", v_update=
     if mask.shape != (s,):
         raise ValueError(f"mask must have shape ({s},), got {mask.shape}")
     if init is None:
-        warm = (jnp.zeros((n, C), Kzz.dtype), jnp.broadcast_to(jnp.eye(C, dtype=Kzz.dtype), (n, C, C)),
-                jnp.zeros((n, C, C), Kzz.dtype))
+        warm = placeholder_sites(n, C, Kzz.dtype)
     else:
         warm = (init.b, init.S, init.W)
     st, k, converged, hist, stat = _sparse_jit(Kzz, Kzf, Kff, Y, mask, warm, jnp.asarray(init is None),

@@ -12,9 +12,9 @@ with 200 inducing latents learn their kernel in about a minute on 2 cores (`benc
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from .._xla import LAPACK_BOUND, program
+from ._blocks import placeholder_sites
 from ._sparse import SparsePosterior, _initial, inducing_prior, sparse_core, sparse_log_z, whitened_cross
 
 TRACE_COUNT = {"sparse_hyper": 0}
@@ -61,8 +61,7 @@ def sparse_solver(static, X, Y, inducing, *, noise, jitter, km, max_steps, flatt
     """
     dt = Y.dtype
     n, C = Y.shape
-    cold_warm = tuple(jnp.asarray(a) for a in (np.zeros((n, C), dt), np.broadcast_to(np.eye(C, dtype=dt), (n, C, C)),
-                                               np.zeros((n, C, C), dt)))
+    cold_warm = placeholder_sites(n, C, dt)
     args = dict(noise=float(noise), jitter=float(jitter), km=jnp.asarray(km), max_steps=int(max_steps))
 
     def solve(p, st, cold, tol):
