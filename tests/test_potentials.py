@@ -99,6 +99,25 @@ def test_laplace_bound_is_smooth_across_the_kink():
     assert np.isfinite(float(hess[0, 0])) and float(hess[0, 0]) < 0
 
 
+def test_laplace_sites_with_a_zero_row_fit_to_the_optimum():
+    """A zero row h_n = 0 (s_n^2 = 0 exactly: padded designs, sparse data) has the constant potential log phi_n(0),
+    but I(m, s^2) is not differentiable in s^2 at 0: the Hessian-vector products there must stay finite, or
+    Newton-CG falls back to gradient ascent (it took 200 steps without converging). Oracle: the fit without the
+    zero rows, with the constant added."""
+    rng = np.random.default_rng(0)
+    H = rng.normal(size=(60, 4))
+    y = H @ np.array([1.0, -0.5, 0.0, 2.0]) + rng.laplace(size=60)
+    prior = gk.priors.Isotropic(4, 1.0)
+    plain = gk.fit(gk.Model(prior, gk.Sites(H, gk.potentials.Laplace(y, 0.7))), solver=gk.solvers.Newton())
+    Hz, yz = np.vstack([H, np.zeros((3, 4))]), np.concatenate([y, [0.0, 1.0, -2.0]])
+    scale = np.concatenate([np.full(60, 0.7), [1.0, 0.5, 2.0]])
+    padded = gk.fit(gk.Model(prior, gk.Sites(Hz, gk.potentials.Laplace(yz, scale))), solver=gk.solvers.Newton())
+    constant = float(jnp.sum(gk.potentials.Laplace(yz[60:], scale[60:]).log_phi(jnp.zeros(3))))
+    assert bool(plain.converged) and bool(padded.converged)
+    assert int(padded.num_steps) <= int(plain.num_steps) + 2
+    assert abs(float(padded.log_z) - float(plain.log_z) - constant) < 1e-9
+
+
 @pytest.mark.parametrize("name", ["gaussian", "laplace", "student_t", "cauchy"])
 def test_density_potentials_are_normalised_in_y(name):
     """exp(log phi(x; y)) integrates to one over y (the constants in the bound are right)."""

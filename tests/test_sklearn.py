@@ -12,6 +12,7 @@ import contextlib
 import itertools
 import subprocess
 import sys
+import warnings
 
 import equinox as eqx
 import jax
@@ -191,6 +192,20 @@ def test_robust_regression_resists_outliers():
     ref = gk.fit(model)
     assert abs(fixed.log_evidence_ - (float(ref.log_z) - 60 * np.log(scale))) < 1e-6
     np.testing.assert_allclose(fixed.coef_, np.asarray(ref.q.mean[:1]) * scale, atol=1e-6)
+
+
+def test_laplace_regression_ml2_converges_on_a_padded_design():
+    """Default ML-II with the Laplace likelihood: the design is padded with zero rows, where the Laplace expectation
+    is not differentiable in s^2; its inner Newton fits once stalled there (200 steps, converged_=False)."""
+    rng = np.random.default_rng(4)
+    X = rng.normal(size=(70, 3))
+    y = X @ np.array([1.0, -2.0, 0.5]) + 0.3 * rng.laplace(size=70)
+    y[:7] += 10.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        est = BayesianRegression("laplace").fit(X, y)
+    assert est.converged_
+    np.testing.assert_allclose(est.coef_, [1.0, -2.0, 0.5], atol=0.2)
 
 
 def test_estimators_compute_in_float64_without_global_x64(logistic_data):

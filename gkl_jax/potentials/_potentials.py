@@ -91,8 +91,11 @@ class Laplace(AbstractPotential):
         return -jnp.abs(self.y - x) / self.scale - jnp.log(2 * self.scale)
 
     def expected_log_phi(self, m, s2):
-        tiny = jnp.finfo(jnp.result_type(s2)).tiny
-        s = jnp.sqrt(jnp.maximum(s2, tiny))
+        # s floored at eps * scale (the value moves by at most 0.8 eps): at s2 = 0 (a zero row h_n) the true
+        # derivatives in s2 are infinite, and a floor at `tiny` made Newton's Hessian-vector products 0 * inf = NaN
+        # (CG then fell back to gradient ascent: 200 steps without converging)
+        s_min = jnp.finfo(jnp.result_type(s2)).eps * self.scale
+        s = jnp.sqrt(jnp.maximum(s2, jnp.square(s_min)))
         d = m - self.y
         r = d / s
         mean_abs = 2 * s * jnp.exp(std_normal_logpdf(r)) + d * (2 * ndtr(r) - 1)
