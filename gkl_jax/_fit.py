@@ -16,7 +16,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from jax import lax
-from jax.experimental import checkify
 from jax.flatten_util import ravel_pytree
 
 from . import _start
@@ -36,7 +35,7 @@ from ._model import Model, check_fittable, separated
 from ._optim import default_tol, stationary
 from ._result import Result
 from ._start import initial_q, model_dtype, start_error
-from ._validate import check_max_steps, check_tol, is_concrete
+from ._validate import check_max_steps, check_tol, debug_check, is_concrete
 from ._whiten import check_whiten, whitened_structure, whitening
 from ._xla import program
 from .factors import AbstractFactor, AbstractRefinableFactor, Diagonal, Full
@@ -142,7 +141,7 @@ def fit(model: Model, factor: AbstractFactor | None = None, *, solver=None, q0: 
     elif not isinstance(tol, jax.core.Tracer):
         tol = check_tol(tol)
     else:
-        checkify.debug_check((tol > 0) & jnp.isfinite(tol), "tol must be positive and finite")
+        debug_check((tol > 0) & jnp.isfinite(tol), "tol must be positive and finite")
     max_steps = solver.max_steps if max_steps is None else check_max_steps(max_steps)
     max_steps = solver.default_max_steps if max_steps is None else max_steps
     # tol enters the compiled program as an array, so fits at different tolerances share one compilation

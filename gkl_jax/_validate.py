@@ -4,7 +4,10 @@ Every check works on concrete values and is skipped for tracers, so constructors
 `jax.jit`, `jax.grad` and `jax.vmap`; shape checks always run (shapes are static under tracing). On a tracer the
 value checks (`check_finite`, `check_positive`, a traced `tol` of `gkl_jax.fit`) become
 `jax.experimental.checkify.debug_check`s: no-ops, unless the caller wraps the transformed function in
-`checkify.checkify`, which then returns the failed check's message as an error value.
+`checkify.checkify`, which then returns the failed check's message as an error value. Inside a top-level
+`gkl_jax._xla.program` (no user transformation around it, so no `checkify` can be) they are left out
+(`debug_check`): a check in a program gives it an effect, which turns off JAX's fast dispatch (its C++ path: the
+Python path re-partitions the arguments on every warm call).
 """
 
 import math
@@ -15,6 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import checkify
+
+from ._xla import checks_traced
 
 
 def is_concrete(x) -> bool:
@@ -61,10 +66,21 @@ def host_view(x):
     return np.asarray(x)
 
 
+def debug_check(predicate, message: str) -> None:
+    """`checkify.debug_check(predicate, message)`, except while a top-level `program` is traced (`checks_traced`).
+
+    Args:
+        predicate: traced bool scalar.
+        message: the error message where a caller's `checkify.checkify` finds the check failed.
+    """
+    if checks_traced():
+        checkify.debug_check(predicate, message)
+
+
 def check_finite(x, name: str) -> None:
     """Raise ValueError if a concrete `x` holds NaN or inf (a checkify check on a tracer)."""
     if not is_concrete(x):
-        checkify.debug_check(jnp.all(jnp.isfinite(x)), f"{name} contains NaN or inf")
+        debug_check(jnp.all(jnp.isfinite(x)), f"{name} contains NaN or inf")
         return
     a = host_view(x)
     if not bool((np.isfinite(a) if isinstance(a, np.ndarray) else jnp.isfinite(a)).all()):
@@ -74,7 +90,7 @@ def check_finite(x, name: str) -> None:
 def check_positive(x, name: str) -> None:
     """Raise ValueError if a concrete `x` has an entry <= 0 (or NaN) (a checkify check on a tracer)."""
     if not is_concrete(x):
-        checkify.debug_check(jnp.all(x > 0), f"{name} must be positive")
+        debug_check(jnp.all(x > 0), f"{name} must be positive")
         return
     if not bool((host_view(x) > 0).all()):
         raise ValueError(f"{name} must be positive, got {np.asarray(x).ravel()[:5]}")

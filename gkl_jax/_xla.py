@@ -15,14 +15,16 @@ included: they recompile on their next call) and the freed heap is returned to t
 `malloc_trim`; without it the resident size stays).
 """
 
+import contextlib
+import contextvars
 import ctypes
 import functools
 import gc
 import os
 import sys
 
-import equinox as eqx
 import jax
+import numpy as np
 
 CPU_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
 """The compiler options of `program` on the CPU backend."""
@@ -124,13 +126,101 @@ LAPACK_BOUND = {"xla_backend_optimization_level": 1}
 multiclass solvers): LLVM level 1 compiles them ~40% faster at the same warm speed (design-decisions page)."""
 
 
-def program(fun=None, *, cpu_options=None):
-    """`eqx.filter_jit(fun)`, compiled with `cpu_compiler_options(cpu_options)` where JAX's default backend is the
-    CPU and the call is not inside another trace (under `jax.jit`, `jax.grad` or `jax.vmap` it is a plain
-    `eqx.filter_jit`). Use as `@program` or `@program(cpu_options=LAPACK_BOUND)`.
+_UNCHECKED = contextvars.ContextVar("gkl_jax_unchecked_program", default=False)
+
+
+def checks_traced() -> bool:
+    """Whether a traced value check (`gkl_jax._validate.debug_check`) goes into the program being traced: not while
+    a top-level `program` is traced, where no `checkify.checkify` can surround it."""
+    return not _UNCHECKED.get()
+
+
+@contextlib.contextmanager
+def _unchecked(active: bool):
+    token = _UNCHECKED.set(True) if active else None
+    try:
+        yield
+    finally:
+        if token is not None:
+            _UNCHECKED.reset(token)
+
+
+def _is_array(x) -> bool:
+    """Whether a leaf is traced by `program` (as `eqx.is_array`: JAX and NumPy arrays)."""
+    return isinstance(x, (jax.Array, np.ndarray, np.generic))
+
+
+class _Dispatch:
+    """`fun` compiled per call signature, with JAX's own dispatch on the warm path.
+
+    The call's pytree is flattened once; its array leaves are the arguments of a `jax.jit` function cached under
+    (tree structure, the other leaves), which holds everything else as constants of the trace. A warm call is then
+    one `tree_flatten` and JAX's C++ fast path: `eqx.filter_jit`, which re-partitions the whole argument tree in
+    Python on every call, took a sizeable share of the estimators' warm fits of a few milliseconds
+    (design-decisions page). Outputs may hold non-array leaves (strings, static fields), returned as traced.
 
     Args:
-        fun: the function to compile (its arrays traced, everything else static, as for `eqx.filter_jit`).
+        fun: the function.
+        options: XLA compiler options, or None.
+        top: whether it is called outside every trace: its traced value checks are left out (`checks_traced`),
+            as they can never fire there and their effect would turn off JAX's C++ dispatch.
+    """
+
+    def __init__(self, fun, options, top):
+        self.fun = fun
+        self.options = options or None
+        self.top = top
+        self.cache = {}
+
+    def _entry(self, args, kwargs):
+        leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
+        mask = tuple(_is_array(x) for x in leaves)
+        static = tuple(None if m else x for x, m in zip(leaves, mask))
+        key = (treedef, mask, static)
+        try:
+            entry = self.cache.get(key)
+        except TypeError as err:    # an unhashable static leaf: as eqx.filter_jit, refuse it
+            raise ValueError(f"{getattr(self.fun, '__name__', 'program')}: every non-array argument must be "
+                             f"hashable ({err})") from err
+        if entry is None:
+            out_tree = {}
+
+            def traced(*arrays):
+                it = iter(arrays)
+                full = [next(it) if m else x for x, m in zip(leaves_template, mask)]
+                a, k = jax.tree_util.tree_unflatten(treedef, full)
+                with _unchecked(self.top):
+                    out = self.fun(*a, **k)
+                out_leaves, out_def = jax.tree_util.tree_flatten(out)
+                out_mask = tuple(isinstance(x, jax.Array) for x in out_leaves)
+                out_tree["def"], out_tree["mask"] = out_def, out_mask
+                out_tree["static"] = [None if m else x for x, m in zip(out_leaves, out_mask)]
+                return [x for x, m in zip(out_leaves, out_mask) if m]
+
+            leaves_template = static
+            jitted = jax.jit(traced, compiler_options=self.options) if self.options else jax.jit(traced)
+            entry = self.cache[key] = (jitted, out_tree)
+        return entry, [x for x, m in zip(leaves, mask) if m]
+
+    def __call__(self, *args, **kwargs):
+        (jitted, out_tree), arrays = self._entry(args, kwargs)
+        outs = iter(jitted(*arrays))
+        full = [next(outs) if m else x for m, x in zip(out_tree["mask"], out_tree["static"])]
+        return jax.tree_util.tree_unflatten(out_tree["def"], full)
+
+    def lower(self, *args, **kwargs):
+        (jitted, _), arrays = self._entry(args, kwargs)
+        return jitted.lower(*arrays)
+
+
+def program(fun=None, *, cpu_options=None):
+    """`fun` jit-compiled as `eqx.filter_jit` would (its arrays traced, everything else static) through a leaner
+    dispatch (`_Dispatch`), with `cpu_compiler_options(cpu_options)` where JAX's default backend is the
+    CPU and the call is not inside another trace (under `jax.jit`, `jax.grad` or `jax.vmap` it is compiled as part
+    of the outer program). Use as `@program` or `@program(cpu_options=LAPACK_BOUND)`.
+
+    Args:
+        fun: the function to compile (its arrays traced, everything else static and hashable).
         cpu_options: XLA debug options of this program beside `CPU_OPTIONS` (dict), or None.
 
     Returns:
@@ -147,11 +237,13 @@ def program(fun=None, *, cpu_options=None):
         traces[0] += 1
         return fun(*args, **kwargs)
 
-    on_cpu = eqx.filter_jit(counted, compiler_options=options) if options else eqx.filter_jit(counted)
-    elsewhere = eqx.filter_jit(counted)
+    on_cpu, top_level, inner = _Dispatch(counted, options, True), _Dispatch(counted, None, True), \
+        _Dispatch(counted, None, False)
 
     def pick(top):
-        return on_cpu if top and options and jax.default_backend() == "cpu" else elsewhere
+        if not top:
+            return inner
+        return on_cpu if options and jax.default_backend() == "cpu" else top_level
 
     @functools.wraps(fun)
     def call(*args, **kwargs):

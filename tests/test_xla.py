@@ -34,21 +34,52 @@ def test_program_with_compiler_options_runs_at_top_level_and_inside_jit_grad_and
 
 def test_the_options_reach_the_top_level_compile_only(monkeypatch):
     seen = []
-    real = _xla.eqx.filter_jit
+    real = _xla.jax.jit
 
     def spy(fun, **kwargs):
         seen.append(kwargs.get("compiler_options"))
         return real(fun, **kwargs)
 
-    monkeypatch.setattr(_xla.eqx, "filter_jit", spy)
+    monkeypatch.setattr(_xla.jax, "jit", spy)
     f = _with_options(monkeypatch, lambda x: 2.0 * x)
-    assert _xla.CPU_OPTIONS in seen          # one variant compiled with the options
+    assert float(f(jnp.asarray(1.0))) == 2.0
+    assert _xla.CPU_OPTIONS in seen          # the top-level variant compiled with the options
+    monkeypatch.setattr(_xla.jax, "jit", real)
     monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_use_fusion_emitters=false")
     assert _xla.cpu_compiler_options() == {}  # XLA_FLAGS wins
     monkeypatch.setenv("XLA_FLAGS", "")
     monkeypatch.setenv("GKL_JAX_XLA_OPTIONS", "0")
     assert _xla.cpu_compiler_options() == {}
     assert float(jax.jit(jax.grad(f))(1.0)) == 2.0
+
+
+def test_traced_checks_are_left_out_of_top_level_programs_only():
+    """A value check on a tracer (`_validate.check_positive`) gives a program an effect, which turns off JAX's C++
+    dispatch; at the top level no checkify can surround the program, so it is left out there, and kept inside a
+    user's transformation, where `checkify.checkify` reports it."""
+    from jax.experimental import checkify
+
+    from gkl_jax import _validate
+
+    traced = []
+
+    def fun(x):
+        traced.append(_xla.checks_traced())
+        _validate.check_positive(x, "x")
+        return 2.0 * x
+
+    f = _xla.program(fun)
+    assert float(f(jnp.asarray(-1.0))) == -2.0 and traced == [False]
+    assert jax.make_jaxpr(fun)(1.0).effects and traced[-1] is True      # outside a program: kept
+    err, out = checkify.checkify(jax.jit(lambda x: f(x)))(jnp.asarray(-1.0))
+    assert traced[-1] is True and "x must be positive" in str(err.get())
+    assert float(out) == -2.0
+    # the same program object dispatches again without retracing, and keeps non-array leaves static
+    g = _xla.program(lambda x, name: (x + 1.0, name))
+    out = g(np.ones(3), "label")
+    assert out[1] == "label" and np.allclose(out[0], 2.0)
+    with pytest.raises(ValueError, match="hashable"):
+        g(np.ones(3), {"a", "set"})
 
 
 _USER_SESSION = """
