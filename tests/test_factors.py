@@ -369,6 +369,41 @@ def test_mean_field_precision_is_the_negative_hessian_in_the_mean():
     np.testing.assert_allclose(A, -np.asarray(hessian), rtol=1e-7, atol=1e-9)
 
 
+def test_full_preconditioner_is_the_inverse_curvature_at_a_gaussian_optimum():
+    """Gaussian sites: B = -1/2 tr(A C^T C) + sum_i log|C_ii| + terms free of C, so -d^2 B/dC^2 is exactly
+    row-wise A restricted to j >= i plus e_i e_i^T / C_ii^2, and at the optimum (C^T C = A^{-1})
+    `Full.precondition_tangent` must be its inverse on the upper triangle (and symmetric positive definite
+    elsewhere)."""
+    rng = np.random.default_rng(12)
+    D, N = 5, 9
+    H = rng.normal(size=(N, D))
+    y = H @ rng.normal(size=D) + 0.3 * rng.normal(size=N)
+    model = gk.Model(gk.priors.Isotropic(D, 2.0), gk.Sites(H, gk.potentials.Gaussian(y, 0.4)))
+    A = np.eye(D) / 2.0 + H.T @ H / 0.4
+    C = np.linalg.cholesky(np.linalg.inv(A)).T          # upper, C^T C = A^{-1}
+    np.testing.assert_allclose(C.T @ C, np.linalg.inv(A), rtol=1e-10)
+    mean = np.linalg.solve(A, H.T @ y / 0.4)
+    upper = np.triu(np.ones((D, D), bool))
+    idx = np.flatnonzero(upper.ravel())
+
+    def bound_of(c):
+        Cf = jnp.zeros((D, D)).at[np.unravel_index(idx, (D, D))].set(c)
+        return gk.bound(model, gk.Gaussian(jnp.asarray(mean), Full(Cf)))
+
+    hessian = np.asarray(jax.jit(jax.hessian(bound_of))(jnp.asarray(C.ravel()[idx])))
+    factor = Full(jnp.asarray(C))
+    apply = jax.jit(lambda v: factor.precondition_tangent(Full(v)).C)
+    P = np.stack([np.asarray(apply(jnp.zeros((D, D)).at[np.unravel_index(k, (D, D))].set(1.0))).ravel()[idx]
+                  for k in idx], axis=1)
+    np.testing.assert_allclose(P @ -hessian, np.eye(len(idx)), atol=1e-9)
+    # away from the optimum: still symmetric positive definite on the upper triangle
+    factor = Full(jnp.asarray(np.triu(rng.normal(size=(D, D))) + 2 * np.eye(D)))
+    P = np.stack([np.asarray(jax.jit(lambda v: factor.precondition_tangent(Full(v)).C)(
+        jnp.zeros((D, D)).at[np.unravel_index(k, (D, D))].set(1.0))).ravel()[idx] for k in idx], axis=1)
+    np.testing.assert_allclose(P, P.T, atol=1e-12)
+    assert np.linalg.eigvalsh(P).min() > 0
+
+
 def test_factor_analysis_heywood_start_is_the_chevron_optimum_of_a_gaussian():
     """`from_precision(A)`: hubs picked greedily by A_jj [(A_RR)^{-1}]_jj, Theta Theta^T the Nystrom form of
     Sigma = A^{-1} on them, d_r^2 = 1 / A_rr. For Gaussian sites (A the exact posterior precision) that is the

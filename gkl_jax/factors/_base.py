@@ -185,6 +185,19 @@ class AbstractFactor(eqx.Module):
         C = self.dense()
         return tdot(C, C)
 
+    def precondition_tangent(self, tangent):
+        """An approximation of the inverse of -d^2 B / d(factor)^2 applied to a tangent of this factor, the
+        preconditioner of Newton-CG (`gkl_jax.solvers.Newton`); None where the factor has none (CG then runs
+        unpreconditioned in the factor's parameters).
+
+        Args:
+            tangent: a factor of this type holding a direction in its parameters.
+
+        Returns:
+            A factor of this type holding the preconditioned direction, or None.
+        """
+        return None
+
 
 class AbstractFixedPointFactor(AbstractFactor):
     """A factor whose optimal value for fixed Gamma (Challis & Barber 2013, eq. 10) has a closed form.

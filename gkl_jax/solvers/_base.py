@@ -11,6 +11,7 @@ from jax.flatten_util import ravel_pytree
 
 from .._bound import bound
 from .._validate import check_int, check_max_steps, check_tol
+from ..factors import AbstractFactor
 
 
 class RESULTS:
@@ -102,6 +103,33 @@ class Problem(eqx.Module):
         params, static = eqx.partition(self.q0, self.mask)
         unravel = ravel_pytree(params)[1]
         return eqx.combine(unravel(x), static)
+
+    def preconditioner(self, x):
+        """The Newton-CG preconditioner at x: v -> P v approximating the inverse of -d^2 B/dx^2, with
+        S = C^T C on the mean (the inverse curvature in m up to the change of Gamma) and the factor's
+        `precondition_tangent` on its leaves; None where the factor has none or some of its leaves are held fixed.
+
+        Args:
+            x: (P,) float array, the current point.
+
+        Returns:
+            A callable (P,) -> (P,), or None.
+        """
+        factor = self.q0.factor
+        if type(factor).precondition_tangent is AbstractFactor.precondition_tangent:
+            return None
+        if not all(jax.tree.leaves(self.mask)):
+            return None
+        q = self.to_q(x)
+        unravel = ravel_pytree(eqx.filter(self.q0, self.mask))[1]
+
+        def apply(v):
+            t = unravel(v)
+            t = eqx.tree_at(lambda g: (g.mean, g.factor), t,
+                            (q.factor.covariance_mv(t.mean), q.factor.precondition_tangent(t.factor)))
+            return ravel_pytree(t)[0]
+
+        return apply
 
     def objective(self, x):
         """B(model, to_q(x)), the G-KL bound (Challis & Barber 2013, eq. 7) at a flat vector of solver leaves.

@@ -36,7 +36,7 @@ def armijo_search(f, x, fx, g, p, *, max_halvings=40, c=ARMIJO_C, skip=False):
     return backtrack(lambda t: f(x + t * p), accept, fx, dtype=x.dtype, max_halvings=max_halvings, skip=skip)
 
 
-def newton_cg(f, x0, *, tol, max_steps, max_cg=100, scale=1.0):
+def newton_cg(f, x0, *, tol, max_steps, max_cg=100, scale=1.0, preconditioner=None):
     """Maximise f by truncated Newton-CG with Hessian-vector products (forward-over-reverse, linearised once per
     step so the CG iterations reuse the primal computation) and an Armijo line search.
 
@@ -54,6 +54,8 @@ def newton_cg(f, x0, *, tol, max_steps, max_cg=100, scale=1.0):
         max_steps: the most Newton steps.
         max_cg: the most CG iterations per step.
         scale: sigma0, the variables' typical scale (scalar).
+        preconditioner: x -> (v -> P v), CG's preconditioner at the step's point (an approximation of the inverse
+            of -d^2 f/dx^2, symmetric positive definite), or None.
 
     Returns:
         (x, num_steps, converged, history), history[k] the objective after step k (NaN past the last).
@@ -67,8 +69,10 @@ def newton_cg(f, x0, *, tol, max_steps, max_cg=100, scale=1.0):
         hist = hist.at[k].set(fx)
         done = stationary(g, x, fx, tol, scale) | (k >= max_steps)
         forcing = jnp.minimum(0.5, jnp.sqrt(jnp.linalg.norm(g)))
+        precond = None if preconditioner is None else preconditioner(x)
         p = lax.cond(done, lambda: jnp.zeros_like(x),
-                     lambda: conjugate_gradient(lambda v: -linear(v)[1], g, max_iters=max_cg, rtol=forcing))
+                     lambda: conjugate_gradient(lambda v: -linear(v)[1], g, max_iters=max_cg, rtol=forcing,
+                                                precond=precond))
         # The line search is skipped by its own loop condition, not inside the conditional: the parts of f that do
         # not depend on x (the projections H E_1 of a subspace basis) stay invariants of the Newton loop, which XLA
         # computes once per solve (inside a conditional branch they were computed once per Newton step).
@@ -105,6 +109,6 @@ class Newton(AbstractSolver):
 
     def solve(self, problem: Problem, tol, max_steps: int) -> Solution:
         x, k, ok, hist = newton_cg(problem.objective, problem.x0, tol=tol, max_steps=max_steps,
-                                   max_cg=self.max_cg, scale=problem.scale)
+                                   max_cg=self.max_cg, scale=problem.scale, preconditioner=problem.preconditioner)
         value = hist[k]     # the objective at x (the fit's bound without another evaluation)
         return Solution(x, k, ok, hist, status(ok, value, k, max_steps), value=value)
