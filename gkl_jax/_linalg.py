@@ -21,6 +21,24 @@ from jax import lax
 _COPY_MIN_COLUMNS = 128
 
 
+def in_float64(method):
+    """Decorator: run `method` under `jax.enable_x64(True)`, whatever the caller's global setting (restored
+    afterwards). For the estimators, whose numpy-in, numpy-out fits always compute in float64: with JAX's float32
+    default their tolerances would be out of reach.
+
+    Args:
+        method: the function or method.
+
+    Returns:
+        The wrapped callable.
+    """
+    @functools.wraps(method)
+    def wrapped(*args, **kwargs):
+        with jax.enable_x64(True):
+            return method(*args, **kwargs)
+    return wrapped
+
+
 def full_precision(fn):
     """`fn` run with matrix products in full precision (`jax.default_matmul_precision("highest")`) unless the
     user has set `jax_default_matmul_precision`. On the CPU this changes nothing; on GPU and TPU, JAX's default

@@ -13,7 +13,6 @@ those of the unpadded problem, while the data sets of cross-validation folds, gr
 """
 
 import contextlib
-import functools
 import warnings
 
 import jax
@@ -21,6 +20,7 @@ import numpy as np
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted
 
+from .._linalg import in_float64
 from ..gp._hyper import fit_hyperparameters
 
 try:  # scikit-learn >= 1.6
@@ -30,21 +30,8 @@ except ImportError:  # pragma: no cover - scikit-learn 1.4 / 1.5
         return estimator._validate_data(X, y, **kwargs)
 
 
-def float64(method):
-    """Decorator: run an estimator method under `jax.enable_x64(True)`.
-
-    Args:
-        method: the method; the estimators always compute in float64 and the caller's global setting is
-            restored afterwards.
-
-    Returns:
-        The wrapped method.
-    """
-    @functools.wraps(method)
-    def wrapped(*args, **kwargs):
-        with jax.enable_x64(True):
-            return method(*args, **kwargs)
-    return wrapped
+float64 = in_float64
+"""The decorator of every estimator method that computes: `gkl_jax._linalg.in_float64`."""
 
 
 def validate_fit(estimator, X, y, *, classifier: bool):
