@@ -45,8 +45,9 @@ def as_float_array(x, name: str, *, dtype=None):
             raise ValueError(f"{name} must be numeric, got {type(x).__name__}") from err
         if arr.dtype.kind not in "biuf":
             raise ValueError(f"{name} must be numeric, got dtype {arr.dtype}")
-    if dtype is None:
-        dtype = arr.dtype if jnp.issubdtype(arr.dtype, jnp.floating) else jnp.result_type(float)
+    if dtype is None:   # JAX's canonical dtype: float64 data become float32 without x64, as jnp.asarray does
+        dtype = jax.dtypes.canonicalize_dtype(arr.dtype) if jnp.issubdtype(arr.dtype, jnp.floating) \
+            else jnp.result_type(float)
     return jnp.asarray(arr, dtype=dtype)
 
 
