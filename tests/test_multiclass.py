@@ -561,6 +561,20 @@ def test_classifier_computes_in_float64_without_global_x64(iris_split):
     np.testing.assert_allclose(proba, ref.predict_proba(Xte), rtol=1e-9)
 
 
+def test_classifier_default_kernel_starts_at_the_median_distance(iris_split):
+    """kernel=None: SquaredExponential(1, median pairwise distance of the training inputs) (scipy's pdist as the
+    oracle), the start of ML-II; a kernel given is used as given."""
+    from scipy.spatial.distance import pdist
+
+    Xtr, ytr, _, _ = iris_split
+    np.testing.assert_allclose(gk.kernels.median_distance(Xtr), np.median(pdist(Xtr)), rtol=1e-12)
+    assert gk.kernels.median_distance(np.zeros((4, 2))) == 1.0
+    clf = mc.GPClassifier(learn_hyperparameters=False).fit(Xtr, ytr)
+    assert clf.kernel is None
+    np.testing.assert_allclose(float(clf.kernel_.lengthscale), np.median(pdist(Xtr)), rtol=1e-12)
+    np.testing.assert_allclose(float(clf.kernel_.variance), 1.0)
+
+
 def test_classifier_label_handling_and_errors(iris_split):
     Xtr, ytr, Xte, _ = iris_split
     # the ARD kernel and shapes of the learning test: the same compiled program (max_steps=0 takes no outer step)

@@ -18,7 +18,7 @@ import numpy as np
 
 from .._linalg import in_float64
 from .._validate import check_int, check_max_steps, check_nonnegative, check_tol
-from ..kernels import AbstractKernel, SquaredExponential
+from ..kernels import AbstractKernel, SquaredExponential, median_distance
 from ._api import predict
 from ._full import COVARIANCES, SITES
 from ._hyper import fit_hyperparameters
@@ -50,8 +50,9 @@ class GPClassifier:
     Theorem 6 and eq. 21).
 
     Args:
-        kernel: a `gk.kernels` kernel on the inputs (default SquaredExponential(1, 1): the sqexpiso kernel of
-            eq. 45).
+        kernel: a `gk.kernels` kernel on the inputs; None (default): the sqexpiso kernel of eq. 45,
+            SquaredExponential(1, l), with l the median distance between the training inputs
+            (`gk.kernels.median_distance`), where ML-II starts.
         fixed: names of kernel attributes kept fixed while learning (e.g. ("log_variance",) for the unit-variance
             usqexpard kernel of eq. 44).
         learn_hyperparameters: maximise log Z_h* over the kernel parameters (otherwise fit at the given kernel).
@@ -101,7 +102,7 @@ class GPClassifier:
             raise ValueError(f"fixed must be a sequence of kernel parameter names, got {fixed!r}")
         if classes is not None and (isinstance(classes, str) or np.ndim(classes) != 1):
             raise ValueError(f"classes must be a 1-D sequence of class labels, got {classes!r}")
-        self.kernel = SquaredExponential(1.0, 1.0) if kernel is None else kernel
+        self.kernel = kernel
         self.fixed = tuple(fixed)
         self.learn_hyperparameters = bool(learn_hyperparameters)
         self.classes = classes
@@ -168,7 +169,8 @@ class GPClassifier:
             inducing = np.sort(np.random.default_rng(self.random_state).choice(latents, self.num_inducing,
                                                                                replace=False))
         # one compiled program serves both cases: without learning, the outer loop takes no step
-        res = fit_hyperparameters(self.kernel, X, Y, fixed=self.fixed, jitter=self.jitter, site=self.site,
+        kernel = SquaredExponential(1.0, median_distance(X)) if self.kernel is None else self.kernel
+        res = fit_hyperparameters(kernel, X, Y, fixed=self.fixed, jitter=self.jitter, site=self.site,
                                   covariance=self.covariance, inner_tol=self.tol, ftol=OUTER_FTOL,
                                   max_steps=self.max_steps if self.learn_hyperparameters else 0, inducing=inducing)
         self.kernel_ = res.kernel

@@ -27,7 +27,7 @@ from ..gp import exact as gp_exact
 from ..gp import model as gp_model
 from ..gp import predict as gp_predict
 from ..gp._predict import with_targets
-from ..kernels import AbstractKernel, SquaredExponential
+from ..kernels import AbstractKernel, SquaredExponential, median_distance
 from ..multiclass import GPClassifier as _MulticlassGP
 from . import _ml2 as ml2
 from ._common import (
@@ -76,30 +76,6 @@ def _kernel(kernel, X=None):
     if not isinstance(kernel, AbstractKernel):
         raise ValueError(f"kernel must be a gkl_jax.kernels kernel or None, got {type(kernel).__name__}")
     return kernel
-
-
-def median_distance(X, max_points=500):
-    """The median Euclidean distance between the rows of X (the first `max_points` rows), 1 if it is 0.
-
-    The default kernel of `GPRegressor` starts ML-II at this lengthscale: from lengthscale 1 on standardised
-    diabetes inputs (d = 10, median distance ~4.1) the Gaussian regressor's ML-II ended on 3 of 10 splits at the
-    white-noise optimum (lengthscale -> 0, log p(z) = -n (log 2 pi + 1) / 2 = -469.67) where scikit-learn's
-    GaussianProcessRegressor found log p(z) = -440.7 to -449.9; from the median distance it found scikit-learn's
-    optimum on every split, and a better one (-454.8 against -469.67) on the split where scikit-learn's stopped at
-    white noise.
-
-    Args:
-        X: (n, d) float array.
-        max_points: rows used (the cost is quadratic in them).
-
-    Returns:
-        float > 0.
-    """
-    Z = np.asarray(X, dtype=np.float64)[:max_points]
-    d2 = np.sum(Z ** 2, 1)[:, None] + np.sum(Z ** 2, 1)[None, :] - 2 * Z @ Z.T
-    d = np.sqrt(np.maximum(d2[np.triu_indices(len(Z), 1)], 0.0))
-    m = float(np.median(d)) if d.size else 0.0
-    return m if m > 0 else 1.0
 
 
 def _fit_gp(est, X, y, likelihood, noise, learn_noise, dof=1.0, kernel=None):
@@ -304,7 +280,7 @@ class MulticlassGPClassifier(ClassifierMixin, BaseEstimator):
         X, y = validate_fit(self, X, y, classifier=True)
         classes, codes = encode_labels(y)
         with quiet_convergence():
-            est = _MulticlassGP(_kernel(self.kernel), learn_hyperparameters=bool(self.learn_hyperparameters),
+            est = _MulticlassGP(_kernel(self.kernel, X), learn_hyperparameters=bool(self.learn_hyperparameters),
                                 classes=np.arange(len(classes)), jitter=float(self.jitter),
                                 max_steps=check_steps(self.max_steps), tol=float(self.tol),
                                 num_inducing=None if self.num_inducing is None else check_steps(self.num_inducing,
