@@ -8,7 +8,8 @@ Pairs (every model behind a StandardScaler in a Pipeline, the same random splits
                                        only with --multiclass-gp (its ML-II compiles for many minutes)
     two moons (200, noise 0.25)        GPClassifier                    vs GaussianProcessClassifier
     diabetes (442 x 10), 10% of the    BayesianRegression(student-t)   vs BayesianRidge, HuberRegressor
-    training targets shifted by        BayesianRegression(gaussian)    vs BayesianRidge
+    training targets shifted by        BayesianRegression(laplace)     vs HuberRegressor
+                                       BayesianRegression(gaussian)    vs BayesianRidge
     +-4 sd (test targets clean)        GPRegressor (gaussian)          vs GaussianProcessRegressor
                                        GPRegressor(laplace), (student-t), only with --robust-gp (G-KL over
                                        331 latent values with ML-II: 25 s to minutes per fit on 2 shared cores)
@@ -107,6 +108,7 @@ def tasks(multiclass_gp=False, robust_gp=False):
         ("two moons", Xm, ym, "clf", [("GPClassifier", GPClassifier), ("GaussianProcessClassifier", sk_gpc)]),
         ("diabetes + outliers", Xd, yd, "reg", [("BayesianRegression(student-t)",
                                                  lambda: BayesianRegression("student-t")),
+                                                ("BayesianRegression(laplace)", lambda: BayesianRegression("laplace")),
                                                 ("BayesianRegression(gaussian)", BayesianRegression),
                                                 ("BayesianRidge", BayesianRidge), ("HuberRegressor", HuberRegressor),
                                                 ("GPRegressor", GPRegressor), ("GaussianProcessRegressor", sk_gpr)]
