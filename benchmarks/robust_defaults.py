@@ -44,9 +44,10 @@ import gkl_jax as gk  # noqa: E402
 
 
 def strategies():
-    """name -> (needs_local, fn(model, q_local) -> Result): the candidate defaults compared. "lbfgs-w+newton-w"
-    is what `gk.fit(model)` runs by default for these models (`gk.solvers.Chain((LBFGS(), Newton()))`, whitened);
-    "newton" is the default before it (Newton-CG in (m, C), unwhitened)."""
+    """name -> (needs_local, fn(model, q_local) -> Result): the candidate defaults compared. "default" is what
+    `gk.fit(model)` runs for these models (`gk.solvers.Chain((LBFGS(tol=1e-2), Newton()))`, whitened, since
+    2026-11-28); "lbfgs-w+newton-w" the same chain with `Chain`'s hand-over at sqrt(tol) (the default before);
+    "newton" the default before that (Newton-CG in (m, C), unwhitened)."""
     S = gk.solvers
     return {
         "default": (False, lambda m, q: gk.fit(m)),

@@ -10,7 +10,7 @@ class Chain(AbstractSolver):
     """Run `stages` in order, each from where the previous one stopped. A stage with its own `tol` stops there;
     otherwise every stage but the last stops at the looser tolerance sqrt(tol) (for tol < 1) and the last at
     `tol`. Each stage takes its own `max_steps` (or its default). The default for non-log-concave sites under a
-    GP or dense prior is `Chain((LBFGS(), Newton()))` in the whitened basis: L-BFGS crosses the non-concave
+    GP or dense prior is `Chain((LBFGS(tol=1e-2), Newton()))` in the whitened basis: L-BFGS crosses the non-concave
     region cheaply, Newton-CG then converges fast (a robust regression grid, benchmarks/robust_defaults.py).
 
     Attributes:
