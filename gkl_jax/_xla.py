@@ -187,7 +187,7 @@ class _Dispatch:
 
             def traced(*arrays):
                 it = iter(arrays)
-                full = [next(it) if m else x for x, m in zip(leaves_template, mask)]
+                full = [next(it) if m else x for x, m in zip(static, mask)]
                 a, k = jax.tree_util.tree_unflatten(treedef, full)
                 with _unchecked(self.top):
                     out = self.fun(*a, **k)
@@ -197,7 +197,6 @@ class _Dispatch:
                 out_tree["static"] = [None if m else x for x, m in zip(out_leaves, out_mask)]
                 return [x for x, m in zip(out_leaves, out_mask) if m]
 
-            leaves_template = static
             jitted = jax.jit(traced, compiler_options=self.options) if self.options else jax.jit(traced)
             entry = self.cache[key] = (jitted, out_tree)
         return entry, [x for x, m in zip(leaves, mask) if m]

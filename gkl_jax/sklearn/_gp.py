@@ -245,7 +245,8 @@ class MulticlassGPClassifier(ClassifierMixin, BaseEstimator):
     estimator: one joint posterior over the C latent functions (not one-vs-rest).
 
     Args:
-        kernel: a `gkl_jax.kernels` kernel (default SquaredExponential(1, 1)).
+        kernel: a `gkl_jax.kernels` kernel, or None (default) for `gkl_jax.multiclass.GPClassifier`'s default,
+            SquaredExponential(1, median distance between the training inputs).
         learn_hyperparameters: maximise the bound over the kernel parameters (default True).
         jitter, max_steps, tol: passed on.
         num_inducing: None (the full bound, cost (n C)^3) or the number of random inducing latents of the sparse
@@ -280,7 +281,7 @@ class MulticlassGPClassifier(ClassifierMixin, BaseEstimator):
         X, y = validate_fit(self, X, y, classifier=True)
         classes, codes = encode_labels(y)
         with quiet_convergence():
-            est = _MulticlassGP(_kernel(self.kernel, X), learn_hyperparameters=bool(self.learn_hyperparameters),
+            est = _MulticlassGP(self.kernel, learn_hyperparameters=bool(self.learn_hyperparameters),
                                 classes=np.arange(len(classes)), jitter=float(self.jitter),
                                 max_steps=check_steps(self.max_steps), tol=float(self.tol),
                                 num_inducing=None if self.num_inducing is None else check_steps(self.num_inducing,
