@@ -194,6 +194,32 @@ def test_robust_regression_resists_outliers():
     np.testing.assert_allclose(fixed.coef_, np.asarray(ref.q.mean[:1]) * scale, atol=1e-6)
 
 
+@pytest.mark.slow
+def test_student_t_ml2_from_the_laplace_start_matches_fit_hyperparameters():
+    """The estimator's ML-II starts its first inner fit at the Laplace approximation (`_ml2.laplace_start`), the
+    library's `gk.gp.fit_hyperparameters` at the prior: the same optimum of the (non-concave) Student-t bound."""
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(50, 2))
+    y = X @ np.array([1.0, -0.5]) + 0.3 * rng.standard_t(4.0, size=50)
+    y[:5] += 6.0
+    est = BayesianRegression("student-t").fit(X, y)
+    assert est.converged_
+    shift, scale = np.median(y), np.std(y)
+    H = np.hstack([X, np.ones((50, 1))])
+    z = (y - shift) / scale
+
+    def build(p):
+        prior = gk.priors.Diagonal(jnp.array([1.0, 1.0, 0.0]) * jnp.exp(p["a"]) + jnp.array([0.0, 0.0, 100.0]))
+        return gk.Model(prior, gk.Sites(H, gk.potentials.StudentT(z, 4.0, jnp.exp(p["b"]))))
+
+    ref = gk.gp.fit_hyperparameters(build, {"a": jnp.asarray(np.log(est.prior_variance_) + 0.3),
+                                            "b": jnp.asarray(np.log(est.noise_) - 0.3)})
+    assert bool(ref.converged)
+    assert abs(est.log_evidence_ - (float(ref.result.log_z) - 50 * np.log(scale))) < 1e-6
+    np.testing.assert_allclose([np.log(est.prior_variance_), np.log(est.noise_)],
+                               [float(ref.params["a"]), float(ref.params["b"])], atol=1e-2)
+
+
 def test_laplace_regression_ml2_converges_on_a_padded_design():
     """Default ML-II with the Laplace likelihood: the design is padded with zero rows, where the Laplace expectation
     is not differentiable in s^2; its inner Newton fits once stalled there (200 steps, converged_=False)."""

@@ -28,7 +28,6 @@ from .._linalg import full_precision
 from .._model import Model, Sites
 from .._predict import predict as gk_predict
 from .._xla import program
-from ..baselines._laplace import _laplace_jit
 from ..gp import exact as gp_exact
 from ..priors import Diagonal
 from . import _ml2 as ml2
@@ -99,24 +98,16 @@ class _Finish(eqx.Module):
         return result, eqx.combine(dyn, self.static), result.log_z - self.build.padding_log_phi()
 
 
-LAPLACE_TOL, LAPLACE_STEPS = 1e-4, 25
-"""Newton's method of the Laplace start (`_fit_fixed`): a start needs no more than a loose mode."""
-
-
 @full_precision
 @program
-def _fit_fixed(build, params, method, kwargs, laplace_start=False):
+def _fit_fixed(build, params, method, kwargs, start_at_laplace=False):
     """The fit at fixed hyperparameters and its outputs, as `_ml2.run` gives them, in one compiled call.
 
-    With `laplace_start` (log-concave sites, Full factor) the G-KL fit starts from the Laplace approximation
-    N(w*, A^{-1}) (`gkl_jax.baselines.laplace`'s Newton iteration, to max|grad| <= LAPLACE_TOL) instead of the
-    prior: the bound is concave there, so the optimum is the same, and on breast cancer (448 x 32 padded) Newton-CG
-    took 8 steps instead of 13 (design-decisions page).
+    With `start_at_laplace` (G-KL with the Full factor) the fit starts from the Laplace approximation
+    (`_ml2.laplace_start`) instead of the prior.
     """
     model = build(params)
-    q0 = _laplace_jit(model, jnp.asarray(LAPLACE_TOL, build.H.dtype), LAPLACE_STEPS).q \
-        if laplace_start else None
-    result = method(model, q0=q0, **kwargs) if laplace_start else method(model, **kwargs)
+    result = method(model, q0=ml2.laplace_start(model), **kwargs) if start_at_laplace else method(model, **kwargs)
     return (result, params, result.log_z - build.padding_log_phi()), result.converged, jnp.zeros((), int)
 
 
@@ -196,13 +187,14 @@ class _BayesianLinear(BaseEstimator):
         params = {"log_prior_variance": np.asarray(np.log(v0)), "log_noise": np.asarray(np.log(noise))}
         learn = {"log_prior_variance": bool(self.learn_prior_variance), "log_noise": bool(learn_noise)}
         method, kwargs = _method(likelihood, factor)
+        laplace = method is gk_fit and isinstance(factor, F.Full)
         with quiet_convergence():
             if any(learn.values()):   # ML-II: one compiled program (`_ml2`); the padded rows' constant removed
-                objective, dyn, static, dynamic = ml2.linear_objective(build, method, kwargs, learn, params)
-                out, converged, _ = ml2.run(objective, ml2.settings(max_steps), dyn, dynamic, _Finish(build, static))
+                objective, dyn, static, dynamic = ml2.linear_objective(build, method, kwargs, learn, params, laplace)
+                config = ml2.settings(max_steps, adaptive=method is gk_fit)
+                out, converged, _ = ml2.run(objective, config, dyn, dynamic, _Finish(build, static))
             else:
-                laplace_start = method is gk_fit and likelihood == "logistic" and isinstance(factor, F.Full)
-                out, converged, _ = _fit_fixed(build, params, method, kwargs, laplace_start)
+                out, converged, _ = _fit_fixed(build, params, method, kwargs, laplace)
         result, params, log_z = out
         converged = bool(converged) and bool(result.converged)
         return (result, float(jnp.exp(params["log_prior_variance"])), float(jnp.exp(params["log_noise"])),

@@ -21,27 +21,61 @@ import numpy as np
 
 from .._fit import fit as gk_fit
 from .._linalg import diagonal
+from .._start import model_dtype
 from .._xla import program
+from ..baselines._laplace import _laplace_jit
 from ..gp._hyper_loop import _CONVERGED, _LBFGS, _Objective, _run, _Settings
 
 GTOL, FTOL = 1e-4, 1e-9
 """Outer stopping tolerances, `fit_hyperparameters`' defaults; G-KL inner fits stop at GTOL / 10 as there."""
 
 
-def settings(max_steps: int, max_step: float = 3.0) -> _Settings:
+def settings(max_steps: int, max_step: float = 3.0, adaptive: bool = False) -> _Settings:
     """L-BFGS settings of the outer loop.
 
     Args:
         max_steps: outer steps.
         max_step: the largest first move of a (log-)parameter in a line search.
+        adaptive: loose inner tolerances while the outer gradient is large (`gkl_jax.gp._hyper_loop._inner_tol`).
 
     Returns:
         The loop's settings (float64 tolerances).
     """
-    return _Settings(_LBFGS, True, int(max_steps), np.asarray(GTOL), np.asarray(FTOL), False, np.asarray(max_step))
+    return _Settings(_LBFGS, True, int(max_steps), np.asarray(GTOL), np.asarray(FTOL), bool(adaptive),
+                     np.asarray(max_step))
 
 
-def linear_objective(build, method, kwargs, learn, params):
+class _LaplaceStart(_Objective):
+    """`_Objective` whose first inner fit starts from the Laplace approximation N(w*, A^-1) at the starting
+    hyperparameters (`gkl_jax.baselines.laplace`'s Newton iteration to a loose mode) instead of the prior."""
+
+    def start(self, dyn):
+        """The Laplace approximation of the model at the starting parameters, a Full-factor Gaussian."""
+        model = self.build(eqx.combine(dyn, self.static))
+        return laplace_start(model)
+
+
+LAPLACE_TOL, LAPLACE_STEPS = 1e-4, 25
+"""Newton's method of the Laplace start: a start needs no more than a loose mode."""
+
+
+def laplace_start(model):
+    """The Laplace approximation N(w*, A^-1) of `model` (w* to max|grad| <= LAPLACE_TOL), the start of the
+    estimators' G-KL fits with the Full factor (non-log-concave sites: the Newton iteration's clipped curvature).
+    Breast cancer (448 x 32 padded): Newton-CG took 8 steps from there instead of 13 from the prior. Student-t
+    ML-II on diabetes with outliers (10 splits): the first inner fit 1 step instead of 9-18, and with the loose
+    early inner tolerances of `settings(adaptive=True)` 23-33 inner Newton steps in all instead of 56-73.
+
+    Args:
+        model: the `gkl_jax.Model`.
+
+    Returns:
+        A `gkl_jax.Gaussian` with a Full factor.
+    """
+    return _laplace_jit(model, jnp.asarray(LAPLACE_TOL, model_dtype(model)), LAPLACE_STEPS).q
+
+
+def linear_objective(build, method, kwargs, learn, params, start_at_laplace=False):
     """The ML-II objective of `method(build(params))` over the leaves of `params` selected by `learn`.
 
     Args:
@@ -50,13 +84,15 @@ def linear_objective(build, method, kwargs, learn, params):
         kwargs: static options of the method.
         learn: dict of bools, the keys of `params`.
         params: dict of float64 scalars (starting values).
+        start_at_laplace: the first inner fit (a G-KL fit with the Full factor) starts from `laplace_start`.
 
     Returns:
         (objective, dyn: the learned leaves, static: the others, dynamic_kwargs: the inner tolerance of G-KL).
     """
     dyn, static = eqx.partition(params, learn)
     dynamic = {"tol": np.asarray(0.1 * GTOL)} if method is gk_fit and "tol" not in kwargs else {}
-    return _Objective(build, method, dict(kwargs), method is gk_fit, static, False, True), dyn, static, dynamic
+    objective = _LaplaceStart if start_at_laplace else _Objective
+    return objective(build, method, dict(kwargs), method is gk_fit, static, False, True), dyn, static, dynamic
 
 
 @program
