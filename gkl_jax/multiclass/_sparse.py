@@ -42,8 +42,8 @@ from ._threads import single_threaded
 TRACE_COUNT = {"fit_sparse": 0}
 V_CG_RTOL = 1e-3
 """Relative tolerance of the V step's conjugate gradients: the Newton direction of one block of a coordinate ascent
-needs no more. Digits' ML-II (1000 x 10, 200 inducing latents): 47 s against 57 s at the shared default 1e-6, the
-same log Z to 1e-7."""
+needs no more (digits' ML-II, 1000 x 10 with 200 inducing latents: the same log Z to 1e-7 as at the shared default
+1e-6, a fifth less time; design-decisions page)."""
 
 
 def inducing_prior(kernel, X, num_classes, sites, *, noise=1e-6, jitter=1e-6, class_covariance=None):
@@ -232,9 +232,9 @@ def _trial_sites(evaluate, m, b, S, Vb, profiled):
     inducing latents at ML-II's final kernel: by 0.02-40 nats), and half of the sweeps ended in a rejected V step
     after `STEP_HALVINGS` trials of an O(n C s^2) covariance each. The swept S_i start from the current ones, so the
     step t -> 0 keeps the bound and a step is found in a trial or two; where both were tried, the swept S_i gave
-    the higher bound. Digits' ML-II with 200 inducing latents: 98 s -> 47 s, the same sweeps (design-decisions page).
-    The full solver keeps S^fx (`_sweep.v_step`): its trials are accepted, and the extra sweep cost 0.6 s of
-    compilation on iris and wine for no warm gain.
+    the higher bound. Digits' ML-II with 200 inducing latents took half the time in the same number of sweeps
+    (design-decisions page). The full solver keeps S^fx (`_sweep.v_step`): its trials are accepted, and the extra
+    sweep only added compilation on iris and wine.
 
     Args:
         evaluate: S (n, C, C) -> the bound at the trial covariance with these S_i.

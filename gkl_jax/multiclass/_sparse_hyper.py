@@ -5,8 +5,8 @@ same directions, line search, adaptive inner tolerance and stopping rules).
 Each evaluation is one compiled program (`_sparse_solve`): the prior covariances at theta, the sparse fit
 warm-started from the last optimum (`_sparse.sparse_core`), and the envelope gradient of App. C.4 (autodiff of
 `_sparse.sparse_log_z` in theta with q(z), {b_i}, {S_i} held at the optimum). An evaluation costs what a sparse
-fit costs, O(n C^3 + n C s^2 + s^3) per sweep, so ML-II scales as the sparse fit does: 1000 digits (10 classes)
-with 200 inducing latents learn their kernel in about a minute on 2 cores (`benchmarks/README.md`).
+fit costs, O(n C^3 + n C s^2 + s^3) per sweep, so ML-II scales as the sparse fit does (1000 digits, 10 classes,
+200 inducing latents: `benchmarks/multiclass_digits.py`).
 """
 
 import equinox as eqx

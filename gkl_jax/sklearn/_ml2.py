@@ -63,8 +63,8 @@ def laplace_start(model):
     """The Laplace approximation N(w*, A^-1) of `model` (w* to max|grad| <= LAPLACE_TOL), the start of the
     estimators' G-KL fits with the Full factor (non-log-concave sites: the Newton iteration's clipped curvature).
     Breast cancer (448 x 32 padded): Newton-CG took 8 steps from there instead of 13 from the prior. Student-t
-    ML-II on diabetes with outliers (10 splits): the first inner fit 1 step instead of 9-18, and with the loose
-    early inner tolerances of `settings(adaptive=True)` 23-33 inner Newton steps in all instead of 56-73.
+    ML-II on diabetes with outliers (4 splits): the first inner fit 1 step instead of 9-18, and with the loose
+    early inner tolerances of `settings(adaptive=True)` 27-33 inner Newton steps in all instead of 56-73.
 
     Args:
         model: the `gkl_jax.Model`.
