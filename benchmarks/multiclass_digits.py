@@ -30,6 +30,8 @@ import gkl_jax as gk  # noqa: E402
 
 
 def digits_split(name):
+    """(X_train, y_train, X_test, y_test): 1000 training digits ("first" or the first 1000 of a seed-0
+    permutation, "permuted"), standardised on the training part; the other 797 as test set."""
     X, y = load_digits(return_X_y=True)
     order = np.arange(len(y)) if name == "first" else np.random.default_rng(0).permutation(len(y))
     tr, te = order[:1000], order[1000:]
@@ -39,6 +41,7 @@ def digits_split(name):
 
 
 def synthetic(n, C=10, n_test=2000, seed=0):
+    """(X_train, y_train, X_test, y_test) of the 2-D problem of `multiclass_tables.py --timing` with C classes."""
     rng = np.random.default_rng(seed)
     X = rng.uniform(-3, 3, size=(n + n_test, 2))
     centres = rng.uniform(-3, 3, size=(12, 2))
@@ -49,6 +52,7 @@ def synthetic(n, C=10, n_test=2000, seed=0):
 
 
 def run(label, Xtr, ytr, Xte, yte, s):
+    """Fit GPClassifier(num_inducing=s) and print one table row."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         t0 = time.perf_counter()
