@@ -907,7 +907,7 @@ def test_sparse_v_step_trial_resweeps_the_sites():
         st = _sparse._s_step(Lt, Y, _sparse._b_step(Lt, Y, st, km), km, 1)
         value = lambda S: _sparse._value(Lt, Y, st.b, S, st.Vb, st.logdet, st.trace, km)
         _, A = _sparse._gbar(Lt, Y, st.b, st.S, st.Vb, km)
-        trial, S = _sparse._trial_sites(value, _sparse._mf(Lt, Y, st.b), st.b, st.S, st.Vb, jnp.asarray(True))
+        trial, S = _sparse._trial_sites(value, _sparse._mf(Lt, Y, st.b), st, st.Vb, jnp.asarray(True))
         assert float(trial) >= float(st.value) - 1e-9 * abs(float(st.value))
         assert abs(float(value(S)) - float(trial)) <= 1e-9 * abs(float(trial))     # the value of the returned S_i
         stale = value(_blocks.per_datum(_site.s_fixed_point_profile)(st.Vb, A)[0])

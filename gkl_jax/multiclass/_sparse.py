@@ -214,16 +214,7 @@ def _s_step(Lt, Y, st, km, sweeps):
     return s_sweeps(_mf(Lt, Y, st.b), st, km, sweeps)
 
 
-class _Sites(eqx.Module):
-    """The part of a solver state that an S sweep reads and writes (`s_sweeps`)."""
-
-    b: jax.Array
-    S: jax.Array
-    Vb: jax.Array
-    value: jax.Array
-
-
-def _trial_sites(evaluate, m, b, S, Vb, profiled):
+def _trial_sites(evaluate, m, st, Vb, profiled):
     """The bound at a V step's trial covariance and its S_i: for the Newton step with profiled S_i the current S_i
     after one monotone S sweep (eq. 61) at the trial covariance; otherwise the current S_i.
 
@@ -239,17 +230,16 @@ def _trial_sites(evaluate, m, b, S, Vb, profiled):
     Args:
         evaluate: S (n, C, C) -> the bound at the trial covariance with these S_i.
         m: (n, C) the latent means (the V step leaves b and so m unchanged).
-        b: (n, C) site parameters.
-        S: (n, C, C) the current S_i.
+        st: the solver state before the step (its b and S_i).
         Vb: (n, C, C) the trial's covariance blocks.
         profiled: traced bool: whether the step profiles S_i (else S is kept).
 
     Returns:
         (bound, S_i) at the trial.
     """
-    kept = evaluate(S)
-    swept = s_sweeps(m, _Sites(b, S, Vb, kept), False, 1)
-    return jnp.where(profiled, swept.value, kept), jnp.where(profiled, swept.S, S)
+    kept = evaluate(st.S)
+    swept = s_sweeps(m, eqx.tree_at(lambda s: (s.Vb, s.value), st, (Vb, kept)), False, 1)
+    return jnp.where(profiled, swept.value, kept), jnp.where(profiled, swept.S, st.S)
 
 
 def _v_step(Lt, Kff, Y, st, km, newton, cg_iters):
@@ -276,7 +266,7 @@ def _v_step(Lt, Kff, Y, st, km, newton, cg_iters):
     def evaluate(t):
         W = st.W + t * delta
         Vb, ld, tr, Z = _moments(Lt, W, Kff)
-        val, S = _trial_sites(lambda S: _value(Lt, Y, st.b, S, Vb, ld, tr, km), m, st.b, st.S, Vb, profiled)
+        val, S = _trial_sites(lambda S: _value(Lt, Y, st.b, S, Vb, ld, tr, km), m, st, Vb, profiled)
         return val, (W, Vb, ld, tr, Z, S)
 
     init = (st.value, (st.W, st.Vb, st.logdet, st.trace, st.Z, st.S))
