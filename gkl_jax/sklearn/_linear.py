@@ -54,7 +54,7 @@ LIKELIHOODS = ("gaussian", "student-t", "laplace")
 class _Build(eqx.Module):
     """params {"prior", "noise"} -> the `Model` on the padded design (a module, so that ML-II reuses its compiled
     loop across fits of one padded shape). The parameters are the ML-II coordinates u = c log(hyperparameter) of
-    `ml2_scales` (c the square root of the hyperparameter's Fisher information)."""
+    `_ml2.scales` (c the square root of the hyperparameter's Fisher information)."""
 
     H: jnp.ndarray
     y: jnp.ndarray
@@ -63,7 +63,7 @@ class _Build(eqx.Module):
     intercept: jnp.ndarray      # True on the intercept column
     intercept_variance: jnp.ndarray
     dof: jnp.ndarray
-    scales: jnp.ndarray         # (2,) c of the prior variance and the noise (`ml2_scales`)
+    scales: jnp.ndarray         # (2,) c of the prior variance and the noise (`_ml2.scales`)
     likelihood: str = eqx.field(static=True)
 
     def __call__(self, params):
@@ -133,54 +133,6 @@ def _method(likelihood, factor):
     return gk_fit, kwargs
 
 
-def ml2_scales(n, d, likelihood, dof):
-    """The ML-II coordinates' scales c = sqrt(Fisher information) of the log-hyperparameters at their optimum, so
-    that the outer L-BFGS sees a Hessian near the identity: d / 2 for the log prior variance of d coefficients;
-    for the noise n / 2 (log variance, Gaussian), 2 n nu / (nu + 3) (log scale, Student-t), n (log scale, Laplace).
-
-    In the raw log-hyperparameters the noise's curvature is ~100 times the prior variance's (diabetes, n = 331,
-    d = 10): L-BFGS's initial scaling took the stiff one, and 6-7 outer steps crept along the flat log prior
-    variance (0.001-0.003 per step) for 4e-4 nats. Scaled, Student-t ML-II took 2.4x less time and Laplace 1.6x
-    less, the same bounds to 1e-6 (design-decisions page).
-
-    Args:
-        n: real (unpadded) rows.
-        d: coefficients with the learned prior variance (the intercept excluded).
-        likelihood: "gaussian", "student-t", "laplace" or "logistic" (no noise: 1).
-        dof: Student-t degrees of freedom.
-
-    Returns:
-        (2,) float numpy array: c of the prior variance and of the noise.
-    """
-    noise = {"gaussian": n / 2.0, "student-t": 2.0 * n * dof / (dof + 3.0), "laplace": float(n)}.get(likelihood, 1.0)
-    return np.sqrt(np.array([max(d, 1) / 2.0, max(noise, 1.0)]))
-
-
-def _data_start(H, z, likelihood, intercept):
-    """Data-scaled hyperparameters of the regression (ML-II starting values, or the values when not learned).
-
-    Least squares on the standardised targets z: the prior variance is the mean squared coefficient (the
-    intercept left out), the noise scale 1.4826 MAD of the residuals (robust to the outliers that the Student-t
-    and Laplace likelihoods are for), squared for the Gaussian's variance; both at least 1e-3. From here ML-II reaches
-    the same optimum as from (1, 0.1) in fewer steps (design-decisions page).
-
-    Args:
-        H: (n, D) design (the intercept column last when `intercept`).
-        z: (n,) standardised targets.
-        likelihood: "gaussian", "student-t" or "laplace".
-        intercept: whether H's last column is the intercept.
-
-    Returns:
-        (prior variance, noise variance or scale), floats.
-    """
-    w = np.linalg.lstsq(H, z, rcond=None)[0]
-    r = z - H @ w
-    coef = w[:-1] if intercept else w
-    prior_variance = max(float(np.mean(coef ** 2)) if coef.size else 1.0, 1e-3)
-    scale = max(1.4826 * float(np.median(np.abs(r - np.median(r)))), 1e-3)
-    return prior_variance, scale ** 2 if likelihood == "gaussian" else scale
-
-
 class _BayesianLinear(BaseEstimator):
     """The shared fit of one binary or regression problem on a padded design."""
 
@@ -207,7 +159,7 @@ class _BayesianLinear(BaseEstimator):
         intercept = np.zeros(Hp.shape[1], bool)
         if self.fit_intercept:
             intercept[d - 1] = True
-        scales = ml2_scales(n, d - int(self.fit_intercept), likelihood, dof)
+        scales = ml2.scales(n, d - int(self.fit_intercept), likelihood, dof)
         build = _Build(jnp.asarray(Hp), jnp.asarray(yp), jnp.asarray(rows), jnp.asarray(cols), jnp.asarray(intercept),
                        jnp.asarray(iv), jnp.asarray(float(dof)), jnp.asarray(scales), likelihood)
         params = {"prior": np.asarray(scales[0] * np.log(v0)), "noise": np.asarray(scales[1] * np.log(noise))}
@@ -344,7 +296,7 @@ class BayesianRegression(StandardisedRegressorMixin, RegressorMixin, _BayesianLi
         likelihood: "gaussian" (noise = variance), "student-t" (noise = scale, `dof` degrees of freedom) or
             "laplace" (noise = scale).
         prior_variance: prior variance of the coefficients (start value when learned); None (default): the mean
-            squared least-squares coefficient (`_data_start`).
+            squared least-squares coefficient (`_ml2.data_start`).
         noise: the likelihood's variance or scale in standardised units (start value when learned); None
             (default): from the median absolute deviation of the least-squares residuals.
         dof: Student-t degrees of freedom (fixed).
@@ -390,7 +342,7 @@ class BayesianRegression(StandardisedRegressorMixin, RegressorMixin, _BayesianLi
         z = self._standardise(y, np.median if self.fit_intercept else (lambda _: 0.0))
         H = self._design(X)
         if noise is None or v0 is None:
-            v_start, noise_start = _data_start(H, z, self.likelihood, self.fit_intercept)
+            v_start, noise_start = ml2.data_start(H, z, self.likelihood, self.fit_intercept)
             noise = noise_start if noise is None else noise
             v0 = v_start if v0 is None else v0
         result, v, s, log_z, converged = self._fit_one(H, z, self.likelihood, noise, self.learn_noise, dof, v0)
