@@ -191,6 +191,7 @@ def _bad_calls():
         (lambda: gk.fit(model, q0=np.zeros(3)), "q0"),
         (lambda: gk.fit(model, whiten="no"), "whiten"),
         (lambda: gk.solvers.Newton(max_cg=0), "max_cg"),
+        (lambda: gk.solvers.Newton(forcing=1.5), "forcing"),
         (lambda: gk.solvers.LBFGS(memory=0), "memory"),
         (lambda: gk.solvers.FixedPoint(tol=-1.0), "tol"),
         (lambda: gk.solvers.Newton(max_steps=0), "max_steps"),
@@ -269,10 +270,10 @@ def _bad_calls():
     ]
 
 
-@pytest.mark.parametrize("index", range(80))
+@pytest.mark.parametrize("index", range(81))
 def test_bad_input_raises_a_value_error_naming_it(index):
     calls = _bad_calls()
-    assert len(calls) == 80
+    assert len(calls) == 81
     call, fragment = calls[index]
     with pytest.raises(ValueError, match=None) as err:
         call()

@@ -1,6 +1,6 @@
 """The shared numerical building blocks (`gkl_jax._optim`): the backtracking search in its compiled and host forms,
 its acceptance tests, the L-BFGS two-loop recursion (host list and compiled ring buffer) and the compiled L-BFGS
-solver loop built on them."""
+and Newton-CG solver loops built on them."""
 
 import jax
 import jax.numpy as jnp
@@ -15,6 +15,7 @@ from gkl_jax._optim import (
     no_decrease,
     sufficient_increase,
 )
+from gkl_jax.solvers._newton import newton_cg
 from gkl_jax.solvers._quasi_newton import lbfgs
 
 
@@ -89,6 +90,35 @@ def test_lbfgs_reaches_the_optimum_with_one_copy_of_the_objective():
     x, k, ok, _, _ = jax.jit(lambda x0: lbfgs(rosenbrock, x0, tol=1e-9, max_steps=500))(jnp.array([-1.2, 1.0]))
     assert bool(ok) and int(k) < 200
     np.testing.assert_allclose(x, [1.0, 1.0], atol=1e-6)
+
+
+def test_newton_step_costs_one_evaluation_and_backtracks_where_needed():
+    """Newton-CG's loop: f traced once (one copy in the program); on a concave quadratic with exact CG one step,
+    and two evaluations in all (x0, then the accepted trial, whose linearisation is also the stopping test); on
+    the negated Rosenbrock function (non-concave: CG's negative-curvature stop, rejected full steps) (1, 1) from
+    (-1.2, 1) with a history that never decreases, as the Armijo test demands."""
+    rng = np.random.default_rng(2)
+    M = rng.normal(size=(6, 6))
+    A, b = M @ M.T + np.eye(6), rng.normal(size=6)
+    traces, calls = [], []
+
+    def quadratic(x):
+        traces.append(1)
+        jax.debug.callback(lambda: calls.append(1))
+        return -0.5 * x @ A @ x + b @ x
+
+    x, k, ok, hist = jax.jit(lambda x0: newton_cg(quadratic, x0, tol=1e-8, max_steps=20, forcing=1e-12))(
+        jnp.zeros(6))
+    jax.effects_barrier()
+    assert len(traces) == 1 and bool(ok) and int(k) == 1 and len(calls) == 2
+    np.testing.assert_allclose(x, np.linalg.solve(A, b), rtol=1e-9)
+
+    rosenbrock = lambda x: -(100 * (x[1] - x[0] ** 2) ** 2 + (1 - x[0]) ** 2)
+    x, k, ok, hist = jax.jit(lambda x0: newton_cg(rosenbrock, x0, tol=1e-10, max_steps=200))(jnp.array([-1.2, 1.0]))
+    assert bool(ok) and int(k) < 100
+    np.testing.assert_allclose(x, [1.0, 1.0], atol=1e-6)
+    steps = np.asarray(hist)[: int(k) + 1]
+    assert np.all(np.diff(steps) >= -1e-14) and np.all(np.isnan(np.asarray(hist)[int(k) + 1:]))
 
 
 def test_optax_form_matches_optax_on_positive_curvature_pairs():

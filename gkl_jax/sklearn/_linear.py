@@ -50,6 +50,14 @@ from ._outputs import ProbabilisticClassifierMixin, StandardisedRegressorMixin
 
 LIKELIHOODS = ("gaussian", "student-t", "laplace")
 
+FULL_FORCING = {"logistic": 1e-2, "student-t": 1e-2}
+"""CG's relative residual in the Newton steps of Full-factor fits per likelihood (`gkl_jax.solvers.Newton(forcing=
+...)`; absent: Newton's default min(0.5, sqrt(|g|))). A Hessian-vector product costs a tenth of a gradient
+evaluation there and the factor's preconditioner is close to the inverse Hessian, so near-exact Newton steps are
+cheap: breast cancer 7 -> 4 steps from the Laplace start, and Student-t ML-II on diabetes faster. The Laplace
+likelihood's curvature is concentrated at its kink (the preconditioner is poorer there): slower, so it keeps the
+default (measurements on the design-decisions page)."""
+
 
 class _Build(eqx.Module):
     """params {"prior", "noise"} -> the `Model` on the padded design (a module, so that ML-II reuses its compiled
@@ -91,13 +99,19 @@ class _Build(eqx.Module):
 
 
 class _Finish(eqx.Module):
-    """(learned leaves, inner Result) -> (Result, params, log Z of the unpadded problem), inside the compiled fit."""
+    """(learned leaves, inner Result) -> `_outputs`, inside the compiled fit."""
 
     build: _Build
     static: dict
 
     def __call__(self, dyn, result):
-        return result, eqx.combine(dyn, self.static), result.log_z - self.build.padding_log_phi()
+        return _outputs(self.build, result, eqx.combine(dyn, self.static))
+
+
+def _outputs(build, result, params):
+    """(Result, params, log Z of the unpadded problem, covariance of q): computed inside the compiled fit (eager
+    operations on the result were a tenth of a warm fit's time)."""
+    return result, params, result.log_z - build.padding_log_phi(), result.q.covariance()
 
 
 @full_precision
@@ -110,7 +124,7 @@ def _fit_fixed(build, params, method, kwargs, start_at_laplace=False):
     """
     model = build(params)
     result = method(model, q0=ml2.laplace_start(model), **kwargs) if start_at_laplace else method(model, **kwargs)
-    return (result, params, result.log_z - build.padding_log_phi()), result.converged, jnp.zeros((), int)
+    return _outputs(build, result, params), result.converged, jnp.zeros((), int)
 
 
 def _factor(factor):
@@ -124,10 +138,12 @@ def _factor(factor):
 def _method(likelihood, factor):
     """(inference function, its static options). The Gaussian likelihood has a Gaussian posterior: exact
     inference and the exact evidence. Otherwise G-KL with Newton-CG for concave factors: on the padded designs
-    it was several times faster than the Full factor's default fixed point (design-decisions page)."""
+    it was several times faster than the Full factor's default fixed point (design-decisions page); with the
+    Full factor CG is solved to the likelihood's `FULL_FORCING`."""
     if likelihood == "gaussian":
         return gp_exact, {}
-    kwargs = {"solver": solvers.Newton()} if factor.concave else {}
+    forcing = FULL_FORCING.get(likelihood) if isinstance(factor, F.Full) else None
+    kwargs = {"solver": solvers.Newton(forcing=forcing)} if factor.concave else {}
     if not isinstance(factor, F.Full):
         kwargs["factor"] = factor
     return gk_fit, kwargs
@@ -145,7 +161,8 @@ class _BayesianLinear(BaseEstimator):
         """One fit on the design H (n, D) with targets y (n,) (prior variance v0, default `prior_variance`).
 
         Returns:
-            (Result, prior variance, noise, log evidence of the unpadded problem, converged).
+            (Result, prior variance, noise, log evidence of the unpadded problem, converged, (mean, covariance)
+            of the real weights: the coefficients, then the intercept).
         """
         factor = _factor(self.factor)
         max_steps = check_steps(self.max_steps)
@@ -173,15 +190,11 @@ class _BayesianLinear(BaseEstimator):
                 out, converged, _ = ml2.run(objective, config, dyn, dynamic, _Finish(build, static))
             else:
                 out, converged, _ = _fit_fixed(build, params, method, kwargs, laplace)
-        result, params, log_z = out
+        result, params, log_z, cov = out
         converged = bool(converged) and bool(result.converged)
+        moments = (np.asarray(result.q.mean)[:d], np.asarray(cov)[:d, :d])
         return (result, float(np.exp(params["prior"] / scales[0])), float(np.exp(params["noise"] / scales[1])),
-                float(log_z), converged)
-
-    def _moments(self, result, X):
-        """(mean, covariance) of the real weights (the coefficients, then the intercept)."""
-        D = X.shape[1] + int(self.fit_intercept)
-        return np.asarray(result.q.mean)[:D], np.asarray(result.q.covariance())[:D, :D]
+                float(log_z), converged, moments)
 
     def _latent(self, result, X, family=None, y=None):
         """`gk.predict` of the fit `result` at the rows of X (padded to the fitted dimension)."""
@@ -255,7 +268,7 @@ class BayesianLogisticRegression(ProbabilisticClassifierMixin, ClassifierMixin, 
         H = self._design(X)
         fits = [self._fit_one(H, t, "logistic", 1.0, False) for t in binary_targets(codes, len(self.classes_))]
         self._results = [f[0] for f in fits]
-        self._set_coefficients([self._moments(r, X) for r in self._results])
+        self._set_coefficients([f[5] for f in fits])
         self.prior_variance_ = per_problem([f[1] for f in fits])
         self.log_evidence_ = per_problem([f[3] for f in fits])
         self.converged_ = all(f[4] for f in fits)
@@ -345,9 +358,9 @@ class BayesianRegression(StandardisedRegressorMixin, RegressorMixin, _BayesianLi
             v_start, noise_start = ml2.data_start(H, z, self.likelihood, self.fit_intercept)
             noise = noise_start if noise is None else noise
             v0 = v_start if v0 is None else v0
-        result, v, s, log_z, converged = self._fit_one(H, z, self.likelihood, noise, self.learn_noise, dof, v0)
+        result, v, s, log_z, converged, (mean, cov) = self._fit_one(H, z, self.likelihood, noise, self.learn_noise,
+                                                                     dof, v0)
         self._results = [result]
-        mean, cov = self._moments(result, X)
         self._set_coefficients([(mean * self._y_scale, cov * self._y_scale**2)])
         self.coef_, self.coef_std_ = self.coef_[0], self.coef_std_[0]
         self.intercept_ = float(self.intercept_[0]) + self._y_shift
