@@ -195,29 +195,72 @@ def test_robust_regression_resists_outliers():
 
 
 @pytest.mark.slow
-def test_student_t_ml2_from_the_laplace_start_matches_fit_hyperparameters():
-    """The estimator's ML-II starts its first inner fit at the Laplace approximation (`_ml2.laplace_start`), the
-    library's `gk.gp.fit_hyperparameters` at the prior: the same optimum of the (non-concave) Student-t bound."""
+@pytest.mark.parametrize("likelihood, learn_noise", [("student-t", True), ("laplace", False)])
+def test_robust_ml2_matches_fit_hyperparameters(likelihood, learn_noise):
+    """The estimator's ML-II of a location-scale likelihood is one Newton-CG over (hyperparameters, m, C) from the
+    Laplace approximation (`_joint`); `gk.gp.fit_hyperparameters` runs L-BFGS around inner fits from the prior
+    and from other hyperparameters: the same optimum of the (non-concave) bound, with the noise learned or fixed.
+    The coefficients and their sds are those of `gk.fit` at the learned hyperparameters (q mapped back from
+    w / sigma to w)."""
     rng = np.random.default_rng(5)
     X = rng.normal(size=(50, 2))
     y = X @ np.array([1.0, -0.5]) + 0.3 * rng.standard_t(4.0, size=50)
     y[:5] += 6.0
-    est = BayesianRegression("student-t").fit(X, y)
+    est = BayesianRegression(likelihood, noise=None if learn_noise else 0.4, learn_noise=learn_noise).fit(X, y)
     assert est.converged_
     shift, scale = np.median(y), np.std(y)
     H = np.hstack([X, np.ones((50, 1))])
     z = (y - shift) / scale
+    potential = (lambda s: gk.potentials.StudentT(z, 4.0, s)) if likelihood == "student-t" else \
+        (lambda s: gk.potentials.Laplace(z, s))
 
     def build(p):
         prior = gk.priors.Diagonal(jnp.array([1.0, 1.0, 0.0]) * jnp.exp(p["a"]) + jnp.array([0.0, 0.0, 100.0]))
-        return gk.Model(prior, gk.Sites(H, gk.potentials.StudentT(z, 4.0, jnp.exp(p["b"]))))
+        return gk.Model(prior, gk.Sites(H, potential(jnp.exp(p.get("b", np.log(0.4))))))
 
-    ref = gk.gp.fit_hyperparameters(build, {"a": jnp.asarray(np.log(est.prior_variance_) + 0.3),
-                                            "b": jnp.asarray(np.log(est.noise_) - 0.3)})
+    start = {"a": jnp.asarray(np.log(est.prior_variance_) + 0.3)}
+    if learn_noise:
+        start["b"] = jnp.asarray(np.log(est.noise_) - 0.3)
+    ref = gk.gp.fit_hyperparameters(build, start)
     assert bool(ref.converged)
     assert abs(est.log_evidence_ - (float(ref.result.log_z) - 50 * np.log(scale))) < 1e-6
-    np.testing.assert_allclose([np.log(est.prior_variance_), np.log(est.noise_)],
-                               [float(ref.params["a"]), float(ref.params["b"])], atol=1e-2)
+    learned = [float(ref.params["a"])] + ([float(ref.params["b"])] if learn_noise else [np.log(0.4)])
+    np.testing.assert_allclose([np.log(est.prior_variance_), np.log(est.noise_)], learned, atol=1e-2)
+    at = gk.fit(build({"a": jnp.log(est.prior_variance_), "b": jnp.log(est.noise_)}), tol=1e-9)
+    mean, sd = np.asarray(at.q.mean), np.sqrt(np.diag(np.asarray(at.q.covariance())))
+    np.testing.assert_allclose(est.coef_, mean[:2] * scale, atol=1e-5 * scale)
+    np.testing.assert_allclose(est.coef_std_, sd[:2] * scale, rtol=1e-4)
+    assert abs(est.intercept_ - (mean[2] * scale + shift)) < 1e-5 * scale
+
+
+@pytest.mark.parametrize("likelihood", ["student-t", "laplace"])
+def test_scaled_model_bound_is_the_bound_over_w(likelihood):
+    """`_joint.scaled_model`: the bound of the model over w~ = w / sigma (prior variances / sigma^2, unit-scale
+    potential at h^T w~ - y / sigma) minus n log sigma equals the bound of the estimator's model over w at q, for
+    q over w~ the image of q over w (random mean and Cholesky factor), padded rows included."""
+    from gkl_jax.sklearn import _joint, _ml2
+    from gkl_jax.sklearn._common import pad_design
+    from gkl_jax.sklearn._linear import _Build
+
+    rng = np.random.default_rng(3)
+    H = np.hstack([rng.normal(size=(20, 3)), np.ones((20, 1))])
+    z = rng.normal(size=20)
+    Hp, rows, cols = pad_design(H)
+    yp = np.zeros(Hp.shape[0])
+    yp[:20] = z
+    intercept = np.arange(Hp.shape[1]) == 3
+    scales = _ml2.scales(20, 3, likelihood, 4.0)
+    build = _Build(jnp.asarray(Hp), jnp.asarray(yp), jnp.asarray(rows), jnp.asarray(cols), jnp.asarray(intercept),
+                   jnp.asarray(50.0), jnp.asarray(4.0), jnp.asarray(scales), likelihood)
+    u = jnp.asarray([scales[0] * np.log(0.7), scales[1] * np.log(0.3)])
+    D = Hp.shape[1]
+    m, C = rng.normal(size=D), np.triu(rng.normal(size=(D, D)) * 0.2) + np.eye(D)
+    q = gk.Gaussian(jnp.asarray(m), gk.factors.Full(jnp.asarray(C)))
+    model, log_sigma_n, sigma = _joint.scaled_model(build, u)
+    q_scaled = gk.Gaussian(jnp.asarray(m) / sigma, gk.factors.Full(jnp.asarray(C) / sigma))
+    expected = gk.bound(build({"prior": u[0], "noise": u[1]}), q)
+    np.testing.assert_allclose(gk.bound(model, q_scaled) - log_sigma_n, expected, rtol=1e-12)
+    np.testing.assert_allclose(log_sigma_n, 20 * np.log(0.3), rtol=1e-12)
 
 
 def test_laplace_regression_ml2_converges_on_a_padded_design():

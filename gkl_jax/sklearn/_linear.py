@@ -9,9 +9,11 @@
 
 The intercept is a weight on a constant column with prior N(0, intercept_variance) (not shrunk like the others
 with the default 100). `learn_prior_variance` (and `learn_noise`) maximise the bound log Z >= B over the
-log-variances (ML-II: the outer loop of `gkl_jax.gp.fit_hyperparameters`, envelope gradients, compiled with the
-inner fits and the outputs into one program, `_ml2`). `log_evidence_` is the optimised
-bound, a lower bound on log p(y | X) (for the regression models: of the original, unstandardised targets).
+log-variances (ML-II): for the Student-t and Laplace likelihoods with the Full factor jointly with q, one
+Newton-CG over (hyperparameters, m, C) in the coordinates w / sigma (`_joint`); otherwise by the outer loop of
+`gkl_jax.gp.fit_hyperparameters` (envelope gradients, compiled with the inner fits and the outputs into one
+program, `_ml2`). `log_evidence_` is the optimised bound, a lower bound on log p(y | X) (for the regression
+models: of the original, unstandardised targets).
 """
 
 import equinox as eqx
@@ -46,6 +48,7 @@ from ._common import (
     validate_predict,
     warn_not_converged,
 )
+from ._joint import LOCATION_SCALE, joint_fit
 from ._outputs import ProbabilisticClassifierMixin, StandardisedRegressorMixin
 
 LIKELIHOODS = ("gaussian", "student-t", "laplace")
@@ -184,7 +187,11 @@ class _BayesianLinear(BaseEstimator):
         method, kwargs = _method(likelihood, factor)
         laplace = method is gk_fit and isinstance(factor, F.Full)
         with quiet_convergence():
-            if any(learn.values()):   # ML-II: one compiled program (`_ml2`); the padded rows' constant removed
+            if any(learn.values()) and laplace and likelihood in LOCATION_SCALE:   # ML-II jointly with q
+                out, converged, _ = joint_fit(build, params, (learn["prior"], learn["noise"]),
+                                              kwargs["solver"].forcing, np.asarray(0.1 * ml2.GTOL), max_steps,
+                                              _Finish(build, dict.fromkeys(params)))
+            elif any(learn.values()):   # ML-II: one compiled program (`_ml2`); the padded rows' constant removed
                 objective, dyn, static, dynamic = ml2.linear_objective(build, method, kwargs, learn, params, laplace)
                 config = ml2.settings(max_steps, adaptive=method is gk_fit)
                 out, converged, _ = ml2.run(objective, config, dyn, dynamic, _Finish(build, static))
