@@ -116,11 +116,18 @@ def test_logistic_matches_the_unpadded_fit_and_the_predictive_integral(logistic_
 @pytest.mark.slow
 def test_logistic_learned_prior_variance_maximises_the_bound(logistic_data):
     X, y = logistic_data
+    """ML-II runs jointly with q (`_joint`): the learned variance beats its neighbours, and the posterior is the
+    fixed-variance fit's at the learned value."""
     clf = BayesianLogisticRegression(learn_prior_variance=True).fit(X, y)
     v = clf.prior_variance_
     for factor in (0.7, 1.4):
         other = BayesianLogisticRegression(prior_variance=v * factor).fit(X, y)
         assert other.log_evidence_ < clf.log_evidence_
+    same = BayesianLogisticRegression(prior_variance=v).fit(X, y)
+    assert clf.converged_ and abs(same.log_evidence_ - clf.log_evidence_) < 1e-8
+    np.testing.assert_allclose(clf.coef_, same.coef_, atol=1e-5)   # both stop at a gradient test (1e-5, 1e-6)
+    np.testing.assert_allclose(clf.coef_std_, same.coef_std_, rtol=1e-5)
+    np.testing.assert_allclose(clf.intercept_, same.intercept_, atol=1e-5)
 
 
 def test_one_vs_rest_probabilities(logistic_data):
@@ -233,20 +240,21 @@ def test_robust_ml2_matches_fit_hyperparameters(likelihood, learn_noise):
     assert abs(est.intercept_ - (mean[2] * scale + shift)) < 1e-5 * scale
 
 
-@pytest.mark.parametrize("likelihood", ["student-t", "laplace"])
+@pytest.mark.parametrize("likelihood", ["student-t", "laplace", "logistic"])
 def test_scaled_model_bound_is_the_bound_over_w(likelihood):
-    """`_joint.scaled_model`: the bound of the model over w~ = w / sigma (prior variances / sigma^2, unit-scale
-    potential at h^T w~ - y / sigma) minus n log sigma equals the bound of the estimator's model over w at q, for
-    q over w~ the image of q over w (random mean and Cholesky factor), padded rows included."""
+    """`_joint.scaled_model`: the bound of the model over w~ = w / a (Student-t, Laplace: a = sigma, prior
+    variances / sigma^2, unit-scale potential at h^T w~ - y / sigma; logistic: a = 1) minus its log-Jacobian
+    term equals the bound of the estimator's model over w at q, for q over w~ the image of q over w (random mean
+    and Cholesky factor), padded rows and columns included."""
     from gkl_jax.sklearn import _joint, _ml2
     from gkl_jax.sklearn._common import pad_design
     from gkl_jax.sklearn._linear import _Build
 
     rng = np.random.default_rng(3)
     H = np.hstack([rng.normal(size=(20, 3)), np.ones((20, 1))])
-    z = rng.normal(size=20)
+    z = np.sign(rng.normal(size=20)) if likelihood == "logistic" else rng.normal(size=20)
     Hp, rows, cols = pad_design(H)
-    yp = np.zeros(Hp.shape[0])
+    yp = np.full(Hp.shape[0], 1.0 if likelihood == "logistic" else 0.0)
     yp[:20] = z
     intercept = np.arange(Hp.shape[1]) == 3
     scales = _ml2.scales(20, 3, likelihood, 4.0)
@@ -256,11 +264,11 @@ def test_scaled_model_bound_is_the_bound_over_w(likelihood):
     D = Hp.shape[1]
     m, C = rng.normal(size=D), np.triu(rng.normal(size=(D, D)) * 0.2) + np.eye(D)
     q = gk.Gaussian(jnp.asarray(m), gk.factors.Full(jnp.asarray(C)))
-    model, log_sigma_n, sigma = _joint.scaled_model(build, u)
-    q_scaled = gk.Gaussian(jnp.asarray(m) / sigma, gk.factors.Full(jnp.asarray(C) / sigma))
+    model, log_jacobian, a = _joint.scaled_model(build, u)
+    q_scaled = gk.Gaussian(jnp.asarray(m) / a, gk.factors.Full(jnp.asarray(C) / a))
     expected = gk.bound(build({"prior": u[0], "noise": u[1]}), q)
-    np.testing.assert_allclose(gk.bound(model, q_scaled) - log_sigma_n, expected, rtol=1e-12)
-    np.testing.assert_allclose(log_sigma_n, 20 * np.log(0.3), rtol=1e-12)
+    np.testing.assert_allclose(gk.bound(model, q_scaled) - log_jacobian, expected, rtol=1e-12)
+    np.testing.assert_allclose(log_jacobian, 0.0 if likelihood == "logistic" else 20 * np.log(0.3), atol=1e-12)
 
 
 def test_laplace_regression_ml2_converges_on_a_padded_design():

@@ -1,12 +1,19 @@
-"""ML-II of the robust linear regressions as one Newton-CG over (hyperparameters, m, C), compiled as one program.
+"""ML-II of the linear estimators' G-KL models as one Newton-CG over (hyperparameters, m, C), compiled as one program.
 
-For a location-scale likelihood phi(y | x) = f((y - x) / sigma) / sigma (Student-t, Laplace), the bound of the
-model over w is the bound of the model over w~ = w / sigma with prior variances v / sigma^2, the standardised
-potential f (scale 1) at the shifted projections h^T w~ - y / sigma, minus n log sigma (the KL divergence and the
-expectations are unchanged by the change of variables). In those coordinates the hyperparameters enter the bound
-only through the prior variances and the site offsets, which the site expectations differentiate by Stein's
-lemma like the means (Challis & Barber 2013, App. B.2): no derivative goes through the quadrature rule's node
-placement, and a Hessian-vector product over (hyperparameters, m, C) costs what one over (m, C) does.
+The bound is invariant under a change of variables w = a * w~ (a > 0 per column; q and the prior mapped
+together), and for these models a choice of a makes the hyperparameters leave the quadrature:
+
+- location-scale likelihoods phi(y | x) = f((y - x) / sigma) / sigma (Student-t, Laplace): a = sigma, so the
+  model over w~ has prior variances v / sigma^2 and the standardised potential f (scale 1) at the shifted
+  projections h^T w~ - y / sigma, and the bound is that model's minus n log sigma;
+- the logistic likelihood: a = 1; its only hyperparameter, the prior variance, is already outside the sites.
+  (With a = sqrt(v) on the coefficients the prior is fixed and v scales the design's columns: breast cancer's
+  ML-II was slower, CG working harder on the stronger coupling of v and q; design-decisions page.)
+
+The hyperparameters then enter only through the prior variances and the site offsets, which the site
+expectations differentiate by Stein's lemma like the means (Challis & Barber 2013, App. B.2): no derivative
+goes through the quadrature rule's node placement, and a Hessian-vector product over (hyperparameters, m, C)
+costs what one over (m, C) does.
 
 Maximising the bound jointly over the log-hyperparameters (in the Fisher-scaled coordinates of `_ml2.scales`)
 and q reaches the ML-II optimum max_theta max_q B (the same stationary point as the outer L-BFGS around inner
@@ -32,30 +39,34 @@ from ..solvers._base import Problem
 from ..solvers._newton import newton_cg
 from ._ml2 import laplace_start
 
-LOCATION_SCALE = ("student-t", "laplace")
+JOINT = ("student-t", "laplace", "logistic")
 """The likelihoods whose ML-II runs jointly with the fit (`joint_fit`)."""
 
 KEYS = ("prior", "noise")
 
 
 def scaled_model(build, u):
-    """The model over w~ = w / sigma at the ML-II coordinates u = (prior, noise) of `_ml2.scales`.
+    """The model over w~ = w / a at the ML-II coordinates u = (prior, noise) of `_ml2.scales` (module doc).
 
     Args:
         build: the estimator's `_Build` (padded design, targets, row and column masks, scales, likelihood).
         u: (2,) float array.
 
     Returns:
-        (Model over w~, n log sigma over the real rows, sigma).
+        (Model over w~, the constant log-Jacobian term subtracted from its bound (n log sigma over the real rows;
+        0 for the logistic model), a: (D,) the column scales).
     """
     v = jnp.exp(u[0] / build.scales[0])
+    variance = jnp.where(build.cols, jnp.where(build.intercept, build.intercept_variance, v), 1.0)
+    if build.likelihood == "logistic":
+        model = Model(Diagonal(variance), Sites(build.H, P.Logistic(build.y)))
+        return model, jnp.zeros((), build.H.dtype), jnp.ones(build.H.shape[1], build.H.dtype)
     sigma = jnp.exp(u[1] / build.scales[1])
-    variance = jnp.where(build.cols, jnp.where(build.intercept, build.intercept_variance, v), 1.0) / sigma ** 2
     offset = -build.y / jnp.where(build.rows, sigma, 1.0)     # padded rows: y = 0, a zero shift
     zeros = jnp.zeros_like(build.y)
     potential = P.StudentT(zeros, build.dof, 1.0) if build.likelihood == "student-t" else P.Laplace(zeros, 1.0)
-    model = Model(Diagonal(variance), Sites(build.H, potential, offset=offset))
-    return model, jnp.sum(build.rows) * jnp.log(sigma), sigma
+    model = Model(Diagonal(variance / sigma ** 2), Sites(build.H, potential, offset=offset))
+    return model, jnp.sum(build.rows) * jnp.log(sigma), jnp.full(build.H.shape[1], sigma)
 
 
 @full_precision
@@ -65,7 +76,7 @@ def joint_fit(build, params, learn, forcing, tol, max_steps, finish):
     from the Laplace approximation at the starting hyperparameters.
 
     Args:
-        build: the estimator's `_Build` with a Student-t or Laplace likelihood.
+        build: the estimator's `_Build` with a likelihood in `JOINT`.
         params: {"prior", "noise"}: the starting ML-II coordinates (float scalars).
         learn: (bool, bool), static: which of ("prior", "noise") are learned (at least one).
         forcing: Newton-CG's forcing (float or None), static.
@@ -89,8 +100,8 @@ def joint_fit(build, params, learn, forcing, tol, max_steps, finish):
 
     def objective(x):
         u, q = split(x)
-        model, log_sigma_n, _ = scaled_model(build, u)
-        return _bound_value(model, q) - log_sigma_n
+        model, log_jacobian, _ = scaled_model(build, u)
+        return _bound_value(model, q) - log_jacobian
 
     def preconditioner(x):
         on_q = problem.preconditioner(x[k:])
@@ -100,7 +111,7 @@ def joint_fit(build, params, learn, forcing, tol, max_steps, finish):
     x, steps, converged, history = newton_cg(objective, x0, tol=tol, max_steps=max_steps, forcing=forcing,
                                              preconditioner=preconditioner)
     u, q = split(x)
-    sigma = scaled_model(build, u)[2]
-    q = eqx.tree_at(lambda g: (g.mean, g.factor.C), q, (sigma * q.mean, sigma * q.factor.C))
+    a = scaled_model(build, u)[2]      # w = a * w~: C = C~ diag(a), still upper triangular
+    q = eqx.tree_at(lambda g: (g.mean, g.factor.C), q, (a * q.mean, q.factor.C * a))
     result = Result(q=q, log_z=history[steps], converged=converged, num_steps=steps, history=history)
     return finish(dict(zip(KEYS, u)), result), converged, steps

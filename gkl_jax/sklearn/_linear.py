@@ -9,8 +9,8 @@
 
 The intercept is a weight on a constant column with prior N(0, intercept_variance) (not shrunk like the others
 with the default 100). `learn_prior_variance` (and `learn_noise`) maximise the bound log Z >= B over the
-log-variances (ML-II): for the Student-t and Laplace likelihoods with the Full factor jointly with q, one
-Newton-CG over (hyperparameters, m, C) in the coordinates w / sigma (`_joint`); otherwise by the outer loop of
+log-variances (ML-II): with the Full factor jointly with q, one Newton-CG over (hyperparameters, m, C) in
+rescaled coordinates (`_joint`); for the Gaussian likelihood (exact) and other factors by the outer loop of
 `gkl_jax.gp.fit_hyperparameters` (envelope gradients, compiled with the inner fits and the outputs into one
 program, `_ml2`). `log_evidence_` is the optimised bound, a lower bound on log p(y | X) (for the regression
 models: of the original, unstandardised targets).
@@ -48,7 +48,7 @@ from ._common import (
     validate_predict,
     warn_not_converged,
 )
-from ._joint import LOCATION_SCALE, joint_fit
+from ._joint import JOINT, joint_fit
 from ._outputs import ProbabilisticClassifierMixin, StandardisedRegressorMixin
 
 LIKELIHOODS = ("gaussian", "student-t", "laplace")
@@ -187,7 +187,7 @@ class _BayesianLinear(BaseEstimator):
         method, kwargs = _method(likelihood, factor)
         laplace = method is gk_fit and isinstance(factor, F.Full)
         with quiet_convergence():
-            if any(learn.values()) and laplace and likelihood in LOCATION_SCALE:   # ML-II jointly with q
+            if any(learn.values()) and laplace and likelihood in JOINT:   # ML-II jointly with q
                 out, converged, _ = joint_fit(build, params, (learn["prior"], learn["noise"]),
                                               kwargs["solver"].forcing, np.asarray(0.1 * ml2.GTOL), max_steps,
                                               _Finish(build, dict.fromkeys(params)))
