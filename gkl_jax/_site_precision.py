@@ -106,13 +106,18 @@ def site_precision(model, start, tol, max_steps, scale=1.0):
         """max_j max(|m_j|, sigma0): a raw max|g| below T / m_scale(x) meets the scaled test at T."""
         return jnp.maximum(jnp.max(jnp.abs(x[0])), scale)
 
+    # The start is evaluated by the loop's first iteration (stalls = -1 marks it): a factor "step" to W0 itself
+    # and no mean step, so the program holds one copy of the factorisation and two of the quadrature, not two and
+    # three.
     def cond(state):
         x, W, f, g, gamma, s_diag, _, _, _, k, hist, stalls = state
-        return (stalls < _MAX_STALLS) & (k < max_steps) & (residual(x, g, W, gamma, s_diag) > stop_level(f, tol))
+        return (stalls < 0) | ((stalls < _MAX_STALLS) & (k < max_steps)
+                               & (residual(x, g, W, gamma, s_diag) > stop_level(f, tol)))
 
     def body(state):
         x, W, f, g, gamma, s_diag, logdet, L, sites, k, hist, stalls = state
-        target = jnp.maximum(gamma, 0.0)
+        fresh = stalls < 0
+        target = jnp.where(fresh, W, jnp.maximum(gamma, 0.0))
         # Round-off of B: f sums O(n + sum W S_nn) terms (entropy, trace, sites) that largely cancel, and the
         # prior's quadratic form carries the condition number of Sigma (Table 1's Laplace fits: +-1e-11 at f = -106).
         noise = 1024 * jnp.finfo(f.dtype).eps * (1 + jnp.abs(f) + n + jnp.sum(W * s_diag))
@@ -127,7 +132,7 @@ def site_precision(model, start, tol, max_steps, scale=1.0):
 
         dummy = (W, logdet, s_diag, L, L, (f, g, (-0.5 * gamma, sites)))
         t, (f_t, (W_v, logdet_t, s_diag_t, V_t, L_t, terms_t)), accepted = backtrack(
-            factor_trial, lambda t, out: no_decrease(out[0], f, noise), (f, dummy), dtype=f.dtype,
+            factor_trial, lambda t, out: fresh | no_decrease(out[0], f, noise), (f, dummy), dtype=f.dtype,
             max_halvings=_MAX_HALVINGS)
         t = jnp.where(accepted, t, 0.0)
         W_t = W + t * (target - W)
@@ -135,24 +140,29 @@ def site_precision(model, start, tol, max_steps, scale=1.0):
         # max |g| <= max(tol, residual) / 10: loose while the factor is far from its fixed point. (After a failed
         # factor step the parts are those of its last trial W_v = W + 2^-30 (Gamma - W); the direction uses W_v
         # with them, so that m and alpha move together exactly.)
+        mean_tol = 0.1 * jnp.maximum(stop_level(f, tol), residual(x, g, W, gamma, s_diag)) / m_scale(x)
         x_new, (value_m, g_new, (b_new, sites_new)) = _mean_steps(
             lambda xx: mean_terms(xx, s_diag_t), x, terms_t, functools.partial(_preconditioned, K, W_v, V_t, L_t),
-            0.1 * jnp.maximum(stop_level(f, tol), residual(x, g, W, gamma, s_diag)) / m_scale(x), noise)
+            jnp.where(fresh, jnp.inf, mean_tol), noise)
         f_new, gamma_new = _bound_value(W_t, logdet_t, s_diag_t, value_m), -2 * b_new
         ok = no_decrease(f_new, f, noise)
         r_old, r_new = residual(x, g, W, gamma, s_diag), residual(x_new, g_new, W_t, gamma_new, s_diag_t)
         progress = ok & ((f_new > f) | (r_new < r_old))
         new = (x_new, W_t, f_new, g_new, gamma_new, s_diag_t, logdet_t, L_t, sites_new)
         old = (x, W, f, g, gamma, s_diag, logdet, L, sites)
-        kept = jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
-        return kept + (k + 1, hist.at[k + 1].set(kept[2]), jnp.where(progress, 0, stalls + 1))
+        kept = jax.tree.map(lambda a, b: jnp.where(ok | fresh, a, b), new, old)
+        k_new = k + (~fresh).astype(k.dtype)
+        return kept + (k_new, hist.at[k_new].set(kept[2]), jnp.where(progress | fresh, 0, stalls + 1))
 
     m0, alpha0, W0 = start
-    logdet0, s_diag0, _, L0 = parts(W0)
-    value0, g0, (b0, sites0) = mean_terms((m0, alpha0), s_diag0)
-    f0 = _bound_value(W0, logdet0, s_diag0, value0)
-    hist0 = jnp.full((max_steps + 1,), jnp.nan, dtype=f0.dtype).at[0].set(f0)
-    init = ((m0, alpha0), W0, f0, g0, -2 * b0, s_diag0, logdet0, L0, sites0, 0, hist0, 0)
+    dtype = W0.dtype
+    n_sites = W0.shape[0]
+    sites0 = jax.eval_shape(lambda: mean_terms((m0, alpha0), W0)[2][1])
+    sites0 = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), sites0)
+    zeros = jnp.zeros(n_sites, dtype)
+    hist0 = jnp.full((max_steps + 1,), jnp.nan, dtype=dtype)
+    init = ((m0, alpha0), W0, jnp.asarray(-jnp.inf, dtype), zeros, zeros, zeros, jnp.zeros((), dtype),
+            jnp.zeros((n_sites, n_sites), dtype), sites0, jnp.zeros((), jnp.int32), hist0, jnp.asarray(-1, jnp.int32))
     (m, alpha), W, f, g, gamma, s_diag, logdet, L, sites, k, hist, _ = lax.while_loop(cond, body, init)
     converged = (residual((m, alpha), g, W, gamma, s_diag) <= stop_level(f, tol)) & jnp.isfinite(f)
     return (m, k, converged, hist, (W, logdet, s_diag, L, alpha, sites),
