@@ -9,8 +9,8 @@
 
 The intercept is a weight on a constant column with prior N(0, intercept_variance) (not shrunk like the others
 with the default 100). `learn_prior_variance` (and `learn_noise`) maximise the bound log Z >= B over the
-log-variances (ML-II): with the Full factor jointly with q, one Newton-CG over (hyperparameters, m, C) in
-rescaled coordinates (`_joint`); for the Gaussian likelihood (exact) and other factors by the outer loop of
+log-variances (ML-II): for the Student-t and logistic models with the Full factor jointly with q, one
+Newton-CG over (hyperparameters, m, C) (`_joint`); otherwise, or where that does not settle, by the outer loop of
 `gkl_jax.gp.fit_hyperparameters` (envelope gradients, compiled with the inner fits and the outputs into one
 program, `_ml2`). `log_evidence_` is the optimised bound, a lower bound on log p(y | X) (for the regression
 models: of the original, unstandardised targets).
@@ -48,7 +48,7 @@ from ._common import (
     validate_predict,
     warn_not_converged,
 )
-from ._joint import JOINT, joint_fit
+from ._joint import JOINT, JOINT_MAX_STEPS, joint_fit
 from ._outputs import ProbabilisticClassifierMixin, StandardisedRegressorMixin
 
 LIKELIHOODS = ("gaussian", "student-t", "laplace")
@@ -186,16 +186,19 @@ class _BayesianLinear(BaseEstimator):
         learn = {"prior": bool(self.learn_prior_variance), "noise": bool(learn_noise)}
         method, kwargs = _method(likelihood, factor)
         laplace = method is gk_fit and isinstance(factor, F.Full)
+        out = None
         with quiet_convergence():
             if any(learn.values()) and laplace and likelihood in JOINT:   # ML-II jointly with q
                 out, converged, _ = joint_fit(build, params, (learn["prior"], learn["noise"]),
-                                              kwargs["solver"].forcing, np.asarray(0.1 * ml2.GTOL), max_steps,
-                                              _Finish(build, dict.fromkeys(params)))
-            elif any(learn.values()):   # ML-II: one compiled program (`_ml2`); the padded rows' constant removed
+                                              kwargs["solver"].forcing, np.asarray(0.1 * ml2.GTOL),
+                                              min(max_steps, JOINT_MAX_STEPS), _Finish(build, dict.fromkeys(params)))
+                if not (bool(converged) and np.isfinite(float(out[2]))):
+                    out = None    # not settled (tiny or degenerate problems): the outer loop from the start
+            if out is None and any(learn.values()):   # ML-II, one program (`_ml2`); the padding's constant removed
                 objective, dyn, static, dynamic = ml2.linear_objective(build, method, kwargs, learn, params, laplace)
                 config = ml2.settings(max_steps, adaptive=method is gk_fit)
                 out, converged, _ = ml2.run(objective, config, dyn, dynamic, _Finish(build, static))
-            else:
+            elif out is None:
                 out, converged, _ = _fit_fixed(build, params, method, kwargs, laplace)
         result, params, log_z, cov = out
         converged = bool(converged) and bool(result.converged)

@@ -7,8 +7,8 @@ validates the model eagerly before and after its compiled loop and the estimator
 small eager operations; for the Gaussian linear model that host work took most of a warm fit. Here the whole fit
 is one dispatch. The linear estimators' hyperparameters start from the data (`data_start`), and the outer loop
 runs in coordinates scaled by their Fisher information (`scales`); G-KL inner fits start from the Laplace
-approximation (`laplace_start`). (The Student-t and Laplace regressions with the Full factor learn their
-hyperparameters jointly with q instead, `_joint`.)
+approximation (`laplace_start`). (The Student-t and logistic models with the Full factor learn their
+hyperparameters jointly with q instead, `_joint`, and come here only where that does not settle.)
 
 `GPEvidence` is the objective of the Gaussian GP regressor: log N(z | 0, K + (noise + jitter) I) with the
 gradient of Rasmussen & Williams (2006, eq. 5.9), d log p / dK = (alpha alpha^T - Ky^{-1}) / 2, by a custom VJP.
