@@ -160,13 +160,20 @@ class _BayesianLinear(BaseEstimator):
     def _design(self, X):
         return np.hstack([X, np.ones((X.shape[0], 1))]) if self.fit_intercept else X
 
-    def _fit_one(self, H, y, likelihood, noise, learn_noise, dof=1.0, v0=None):
-        """One fit on the design H (n, D) with targets y (n,) (prior variance v0, default `prior_variance`).
+    def _fit_each(self, H, ys, likelihood, noise, learn_noise, dof=1.0, v0=None):
+        """The fits on the design H (n, D) of each target vector (n,) in `ys` (prior variance v0, default
+        `prior_variance`). All are dispatched before any result is read, so that the host work of one overlaps
+        the compiled fits of the others (one-vs-rest).
 
         Returns:
-            (Result, prior variance, noise, log evidence of the unpadded problem, converged, (mean, covariance)
-            of the real weights: the coefficients, then the intercept).
+            A list with, per target vector, (Result, prior variance, noise, log evidence of the unpadded problem,
+            converged, (mean, covariance) of the real weights: the coefficients, then the intercept).
         """
+        pending = [self._dispatch(H, y, likelihood, noise, learn_noise, dof, v0) for y in ys]
+        return [self._collect(*fit) for fit in pending]
+
+    def _dispatch(self, H, y, likelihood, noise, learn_noise, dof, v0):
+        """Start one fit (`_fit_each`); returns (outputs, converged, real columns, ML-II scales)."""
         factor = _factor(self.factor)
         max_steps = check_steps(self.max_steps)
         v0 = check_positive_float(self.prior_variance if v0 is None else v0, "prior_variance")
@@ -200,6 +207,11 @@ class _BayesianLinear(BaseEstimator):
                 out, converged, _ = ml2.run(objective, config, dyn, dynamic, _Finish(build, static))
             elif out is None:
                 out, converged, _ = _fit_fixed(build, params, method, kwargs, laplace)
+        return out, converged, d, scales
+
+    @staticmethod
+    def _collect(out, converged, d, scales):
+        """A dispatched fit's outputs on the host (`_fit_each`)."""
         result, params, log_z, cov = out
         converged = bool(converged) and bool(result.converged)
         moments = (np.asarray(result.q.mean)[:d], np.asarray(cov)[:d, :d])
@@ -276,7 +288,7 @@ class BayesianLogisticRegression(ProbabilisticClassifierMixin, ClassifierMixin, 
         X, y = validate_fit(self, X, y, classifier=True)
         self.classes_, codes = encode_labels(y)
         H = self._design(X)
-        fits = [self._fit_one(H, t, "logistic", 1.0, False) for t in binary_targets(codes, len(self.classes_))]
+        fits = self._fit_each(H, binary_targets(codes, len(self.classes_)), "logistic", 1.0, False)
         self._results = [f[0] for f in fits]
         self._set_coefficients([f[5] for f in fits])
         self.prior_variance_ = per_problem([f[1] for f in fits])
@@ -368,8 +380,8 @@ class BayesianRegression(StandardisedRegressorMixin, RegressorMixin, _BayesianLi
             v_start, noise_start = ml2.data_start(H, z, self.likelihood, self.fit_intercept)
             noise = noise_start if noise is None else noise
             v0 = v_start if v0 is None else v0
-        result, v, s, log_z, converged, (mean, cov) = self._fit_one(H, z, self.likelihood, noise, self.learn_noise,
-                                                                     dof, v0)
+        result, v, s, log_z, converged, (mean, cov) = self._fit_each(H, [z], self.likelihood, noise,
+                                                                      self.learn_noise, dof, v0)[0]
         self._results = [result]
         self._set_coefficients([(mean * self._y_scale, cov * self._y_scale**2)])
         self.coef_, self.coef_std_ = self.coef_[0], self.coef_std_[0]
