@@ -54,12 +54,10 @@ from ._outputs import ProbabilisticClassifierMixin, StandardisedRegressorMixin
 LIKELIHOODS = ("gaussian", "student-t", "laplace")
 
 FULL_FORCING = {"logistic": 1e-2, "student-t": 1e-2}
-"""CG's relative residual in the Newton steps of Full-factor fits per likelihood (`gkl_jax.solvers.Newton(forcing=
-...)`; absent: Newton's default min(0.5, sqrt(|g|))). A Hessian-vector product costs a tenth of a gradient
-evaluation there and the factor's preconditioner is close to the inverse Hessian, so near-exact Newton steps are
-cheap: breast cancer 7 -> 4 steps from the Laplace start, and Student-t ML-II on diabetes faster. The Laplace
-likelihood's curvature is concentrated at its kink (the preconditioner is poorer there): slower, so it keeps the
-default (measurements on the design-decisions page)."""
+"""CG's relative residual in the Full-factor fits' Newton steps, per likelihood (`gkl_jax.solvers.Newton(forcing=
+...)`; absent: Newton's default). A Hessian-vector product costs a tenth of a gradient evaluation there and the
+factor's preconditioner is close to the inverse Hessian, so near-exact steps are cheap (breast cancer: 7 -> 4
+steps); the Laplace likelihood's kink makes them dearer, so it keeps the default (design-decisions page)."""
 
 
 class _Build(eqx.Module):
