@@ -1,6 +1,8 @@
 """Truncated Newton-CG (Nocedal & Wright 2006, Alg. 7.1) on the G-KL bound: concave in (m, C) for log-concave
 sites (Challis & Barber 2013, Section 3.2)."""
 
+import numbers
+
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -131,8 +133,9 @@ class Newton(AbstractSolver):
 
     def __check_init__(self):
         check_setting(self.max_cg, "max_cg", self)
-        if self.forcing is not None and not (isinstance(self.forcing, (int, float)) and 0 < self.forcing < 1):
-            raise ValueError(f"forcing must be None or a float in (0, 1), got {self.forcing!r}")
+        f = self.forcing
+        if f is not None and (isinstance(f, bool) or not isinstance(f, numbers.Real) or not 0 < f < 1):
+            raise ValueError(f"forcing must be None or a float in (0, 1), got {f!r}")
 
     def solve(self, problem: Problem, tol, max_steps: int) -> Solution:
         x, k, ok, hist = newton_cg(problem.objective, problem.x0, tol=tol, max_steps=max_steps,
