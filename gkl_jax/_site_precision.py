@@ -155,14 +155,11 @@ def site_precision(model, start, tol, max_steps, scale=1.0):
         return kept + (k_new, hist.at[k_new].set(kept[2]), jnp.where(progress | fresh, 0, stalls + 1))
 
     m0, alpha0, W0 = start
-    dtype = W0.dtype
-    n_sites = W0.shape[0]
-    sites0 = jax.eval_shape(lambda: mean_terms((m0, alpha0), W0)[2][1])
-    sites0 = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), sites0)
-    zeros = jnp.zeros(n_sites, dtype)
+    dtype, n_sites = W0.dtype, W0.shape[0]
+    zeros, scalar = jnp.zeros(n_sites, dtype), jnp.zeros((), dtype)    # placeholders until the first iteration
     hist0 = jnp.full((max_steps + 1,), jnp.nan, dtype=dtype)
-    init = ((m0, alpha0), W0, jnp.asarray(-jnp.inf, dtype), zeros, zeros, zeros, jnp.zeros((), dtype),
-            jnp.zeros((n_sites, n_sites), dtype), sites0, jnp.zeros((), jnp.int32), hist0, jnp.asarray(-1, jnp.int32))
+    init = ((m0, alpha0), W0, scalar - jnp.inf, zeros, zeros, zeros, scalar, jnp.zeros((n_sites, n_sites), dtype),
+            scalar, jnp.zeros((), jnp.int32), hist0, jnp.asarray(-1, jnp.int32))
     (m, alpha), W, f, g, gamma, s_diag, logdet, L, sites, k, hist, _ = lax.while_loop(cond, body, init)
     converged = (residual((m, alpha), g, W, gamma, s_diag) <= stop_level(f, tol)) & jnp.isfinite(f)
     return (m, k, converged, hist, (W, logdet, s_diag, L, alpha, sites),

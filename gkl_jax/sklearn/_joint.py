@@ -33,7 +33,6 @@ from .._model import Model, Sites
 from .._result import Result
 from .._start import initial_variance
 from .._xla import program
-from ..priors import Diagonal
 from ..solvers._base import Problem
 from ..solvers._newton import newton_cg
 from ._ml2 import laplace_start
@@ -58,15 +57,14 @@ def scaled_model(build, u):
     Returns:
         (Model, the constant subtracted from its bound: n log sigma over the real rows, 0 for the logistic model).
     """
-    v = jnp.exp(u[0] / build.scales[0])
-    prior = Diagonal(jnp.where(build.cols, jnp.where(build.intercept, build.intercept_variance, v), 1.0))
+    model = build(dict(zip(KEYS, u)))
     if build.likelihood == "logistic":
-        return Model(prior, Sites(build.H, P.Logistic(build.y))), jnp.zeros((), build.H.dtype)
+        return model, jnp.zeros((), build.H.dtype)
     sigma = jnp.exp(u[1] / build.scales[1])
     row_scale = jnp.where(build.rows, sigma, 1.0)        # padded rows: noise 1, as in the estimator's model
     potential = P.StudentT(jnp.zeros_like(build.y), build.dof, 1.0)
-    model = Model(prior, Sites(build.H / row_scale[:, None], potential, offset=-build.y / row_scale))
-    return model, jnp.sum(build.rows) * jnp.log(sigma)
+    sites = Sites(build.H / row_scale[:, None], potential, offset=-build.y / row_scale)
+    return Model(model.prior, sites), jnp.sum(build.rows) * jnp.log(sigma)
 
 
 @full_precision
