@@ -123,7 +123,7 @@ def test_logistic_learned_prior_variance_maximises_the_bound(logistic_data):
     for factor in (0.7, 1.4):
         other = BayesianLogisticRegression(prior_variance=v * factor).fit(X, y)
         assert other.log_evidence_ < clf.log_evidence_
-    same = BayesianLogisticRegression(prior_variance=v).fit(X, y)
+    same = BayesianLogisticRegression(prior_variance=v, tol=1e-6).fit(X, y)
     assert clf.converged_ and abs(same.log_evidence_ - clf.log_evidence_) < 1e-8
     np.testing.assert_allclose(clf.coef_, same.coef_, atol=1e-5)   # both stop at a gradient test (1e-5, 1e-6)
     np.testing.assert_allclose(clf.coef_std_, same.coef_std_, rtol=1e-5)
@@ -192,7 +192,7 @@ def test_robust_regression_resists_outliers():
     assert abs(robust.coef_[0] - 2.0) < 0.1
     # fixed hyperparameters: log_evidence_ is gk.fit's bound on the unpadded model in the original units
     fixed = BayesianRegression("student-t", dof=3.0, prior_variance=0.5, noise=0.3, learn_prior_variance=False,
-                               learn_noise=False).fit(X, y)
+                               learn_noise=False, tol=1e-6).fit(X, y)   # gk.fit's default tolerance
     shift, scale = np.median(y), np.std(y)
     model = gk.Model(gk.priors.Diagonal(np.array([0.5, 100.0])),
                      gk.Sites(np.hstack([X, np.ones((60, 1))]), gk.potentials.StudentT((y - shift) / scale, 3.0, 0.3)))
@@ -435,6 +435,7 @@ def test_bad_input_of_every_estimator_is_a_value_error(est, logistic_data):
 
 @pytest.mark.parametrize("est, param, value", [
     (BayesianLogisticRegression(), "intercept_variance", 0.0), (BayesianLogisticRegression(), "max_steps", 0),
+    (BayesianLogisticRegression(), "tol", 0.0), (BayesianRegression("student-t"), "tol", -1.0),
     (BayesianRegression(), "noise", np.nan), (BayesianRegression(), "dof", -1.0),
     (BayesianRegression(), "likelihood", "cauchy"), (GPClassifier(), "likelihood", "gaussian"),
     (GPClassifier(), "kernel", "rbf"), (GPRegressor(), "jitter", -1.0), (GPRegressor(), "likelihood", "probit")])
@@ -443,6 +444,20 @@ def test_bad_parameters_name_the_parameter(est, param, value, logistic_data):
     y = X[:, 0] > 0 if hasattr(est, "predict_proba") else X[:, 0]
     with pytest.raises(ValueError, match=param):
         clone(est).set_params(**{param: value}).fit(X, y)
+
+
+def test_default_tolerance_reaches_the_tight_fit(logistic_data):
+    """The default tol (1e-4, the fixed-hyperparameter fit and ML-II alike) against tol = 1e-9: the same evidence
+    to 1e-7 nats and the same coefficients to 1e-4 posterior sds."""
+    X, y = logistic_data
+    z = X @ np.array([1.0, -0.5, 0.2]) + np.random.default_rng(1).standard_t(3, size=len(X))
+    for make, target in ((lambda **k: BayesianLogisticRegression(**k), y),
+                         (lambda **k: BayesianLogisticRegression(learn_prior_variance=True, **k), y),
+                         (lambda **k: BayesianRegression("student-t", **k), z)):
+        loose, tight = make().fit(X, target), make(tol=1e-9).fit(X, target)
+        assert loose.converged_ and tight.converged_
+        assert abs(loose.log_evidence_ - tight.log_evidence_) < 1e-7
+        np.testing.assert_array_less(np.abs(loose.coef_ - tight.coef_), 1e-4 * tight.coef_std_)
 
 
 def test_one_vs_rest_combination_is_the_exactly_one_positive_conditional():

@@ -110,19 +110,15 @@ class _Finish(eqx.Module):
 
 
 def _outputs(build, result, params):
-    """(Result, params, log Z of the unpadded problem, covariance of q): computed inside the compiled fit (eager
-    operations on the result were a tenth of a warm fit's time)."""
+    """(Result, params, log Z of the unpadded problem, covariance of q), inside the compiled fit."""
     return result, params, result.log_z - build.padding_log_phi(), result.q.covariance()
 
 
 @full_precision
 @program
 def _fit_fixed(build, params, method, kwargs, start_at_laplace=False):
-    """The fit at fixed hyperparameters and its outputs, as `_ml2.run` gives them, in one compiled call.
-
-    With `start_at_laplace` (G-KL with the Full factor) the fit starts from the Laplace approximation
-    (`_ml2.laplace_start`) instead of the prior.
-    """
+    """The fit at fixed hyperparameters and its outputs, as `_ml2.run` gives them, in one compiled call; with
+    `start_at_laplace` (G-KL with the Full factor) from the Laplace approximation (`_ml2.laplace_start`)."""
     model = build(params)
     result = method(model, q0=ml2.laplace_start(model), **kwargs) if start_at_laplace else method(model, **kwargs)
     return _outputs(build, result, params), result.converged, jnp.zeros((), int)
@@ -160,8 +156,7 @@ class _BayesianLinear(BaseEstimator):
 
     def _fit_each(self, H, ys, likelihood, noise, learn_noise, dof=1.0, v0=None):
         """The fits on the design H (n, D) of each target vector (n,) in `ys` (prior variance v0, default
-        `prior_variance`). All are dispatched before any result is read, so that the host work of one overlaps
-        the compiled fits of the others (one-vs-rest).
+        `prior_variance`), all dispatched before any result is read (one-vs-rest: host work overlaps the fits).
 
         Returns:
             A list with, per target vector, (Result, prior variance, noise, log evidence of the unpadded problem,
@@ -173,7 +168,7 @@ class _BayesianLinear(BaseEstimator):
     def _dispatch(self, H, y, likelihood, noise, learn_noise, dof, v0):
         """Start one fit (`_fit_each`); returns (outputs, converged, real columns, ML-II scales)."""
         factor = _factor(self.factor)
-        max_steps = check_steps(self.max_steps)
+        max_steps, tol = check_steps(self.max_steps), check_positive_float(self.tol, "tol")
         v0 = check_positive_float(self.prior_variance if v0 is None else v0, "prior_variance")
         iv = check_positive_float(self.intercept_variance, "intercept_variance")
         Hp, rows, cols = pad_design(H)
@@ -185,8 +180,7 @@ class _BayesianLinear(BaseEstimator):
         if self.fit_intercept:
             intercept[d - 1] = True
         scales = ml2.scales(n, d - int(self.fit_intercept), likelihood, dof)
-        build = _Build(jnp.asarray(Hp), jnp.asarray(yp), jnp.asarray(rows), jnp.asarray(cols), jnp.asarray(intercept),
-                       jnp.asarray(iv), jnp.asarray(float(dof)), jnp.asarray(scales), likelihood)
+        build = _Build(Hp, yp, rows, cols, intercept, np.asarray(iv), np.asarray(float(dof)), scales, likelihood)
         params = {"prior": np.asarray(scales[0] * np.log(v0)), "noise": np.asarray(scales[1] * np.log(noise))}
         learn = {"prior": bool(self.learn_prior_variance), "noise": bool(learn_noise)}
         method, kwargs = _method(likelihood, factor)
@@ -195,16 +189,18 @@ class _BayesianLinear(BaseEstimator):
         with quiet_convergence():
             if any(learn.values()) and laplace and likelihood in JOINT:   # ML-II jointly with q
                 out, converged, _ = joint_fit(build, params, (learn["prior"], learn["noise"]),
-                                              kwargs["solver"].forcing, np.asarray(0.1 * ml2.GTOL),
+                                              kwargs["solver"].forcing, np.asarray(0.1 * tol),
                                               min(max_steps, JOINT_MAX_STEPS), _Finish(build, dict.fromkeys(params)))
                 if not (bool(converged) and np.isfinite(float(out[2]))):
                     out = None    # not settled (tiny or degenerate problems): the outer loop from the start
             if out is None and any(learn.values()):   # ML-II, one program (`_ml2`); the padding's constant removed
-                objective, dyn, static, dynamic = ml2.linear_objective(build, method, kwargs, learn, params, laplace)
-                config = ml2.settings(max_steps, adaptive=method is gk_fit)
+                objective, dyn, static, dynamic = ml2.linear_objective(build, method, kwargs, learn, params, laplace,
+                                                                       tol)
+                config = ml2.settings(max_steps, adaptive=method is gk_fit, gtol=tol)
                 out, converged, _ = ml2.run(objective, config, dyn, dynamic, _Finish(build, static))
             elif out is None:
-                out, converged, _ = _fit_fixed(build, params, method, kwargs, laplace)
+                fixed = dict(kwargs, tol=np.asarray(tol)) if method is gk_fit else kwargs
+                out, converged, _ = _fit_fixed(build, params, method, fixed, laplace)
         return out, converged, d, scales
 
     @staticmethod
@@ -213,8 +209,8 @@ class _BayesianLinear(BaseEstimator):
         result, params, log_z, cov = out
         converged = bool(converged) and bool(result.converged)
         moments = (np.asarray(result.q.mean)[:d], np.asarray(cov)[:d, :d])
-        return (result, float(np.exp(params["prior"] / scales[0])), float(np.exp(params["noise"] / scales[1])),
-                float(log_z), converged, moments)
+        prior, noise = np.exp(np.array([params["prior"], params["noise"]], float) / scales)
+        return result, float(prior), float(noise), float(log_z), converged, moments
 
     def _latent(self, result, X, family=None, y=None):
         """`gk.predict` of the fit `result` at the rows of X (padded to the fitted dimension)."""
@@ -248,6 +244,8 @@ class BayesianLogisticRegression(ProbabilisticClassifierMixin, ClassifierMixin, 
         intercept_variance: prior variance of the intercept.
         learn_prior_variance: maximise the bound over prior_variance (ML-II).
         max_steps: outer ML-II steps.
+        tol: the fit of q stops where max_i |dB/dx_i| max(|x_i|, sigma0) <= tol (`gkl_jax.fit`'s test); ML-II at
+            tol on the hyperparameters' gradient, q then to tol / 10. Default 1e-4, as LogisticRegression's.
 
     Attributes (after `fit`):
         classes_: the labels (any type); the second is the positive class of a binary problem.
@@ -264,13 +262,14 @@ class BayesianLogisticRegression(ProbabilisticClassifierMixin, ClassifierMixin, 
     """
 
     def __init__(self, prior_variance=1.0, *, factor="full", fit_intercept=True, intercept_variance=100.0,
-                 learn_prior_variance=False, max_steps=100):
+                 learn_prior_variance=False, max_steps=100, tol=1e-4):
         self.prior_variance = prior_variance
         self.factor = factor
         self.fit_intercept = fit_intercept
         self.intercept_variance = intercept_variance
         self.learn_prior_variance = learn_prior_variance
         self.max_steps = max_steps
+        self.tol = tol
 
     @float64
     def fit(self, X, y):
@@ -333,7 +332,7 @@ class BayesianRegression(StandardisedRegressorMixin, RegressorMixin, _BayesianLi
         noise: the likelihood's variance or scale in standardised units (start value when learned); None
             (default): from the median absolute deviation of the least-squares residuals.
         dof: Student-t degrees of freedom (fixed).
-        factor, fit_intercept, intercept_variance, max_steps: as `BayesianLogisticRegression` (with the Gaussian
+        factor, fit_intercept, intercept_variance, max_steps, tol: as `BayesianLogisticRegression` (with the Gaussian
             likelihood the posterior is Gaussian and computed exactly, whatever `factor`).
         learn_prior_variance, learn_noise: ML-II on the bound over each (default both, as BayesianRidge).
 
@@ -344,7 +343,7 @@ class BayesianRegression(StandardisedRegressorMixin, RegressorMixin, _BayesianLi
 
     def __init__(self, likelihood="gaussian", *, prior_variance=None, noise=None, dof=4.0, factor="full",
                  fit_intercept=True, intercept_variance=100.0, learn_prior_variance=True, learn_noise=True,
-                 max_steps=100):
+                 max_steps=100, tol=1e-4):
         self.likelihood = likelihood
         self.prior_variance = prior_variance
         self.noise = noise
@@ -355,6 +354,7 @@ class BayesianRegression(StandardisedRegressorMixin, RegressorMixin, _BayesianLi
         self.learn_prior_variance = learn_prior_variance
         self.learn_noise = learn_noise
         self.max_steps = max_steps
+        self.tol = tol
 
     @float64
     def fit(self, X, y):

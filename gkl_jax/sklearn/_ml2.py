@@ -30,21 +30,23 @@ from ..baselines._laplace import _laplace_jit
 from ..gp._hyper_loop import _CONVERGED, _LBFGS, _Objective, _run, _Settings
 
 GTOL, FTOL = 1e-4, 1e-9
-"""Outer stopping tolerances, `fit_hyperparameters`' defaults; G-KL inner fits stop at GTOL / 10 as there."""
+"""Outer stopping tolerances, `fit_hyperparameters`' defaults (the linear estimators' `tol` replaces GTOL); G-KL
+inner fits stop at gtol / 10 as there."""
 
 
-def settings(max_steps: int, max_step: float = 3.0, adaptive: bool = False) -> _Settings:
+def settings(max_steps: int, max_step: float = 3.0, adaptive: bool = False, gtol: float = GTOL) -> _Settings:
     """L-BFGS settings of the outer loop.
 
     Args:
         max_steps: outer steps.
         max_step: the largest first move of a (log-)parameter in a line search.
         adaptive: loose inner tolerances while the outer gradient is large (`gkl_jax.gp._hyper_loop._inner_tol`).
+        gtol: the outer gradient tolerance.
 
     Returns:
         The loop's settings (float64 tolerances).
     """
-    return _Settings(_LBFGS, True, int(max_steps), np.asarray(GTOL), np.asarray(FTOL), bool(adaptive),
+    return _Settings(_LBFGS, True, int(max_steps), np.asarray(gtol), np.asarray(FTOL), bool(adaptive),
                      np.asarray(max_step))
 
 
@@ -126,7 +128,7 @@ def laplace_start(model):
     return _laplace_jit(model, jnp.asarray(LAPLACE_TOL, model_dtype(model)), LAPLACE_STEPS).q
 
 
-def linear_objective(build, method, kwargs, learn, params, start_at_laplace=False):
+def linear_objective(build, method, kwargs, learn, params, start_at_laplace=False, gtol=GTOL):
     """The ML-II objective of `method(build(params))` over the leaves of `params` selected by `learn`.
 
     Args:
@@ -136,12 +138,13 @@ def linear_objective(build, method, kwargs, learn, params, start_at_laplace=Fals
         learn: dict of bools, the keys of `params`.
         params: dict of float64 scalars (starting values).
         start_at_laplace: the first inner fit (a G-KL fit with the Full factor) starts from `laplace_start`.
+        gtol: the outer loop's gradient tolerance; G-KL's inner fits stop at gtol / 10.
 
     Returns:
         (objective, dyn: the learned leaves, static: the others, dynamic_kwargs: the inner tolerance of G-KL).
     """
     dyn, static = eqx.partition(params, learn)
-    dynamic = {"tol": np.asarray(0.1 * GTOL)} if method is gk_fit and "tol" not in kwargs else {}
+    dynamic = {"tol": np.asarray(0.1 * gtol)} if method is gk_fit and "tol" not in kwargs else {}
     objective = _LaplaceStart if start_at_laplace else _Objective
     return objective(build, method, dict(kwargs), method is gk_fit, static, False, True), dyn, static, dynamic
 
