@@ -382,13 +382,13 @@ def test_gp_classifier_and_regressor_small():
 
 
 @pytest.mark.slow
-def test_student_t_gp_regression_starts_from_the_gaussian_fit():
-    """ML-II of GPRegressor("student-t") starts at the Gaussian regressor's learned kernel and the 1.4826 MAD of
-    its residuals and runs in Fisher-scaled coordinates (`_gp_start`); it reaches the optimum that the unscaled
-    loop reaches from the old start (SE(1, median distance), scale 0.1)."""
+def test_student_t_gp_regression_start_and_coordinates():
+    """ML-II of GPRegressor("student-t") starts at the 1.4826 MAD of the Gaussian fit's leave-one-out residuals
+    (brute force: each point predicted from the others) and runs in Fisher-scaled coordinates (`_gp_start`);
+    it reaches the optimum of the unscaled loop from the old start (SE(1, median distance), scale 0.1)."""
     from gkl_jax.kernels import SquaredExponential, median_distance
-    from gkl_jax.sklearn._gp import _fit_gp, _GPBuild
-    from gkl_jax.sklearn._gp_start import ScaledBuild, fisher_factor, gaussian_start, scaled_start
+    from gkl_jax.sklearn._gp import _GPBuild
+    from gkl_jax.sklearn._gp_start import ScaledBuild, fisher_factor, robust_scale, scaled_start
 
     rng = np.random.default_rng(7)
     X = rng.uniform(-2, 2, size=(40, 1))
@@ -396,30 +396,29 @@ def test_student_t_gp_regression_starts_from_the_gaussian_fit():
     y[:4] += 3.0                                                     # outliers
     gauss = GPRegressor().fit(X, y)
     z = (y - y.mean()) / y.std()
-    start = SquaredExponential(1.0, median_distance(X))
-    kernel, variance, scale = gaussian_start(lambda: _fit_gp(GPRegressor(), X, z, "gaussian", 1.0, True,
-                                                             kernel=start)[::2], z)
-    np.testing.assert_allclose(kernel.log_lengthscale, gauss.kernel_.log_lengthscale, atol=1e-8)
-    assert abs(variance - gauss.noise_) < 1e-10
-    residual = z - (gauss.predict(X) - y.mean()) / y.std()
-    assert abs(scale - 1.4826 * np.median(np.abs(residual - np.median(residual)))) < 1e-6
+    params = {"kernel": gauss.kernel_, "log_noise": np.log(gauss.noise_)}
+    scale = robust_scale(lambda: params, X, z, 1e-6)
+    Ky = np.asarray(gauss.kernel_.gram(X)) + (gauss.noise_ + 1e-6) * np.eye(40)
+    loo = np.array([z[i] - Ky[i, np.arange(40) != i] @ np.linalg.solve(Ky[np.ix_(np.arange(40) != i,
+                                                                                 np.arange(40) != i)],
+                                                                        z[np.arange(40) != i]) for i in range(40)])
+    assert abs(scale - 1.4826 * np.median(np.abs(loo - np.median(loo)))) < 1e-8
     # R^T R is the Fisher information: the kernel block 1/2 tr(Ky^-1 dK_i Ky^-1 dK_j) by finite differences
-    R = fisher_factor(kernel, X, variance, 1e-6, 4.0)
+    kernel = SquaredExponential(1.0, median_distance(X))
+    R = fisher_factor(kernel, X, scale**2, 1e-6, 4.0)
     info = R.T @ R
-    Ky = np.asarray(kernel.gram(X)) + (variance + 1e-6) * np.eye(40)
-    h = 1e-6
-    k_up = SquaredExponential(np.exp(float(kernel.log_variance)), np.exp(float(kernel.log_lengthscale) + h))
-    k_dn = SquaredExponential(np.exp(float(kernel.log_variance)), np.exp(float(kernel.log_lengthscale) - h))
-    dK = [np.asarray(kernel.gram(X)), (np.asarray(k_up.gram(X)) - np.asarray(k_dn.gram(X))) / (2 * h)]
+    Ky = np.asarray(kernel.gram(X)) + (scale**2 + 1e-6) * np.eye(40)
+    h, ls = 1e-6, float(kernel.log_lengthscale)
+    dK = [np.asarray(kernel.gram(X)), (np.asarray(SquaredExponential(1.0, np.exp(ls + h)).gram(X))
+                                       - np.asarray(SquaredExponential(1.0, np.exp(ls - h)).gram(X))) / (2 * h)]
     A = [np.linalg.solve(Ky, d) for d in dK]
     np.testing.assert_allclose(info[:2, :2], [[0.5 * np.trace(a @ b) for b in A] for a in A], rtol=1e-4)
     assert abs(info[2, 2] - 2 * 40 * 4.0 / 7.0) < 1e-9
-    scaled = ScaledBuild(None, np.linalg.inv(R), kernel)
-    back = scaled.params(scaled_start(kernel, np.log(scale), R)["u"])
+    back = ScaledBuild(None, np.linalg.inv(R), kernel).params(scaled_start(kernel, np.log(scale), R)["u"])
     assert abs(float(back["log_noise"]) - np.log(scale)) < 1e-10
     robust = GPRegressor(likelihood="student-t").fit(X, y)
     build = _GPBuild(X, z, np.asarray(4.0), "student-t", 1e-6)           # the old, unscaled loop and start
-    ref = gk.gp.fit_hyperparameters(build, {"kernel": start, "log_noise": np.log(0.1)}, method=gk.fit)
+    ref = gk.gp.fit_hyperparameters(build, {"kernel": kernel, "log_noise": np.log(0.1)}, method=gk.fit)
     assert robust.converged_ and ref.converged
     assert abs(robust.log_evidence_ - (float(ref.log_z) - 40 * np.log(y.std()))) < 1e-4
     assert abs(np.log(robust.noise_) - float(ref.params["log_noise"])) < 1e-3

@@ -8,8 +8,9 @@ GP classifier of `gkl_jax.multiclass` (Chai 2012) behind one import.
   GaussianProcessClassifier; `MulticlassGPClassifier` is the joint multinomial model.
 - `GPRegressor`: Gaussian (exact inference, the exact evidence), Student-t or Laplace (G-KL, robust) likelihood;
   the kernel and the noise by ML-II (Gaussian: the closed-form evidence and gradient in one compiled program,
-  `_ml2.GPEvidence`; ML-II starts at the median input distance, `median_distance`); the targets are
-  standardised inside `fit` (as scikit-learn's normalize_y=True) and every output is in the original units.
+  `_ml2.GPEvidence`; ML-II starts at the median input distance, `median_distance`; Student-t: from the robust
+  scale of the Gaussian fit, in Fisher-scaled coordinates, `_gp_start`); the targets are standardised inside
+  `fit` (as scikit-learn's normalize_y=True) and every output is in the original units.
 
 Each distinct training-set size compiles its own fit (seconds on a small CPU); the compiled fit is reused for
 every later fit of that size (cross-validation folds of equal size, refits).
@@ -44,7 +45,7 @@ from ._common import (
     validate_predict,
     warn_not_converged,
 )
-from ._gp_start import ScaledBuild, fisher_factor, gaussian_start, scaled_start
+from ._gp_start import ScaledBuild, fisher_factor, robust_scale, scaled_start
 from ._outputs import ProbabilisticClassifierMixin, StandardisedRegressorMixin
 
 _LIKELIHOODS = ("logistic", "probit")
@@ -101,7 +102,7 @@ def _fit_gp(est, X, y, likelihood, noise, learn_noise, dof=1.0, kernel=None, R=N
                                        _Combine(static))
         result = gp_exact(build(params))
         return result, build(params).prior, params, bool(converged) and bool(result.converged)
-    if R is not None and learn and learn_noise:
+    if R is not None and learn and learn_noise:   # Student-t: ML-II in u = R theta (`_gp_start`)
         scaled = ScaledBuild(build, jnp.asarray(np.linalg.inv(R)), params["kernel"])
         result, u, converged = fit_hyperparameters_or_once(scaled, scaled_start(params["kernel"], float(
             params["log_noise"]), R), {"u": True}, method, check_steps(est.max_steps))
@@ -185,14 +186,13 @@ class GPRegressor(StandardisedRegressorMixin, RegressorMixin, BaseEstimator):
 
     Args:
         kernel: a `gkl_jax.kernels` kernel, the starting point of ML-II (default SquaredExponential(1, l) with
-            l the median distance between the training inputs, `median_distance`; for the Student-t likelihood
-            with ML-II, the Gaussian likelihood's ML-II kernel from there, `_gp_start`).
+            l the median distance between the training inputs, `median_distance`).
         likelihood: "gaussian", "student-t" or "laplace".
         noise: the likelihood's variance (gaussian) or scale, in units of the standardised targets (start value);
             None (default): 1 for the Gaussian likelihood (all of the targets' variance; on diabetes with outliers
             ML-II from 0.1 stopped on one split of ten at log p = -449.90 where scikit-learn's optimum is -449.87,
             from 1 it found -449.87); for the Student-t likelihood with ML-II 1.4826 times the median absolute
-            deviation of the Gaussian fit's residuals; 0.1 otherwise.
+            deviation of the Gaussian fit's leave-one-out residuals; 0.1 otherwise.
         dof: Student-t degrees of freedom (fixed).
         learn_hyperparameters: ML-II over the kernel and the noise (default True).
         jitter, max_steps: as `GPClassifier`.
@@ -233,13 +233,11 @@ class GPRegressor(StandardisedRegressorMixin, RegressorMixin, BaseEstimator):
         z = self._standardise(y, np.mean)
         kernel, R = _kernel(self.kernel, X), None
         if self.likelihood == "student-t" and self.learn_hyperparameters:   # from the data, scaled (`_gp_start`)
-            variance = noise ** 2
-            if self.kernel is None or self.noise is None:
-                gaussian = lambda: _fit_gp(self, X, z, "gaussian", 1.0, True, kernel=kernel)[::2]
-                fitted, variance, scale = gaussian_start(gaussian, z)
-                kernel = fitted if self.kernel is None else kernel
-                noise = scale if self.noise is None else noise
-            R = fisher_factor(kernel, X, variance, check_positive_float(self.jitter, "jitter"), dof)
+            jitter = check_positive_float(self.jitter, "jitter")
+            if self.noise is None:
+                noise = robust_scale(lambda: _fit_gp(self, X, z, "gaussian", 1.0, True, kernel=kernel)[2], X, z,
+                                     jitter)
+            R = fisher_factor(kernel, X, noise ** 2, jitter, dof)
         result, prior, params, converged = _fit_gp(self, X, z, self.likelihood, noise, True, dof, kernel, R)
         self._fit = (result, prior)
         self.kernel_ = params["kernel"]
