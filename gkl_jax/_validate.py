@@ -58,6 +58,21 @@ def strongly_typed(tree, dtype):
     return jax.tree.map(lambda x: x.astype(dtype) if getattr(x, "weak_type", False) else x, tree)
 
 
+def host_arrays(tree):
+    """`tree` with every JAX array leaf replaced by a numpy copy: the pickled state of an object that keeps JAX
+    arrays. A float64 JAX array unpickles as float32 where x64 is off (JAX converts it on loading), so a fitted
+    estimator saved with `pickle` or `joblib` would predict from truncated parameters; numpy arrays keep their
+    dtype, and JAX takes them as they are.
+
+    Args:
+        tree: any pytree (objects that are not pytrees are leaves, left as they are).
+
+    Returns:
+        The same structure.
+    """
+    return jax.tree.map(lambda x: np.asarray(x) if isinstance(x, jax.Array) else x, tree)
+
+
 def host_view(x):
     """A concrete `x` where it is cheapest to check: a numpy array for numpy data and arrays on the CPU (no program to
     compile for each new shape), `x` itself for arrays on an accelerator (no copy). Both have `.all()`, `.round()`

@@ -388,7 +388,7 @@ def test_student_t_gp_regression_start_and_coordinates():
     it reaches the optimum of the unscaled loop from the old start (SE(1, median distance), scale 0.1)."""
     from gkl_jax.kernels import SquaredExponential, median_distance
     from gkl_jax.sklearn._gp import _GPBuild
-    from gkl_jax.sklearn._gp_start import ScaledBuild, fisher_factor, robust_scale, scaled_start
+    from gkl_jax.sklearn._gp_start import FALLBACK_SCALE, ScaledBuild, fisher_factor, robust_scale, scaled_start
 
     rng = np.random.default_rng(7)
     X = rng.uniform(-2, 2, size=(40, 1))
@@ -414,6 +414,8 @@ def test_student_t_gp_regression_start_and_coordinates():
     A = [np.linalg.solve(Ky, d) for d in dK]
     np.testing.assert_allclose(info[:2, :2], [[0.5 * np.trace(a @ b) for b in A] for a in A], rtol=1e-4)
     assert abs(info[2, 2] - 2 * 40 * 4.0 / 7.0) < 1e-9
+    # a Gaussian fit whose K_y cannot be inverted (here a NaN noise): the old start, not a NaN
+    assert robust_scale(lambda: {"kernel": kernel, "log_noise": np.nan}, X, z, 0.0) == FALLBACK_SCALE
     back = ScaledBuild(None, np.linalg.inv(R), kernel).params(scaled_start(kernel, np.log(scale), R)["u"])
     assert abs(float(back["log_noise"]) - np.log(scale)) < 1e-10
     robust = GPRegressor(likelihood="student-t").fit(X, y)
@@ -422,6 +424,24 @@ def test_student_t_gp_regression_start_and_coordinates():
     assert robust.converged_ and ref.converged
     assert abs(robust.log_evidence_ - (float(ref.log_z) - 40 * np.log(y.std()))) < 1e-4
     assert abs(np.log(robust.noise_) - float(ref.params["log_noise"])) < 1e-3
+
+
+def test_pickled_estimators_predict_the_same_with_x64_off():
+    """A float64 JAX array unpickles as float32 where x64 is off: the estimators pickle numpy arrays instead
+    (`HostState`), so a model saved with pickle or joblib predicts exactly as before."""
+    import pickle
+
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(30, 2))
+    y = X[:, 0] - 0.5 * X[:, 1] + 0.1 * rng.normal(size=30)
+    labels = np.where(y > 0, "a", "b")
+    for est, target in ((BayesianRegression(), y), (GPRegressor(likelihood="laplace", max_steps=3), y),
+                        (GPClassifier(max_steps=3), labels), (MulticlassGPClassifier(max_steps=2), labels)):
+        est.fit(X, target)
+        with jax.enable_x64(False):
+            loaded = pickle.loads(pickle.dumps(est))
+        predict = (lambda e: e.predict_proba(X)) if hasattr(est, "predict_proba") else (lambda e: e.predict(X))
+        np.testing.assert_array_equal(predict(loaded), predict(est))
 
 
 def test_import_without_sklearn_is_a_clear_error():

@@ -17,7 +17,7 @@ import jax
 import numpy as np
 
 from .._linalg import in_float64
-from .._validate import check_int, check_max_steps, check_nonnegative, check_tol
+from .._validate import check_int, check_max_steps, check_nonnegative, check_tol, host_arrays
 from ..kernels import AbstractKernel, SquaredExponential, median_distance
 from ._api import predict
 from ._full import COVARIANCES, SITES
@@ -149,6 +149,11 @@ class GPClassifier:
             bad = [classes[i] for i in range(len(classes)) if counts[i] == 1]
             raise ValueError(f"y has a class with a single example ({bad}); every class present needs >= 2")
         return classes, np.eye(len(classes))[idx]
+
+    def __getstate__(self):
+        """The state with numpy arrays in place of JAX arrays (`gkl_jax._validate.host_arrays`): a float64 JAX
+        array unpickles as float32 where x64 is off."""
+        return host_arrays(self.__dict__)
 
     @in_float64
     def fit(self, X, y):

@@ -21,6 +21,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted
 
 from .._linalg import in_float64
+from .._validate import host_arrays
 from ..gp._hyper import fit_hyperparameters
 
 try:  # scikit-learn >= 1.6
@@ -32,6 +33,14 @@ except ImportError:  # pragma: no cover - scikit-learn 1.4 / 1.5
 
 float64 = in_float64
 """The decorator of every estimator method that computes: `gkl_jax._linalg.in_float64`."""
+
+
+class HostState:
+    """Pickles an estimator's state with numpy arrays in place of JAX arrays (`gkl_jax._validate.host_arrays`),
+    so that it predicts the same after loading with x64 off."""
+
+    def __getstate__(self):
+        return host_arrays(super().__getstate__())
 
 
 def validate_fit(estimator, X, y, *, classifier: bool):

@@ -32,6 +32,7 @@ from ..kernels import AbstractKernel, SquaredExponential, median_distance
 from ..multiclass import GPClassifier as _MulticlassGP
 from . import _ml2 as ml2
 from ._common import (
+    HostState,
     binary_targets,
     check_choice,
     check_positive_float,
@@ -128,7 +129,7 @@ class _Combine(eqx.Module):
         return eqx.combine(dyn, self.static)
 
 
-class GPClassifier(ProbabilisticClassifierMixin, ClassifierMixin, BaseEstimator):
+class GPClassifier(ProbabilisticClassifierMixin, ClassifierMixin, HostState, BaseEstimator):
     """Binary GP classifier by G-KL inference (one-vs-rest for more classes).
 
     Args:
@@ -181,7 +182,7 @@ class GPClassifier(ProbabilisticClassifierMixin, ClassifierMixin, BaseEstimator)
                          for r, prior in self._fits], axis=1)
 
 
-class GPRegressor(StandardisedRegressorMixin, RegressorMixin, BaseEstimator):
+class GPRegressor(StandardisedRegressorMixin, RegressorMixin, HostState, BaseEstimator):
     """GP regression with a Gaussian (exact), Student-t or Laplace (G-KL) likelihood.
 
     Args:
@@ -255,7 +256,7 @@ class GPRegressor(StandardisedRegressorMixin, RegressorMixin, BaseEstimator):
         return gp_predict(result, prior, X, with_targets(family, jnp.asarray(z), X.shape[0]))
 
 
-class MulticlassGPClassifier(ClassifierMixin, BaseEstimator):
+class MulticlassGPClassifier(ClassifierMixin, HostState, BaseEstimator):
     """The multinomial-logit GP classifier of `gkl_jax.multiclass.GPClassifier` (Chai 2012) as a scikit-learn
     estimator: one joint posterior over the C latent functions (not one-vs-rest).
 

@@ -22,6 +22,9 @@ from jax.flatten_util import ravel_pytree
 
 from .._xla import program
 
+FALLBACK_SCALE = 0.1
+"""The starting scale where the Gaussian fit's leave-one-out residuals cannot be formed (the default before)."""
+
 
 def robust_scale(fit_gaussian, X, z, jitter):
     """The Student-t regressor's starting scale from the Gaussian regressor's fit: 1.4826 MAD of its leave-one-out
@@ -36,14 +39,18 @@ def robust_scale(fit_gaussian, X, z, jitter):
         X: (n, d) inputs; z: (n,) standardised targets; jitter: added to the Gram matrix's diagonal.
 
     Returns:
-        float, at least 1e-3.
+        float, at least 1e-3 (`FALLBACK_SCALE` where K_y is numerically singular or the residuals not finite).
     """
     params = fit_gaussian()
     Ky = np.asarray(params["kernel"].gram(X)) + (float(np.exp(params["log_noise"])) + jitter) * np.eye(len(z))
-    L = np.linalg.cholesky(Ky)
+    try:
+        L = np.linalg.cholesky(Ky)
+    except np.linalg.LinAlgError:     # a Gaussian fit too ill-conditioned to invert: the estimator's old start
+        return FALLBACK_SCALE
     K_inv = np.linalg.solve(L.T, np.linalg.solve(L, np.eye(len(z))))
     r = (K_inv @ z) / np.diag(K_inv)
-    return max(1.4826 * float(np.median(np.abs(r - np.median(r)))), 1e-3)
+    scale = 1.4826 * float(np.median(np.abs(r - np.median(r))))
+    return max(scale, 1e-3) if np.isfinite(scale) else FALLBACK_SCALE
 
 
 @program

@@ -34,6 +34,7 @@ from ..gp import exact as gp_exact
 from ..priors import Diagonal
 from . import _ml2 as ml2
 from ._common import (
+    HostState,
     binary_targets,
     bucket,
     check_choice,
@@ -146,7 +147,7 @@ def _method(likelihood, factor):
     return gk_fit, kwargs
 
 
-class _BayesianLinear(BaseEstimator):
+class _BayesianLinear(HostState, BaseEstimator):
     """The shared fit of one binary or regression problem on a padded design."""
 
     _fitted_attribute = "_results"
