@@ -44,7 +44,8 @@ FULL = [BayesianLogisticRegression(), BayesianLogisticRegression(learn_prior_var
         BayesianRegression("laplace", learn_prior_variance=False, learn_noise=False), BayesianRegression("student-t"),
         GPClassifier(max_steps=5), GPClassifier(learn_hyperparameters=False), GPRegressor(max_steps=5),
         GPRegressor(learn_hyperparameters=False), GPRegressor(likelihood="student-t", learn_hyperparameters=False),
-        MulticlassGPClassifier(learn_hyperparameters=False), MulticlassGPClassifier(max_steps=3)]
+        GPRegressor(likelihood="student-t", max_steps=3), MulticlassGPClassifier(learn_hyperparameters=False),
+        MulticlassGPClassifier(max_steps=3)]
 
 # Default run: every estimator class in a small fixed setting (hyperparameters fixed, or two ML-II steps for the
 # Gaussian GPRegressor, whose ML-II compiles in seconds) through the checks that exercise fitting, prediction and
