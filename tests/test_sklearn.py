@@ -398,7 +398,7 @@ def test_student_t_gp_regression_start_and_coordinates():
     gauss = GPRegressor().fit(X, y)
     z = (y - y.mean()) / y.std()
     params = {"kernel": gauss.kernel_, "log_noise": np.log(gauss.noise_)}
-    scale = robust_scale(lambda: params, X, z, 1e-6)
+    scale = robust_scale(params, X, z, 1e-6)
     Ky = np.asarray(gauss.kernel_.gram(X)) + (gauss.noise_ + 1e-6) * np.eye(40)
     loo = np.array([z[i] - Ky[i, np.arange(40) != i] @ np.linalg.solve(Ky[np.ix_(np.arange(40) != i,
                                                                                  np.arange(40) != i)],
@@ -416,7 +416,7 @@ def test_student_t_gp_regression_start_and_coordinates():
     np.testing.assert_allclose(info[:2, :2], [[0.5 * np.trace(a @ b) for b in A] for a in A], rtol=1e-4)
     assert abs(info[2, 2] - 2 * 40 * 4.0 / 7.0) < 1e-9
     # a Gaussian fit whose K_y cannot be inverted (here a NaN noise): the old start, not a NaN
-    assert robust_scale(lambda: {"kernel": kernel, "log_noise": np.nan}, X, z, 0.0) == FALLBACK_SCALE
+    assert robust_scale({"kernel": kernel, "log_noise": np.nan}, X, z, 0.0) == FALLBACK_SCALE
     back = ScaledBuild(None, np.linalg.inv(R), kernel).params(scaled_start(kernel, np.log(scale), R)["u"])
     assert abs(float(back["log_noise"]) - np.log(scale)) < 1e-10
     robust = GPRegressor(likelihood="student-t").fit(X, y)

@@ -236,8 +236,8 @@ class GPRegressor(StandardisedRegressorMixin, RegressorMixin, HostState, BaseEst
         if self.likelihood == "student-t" and self.learn_hyperparameters:   # from the data, scaled (`_gp_start`)
             jitter = check_positive_float(self.jitter, "jitter")
             if self.noise is None:
-                noise = robust_scale(lambda: _fit_gp(self, X, z, "gaussian", 1.0, True, kernel=kernel)[2], X, z,
-                                     jitter)
+                gaussian = _fit_gp(self, X, z, "gaussian", 1.0, True, kernel=kernel)[2]
+                noise = robust_scale(gaussian, X, z, jitter)
             R = fisher_factor(kernel, X, noise ** 2, jitter, dof)
         result, prior, params, converged = _fit_gp(self, X, z, self.likelihood, noise, True, dof, kernel, R)
         self._fit = (result, prior)

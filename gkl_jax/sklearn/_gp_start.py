@@ -8,10 +8,10 @@ linear estimators (`_ml2.data_start`, `_ml2.scales`):
   (closed-form evidence; `robust_scale`);
 - the coordinates: u = R theta over theta = (the kernel's log-parameters, log scale) with R^T R the Fisher
   information, 1/2 tr(K_y^{-1} dK/dtheta_i K_y^{-1} dK/dtheta_j) for the kernel (Rasmussen & Williams 2006,
-  Section 5.4.1) at noise variance scale^2, and 2 n nu / (nu + 3) for the Student-t log scale, so that L-BFGS
-  sees a Hessian near the identity. On diabetes with outliers the evidence's Hessian in theta had eigenvalues
-  0.34, 30 and 295 (the variance-lengthscale ridge and the stiff noise); with both, L-BFGS took 7-10 outer steps
-  instead of 15-17, to the same optima (design-decisions page).
+  Section 5.4.1) at noise variance scale^2, and 2 n nu / (nu + 3) for the Student-t log scale (`_ml2.scales`), so
+  that L-BFGS sees a Hessian near the identity. On diabetes with outliers the evidence's Hessian in theta had
+  eigenvalues 0.34, 30 and 295 (the variance-lengthscale ridge and the stiff noise); with both, L-BFGS took 7-10
+  outer steps instead of 15-17, to the same optima (design-decisions page).
 """
 
 import equinox as eqx
@@ -21,12 +21,13 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from .._xla import program
+from ._ml2 import scales
 
 FALLBACK_SCALE = 0.1
 """The starting scale where the Gaussian fit's leave-one-out residuals cannot be formed (the default before)."""
 
 
-def robust_scale(fit_gaussian, X, z, jitter):
+def robust_scale(params, X, z, jitter):
     """The Student-t regressor's starting scale from the Gaussian regressor's fit: 1.4826 MAD of its leave-one-out
     residuals r_i = [K_y^{-1} z]_i / [K_y^{-1}]_ii (Rasmussen & Williams 2006, eq. 5.12). Not the in-sample
     residuals: where the Gaussian evidence prefers to interpolate the outliers (a short lengthscale, noise -> 0)
@@ -35,13 +36,12 @@ def robust_scale(fit_gaussian, X, z, jitter):
     page); the kernel starts where the estimator's other ML-II runs start.
 
     Args:
-        fit_gaussian: () -> the Gaussian likelihood's learned parameters {"kernel", "log_noise"} (`_gp._fit_gp`).
+        params: the Gaussian likelihood's learned parameters {"kernel", "log_noise"} (`_gp._fit_gp`).
         X: (n, d) inputs; z: (n,) standardised targets; jitter: added to the Gram matrix's diagonal.
 
     Returns:
         float, at least 1e-3 (`FALLBACK_SCALE` where K_y is numerically singular or the residuals not finite).
     """
-    params = fit_gaussian()
     Ky = np.asarray(params["kernel"].gram(X)) + (float(np.exp(params["log_noise"])) + jitter) * np.eye(len(z))
     try:
         L = np.linalg.cholesky(Ky)
@@ -80,7 +80,7 @@ def fisher_factor(kernel, X, noise_variance, jitter, dof):
     P = block.shape[0]
     info = np.zeros((P + 1, P + 1))
     info[:P, :P] = block + 1e-6 * np.trace(block) * np.eye(P)      # a flat direction stays invertible
-    info[P, P] = 2.0 * X.shape[0] * dof / (dof + 3.0)
+    info[P, P] = scales(X.shape[0], 0, "student-t", dof)[1] ** 2
     return np.linalg.cholesky(info).T
 
 
