@@ -5,8 +5,14 @@ With h_n = e_n (`Sites(None, ...)`) the stationary covariance of eq. 10 (Challis
     S = (Sigma^{-1} + diag(W))^{-1},    W_n = Gamma_n = -E[(log phi_n)''(m_n + z s_n)] >= 0,
 
 so the optimal Full factor is determined by n site precisions W (Opper & Archambeau 2009; the KL method of
-Nickisch 2010, Section 4.5, uses the same parametrisation). The solver iterates on (m, W) and never forms C:
-with B = I + W^{1/2} Sigma W^{1/2} = L L^T and V = L^{-1} W^{1/2} Sigma,
+Nickisch 2010, Section 4.5, uses the same parametrisation). For non-log-concave sites (Student-t, Cauchy) the
+stationary S has the same form with Gamma_n of either sign (an outlier's Gamma_n < 0), so W is signed there and
+the factorisation below is replaced by B = I + L_Sigma^T diag(W) L_Sigma with Sigma = L_Sigma L_Sigma^T (`_parts`;
+about 3x the flops, and the bound is NaN, so a trial rejected, wherever S is not positive definite). The bound
+is then not concave and the iteration finds a local optimum: which one depends on the start.
+
+The solver iterates on (m, W) and never forms C: with B = I + W^{1/2} Sigma W^{1/2} = L L^T and
+V = L^{-1} W^{1/2} Sigma,
 
     diag S = diag Sigma - colsum(V^2),         S v = Sigma v - V^T (V v),
     log det(Sigma^{-1} S) = -2 sum log diag L,  tr(Sigma^{-1} S) = n - sum_n W_n S_nn,
@@ -93,8 +99,10 @@ def site_precision(model, start, tol, max_steps, scale=1.0):
     prior = model.prior
     K = prior.covariance
     n = K.shape[0]
+    signed = not model.log_concave
+    LK = prior.cholesky() if signed else None
 
-    parts = lambda W: _parts(K, W)
+    parts = lambda W: _parts(K, W, LK)
     mean_terms = lambda x, s_diag: _mean_terms(prior, model.sites, x, s_diag)
 
     def residual(x, g, W, gamma, s_diag):
@@ -117,7 +125,10 @@ def site_precision(model, start, tol, max_steps, scale=1.0):
     def body(state):
         x, W, f, g, gamma, s_diag, logdet, L, sites, k, hist, stalls = state
         fresh = stalls < 0
-        target = jnp.where(fresh, W, jnp.maximum(gamma, 0.0))
+        # Signed W (non-log-concave sites): the start's W0 is reached from max(W0, 0), which is always valid, by
+        # halving until S is positive definite (a warm start's W0 from another prior need not be).
+        target = jnp.where(fresh, W, gamma if signed else jnp.maximum(gamma, 0.0))
+        W = jnp.where(fresh, jnp.maximum(W, 0.0), W) if signed else W
         # Round-off of B: f sums O(n + sum W S_nn) terms (entropy, trace, sites) that largely cancel, and the
         # prior's quadratic form carries the condition number of Sigma (Table 1's Laplace fits: +-1e-11 at f = -106).
         noise = 1024 * jnp.finfo(f.dtype).eps * (1 + jnp.abs(f) + n + jnp.sum(W * s_diag))
@@ -130,10 +141,13 @@ def site_precision(model, start, tol, max_steps, scale=1.0):
             terms = mean_terms(x, s_diag_t)
             return _bound_value(W_t, logdet_t, s_diag_t, terms[0]), (W_t, logdet_t, s_diag_t, V_t, L_t, terms)
 
+        def accept(t, out):
+            start_ok = (fresh & jnp.isfinite(out[0])) if signed else fresh
+            return start_ok | no_decrease(out[0], f, noise)
+
         dummy = (W, logdet, s_diag, L, L, (f, g, (-0.5 * gamma, sites)))
         t, (f_t, (W_v, logdet_t, s_diag_t, V_t, L_t, terms_t)), accepted = backtrack(
-            factor_trial, lambda t, out: fresh | no_decrease(out[0], f, noise), (f, dummy), dtype=f.dtype,
-            max_halvings=_MAX_HALVINGS)
+            factor_trial, accept, (f, dummy), dtype=f.dtype, max_halvings=_MAX_HALVINGS)
         t = jnp.where(accepted, t, 0.0)
         W_t = W + t * (target - W)
         # Mean step at S = (Sigma^{-1} + diag W_t)^{-1}, preconditioned by S (O(n^2) per iteration), to
@@ -142,7 +156,8 @@ def site_precision(model, start, tol, max_steps, scale=1.0):
         # with them, so that m and alpha move together exactly.)
         mean_tol = 0.1 * jnp.maximum(stop_level(f, tol), residual(x, g, W, gamma, s_diag)) / m_scale(x)
         x_new, (value_m, g_new, (b_new, sites_new)) = _mean_steps(
-            lambda xx: mean_terms(xx, s_diag_t), x, terms_t, functools.partial(_preconditioned, K, W_v, V_t, L_t),
+            lambda xx: mean_terms(xx, s_diag_t), x, terms_t,
+            functools.partial(_preconditioned, K, W_v, V_t, L_t, signed),
             jnp.where(fresh, jnp.inf, mean_tol), noise)
         f_new, gamma_new = _bound_value(W_t, logdet_t, s_diag_t, value_m), -2 * b_new
         ok = no_decrease(f_new, f, noise)
@@ -163,24 +178,31 @@ def site_precision(model, start, tol, max_steps, scale=1.0):
     (m, alpha), W, f, g, gamma, s_diag, logdet, L, sites, k, hist, _ = lax.while_loop(cond, body, init)
     converged = (residual((m, alpha), g, W, gamma, s_diag) <= stop_level(f, tol)) & jnp.isfinite(f)
     return (m, k, converged, hist, (W, logdet, s_diag, L, alpha, sites),
-            gap(K, W, L, g, jnp.maximum(gamma, 0.0), s_diag))
+            gap(K, W, L, g, gamma if signed else jnp.maximum(gamma, 0.0), s_diag, signed))
 
 
-def _preconditioned(K, W, V, L, g):
+def _preconditioned(K, W, V, L, signed, g):
     """The mean step's direction S g in both coordinates of the mean: (S g, Sigma^{-1} S g) with
     S g = Sigma g - V^T (V g) and Sigma^{-1} S g = (I + diag(W) Sigma)^{-1} g = g - W^{1/2} L^{-T} (V g) (Woodbury;
-    V g = L^{-1} W^{1/2} Sigma g), so alpha = Sigma^{-1} (m - mu) follows m without a solve with Sigma."""
+    V g = L^{-1} W^{1/2} Sigma g), so alpha = Sigma^{-1} (m - mu) follows m without a solve with Sigma. `signed`
+    (`_parts` with S = G G^T, G in V's place): S g = G (G^T g) and Sigma^{-1} S g = g - W S g."""
+    if signed:
+        s_g = V @ (V.T @ g)
+        return s_g, g - W * s_g
     y = V @ g
     return K @ g - tdot(V, y), g - jnp.sqrt(W) * jsl.solve_triangular(L, y, lower=True, trans="T")
 
 
-def gap(K, W, L, g, gamma, s_diag):
+def gap(K, W, L, g, gamma, s_diag, signed=False):
     """To second order, how far the bound at (m, W) lies below its optimum: the mean's Newton decrement
     1/2 g^T S g (-d^2B/dm^2 = S^{-1} up to the change of Gamma; S = Sigma - Sigma W^{1/2} B^{-1} W^{1/2} Sigma, two
     matrix-vector products and one triangular solve with the factor L of B) plus the factor step's
     1/4 sum_j S_jj^2 (Gamma_j - W_j)^2 (dB/dW = 1/2 (S o S)(Gamma - W) with curvature -1/2 S o S, diagonal part).
     At inner tolerance tol the second term dominates: on sonar's ML-II ~1e-7, the size of the jitter in log Z
-    between nearby hyperparameters, where the mean's decrement was 1e-13."""
+    between nearby hyperparameters, where the mean's decrement was 1e-13. `signed`: L is `_parts`' G (S = G G^T),
+    and the decrement 1/2 |G^T g|^2."""
+    if signed:
+        return 0.5 * jnp.sum(jnp.square(L.T @ g)) + 0.25 * jnp.sum(jnp.square(s_diag * (gamma - W)))
     Kg = K @ g
     u = solve_lower(L, jnp.sqrt(W) * Kg)
     return 0.5 * jnp.maximum(g @ Kg - u @ u, 0.0) + 0.25 * jnp.sum(jnp.square(s_diag * (gamma - W)))
@@ -193,9 +215,19 @@ def posterior(prior, q0, m, W):
     return eqx.tree_at(lambda r: (r.mean, r.factor), q0, (m, factor))
 
 
-def _parts(K, W):
+def _parts(K, W, LK=None):
     """(log det(Sigma^{-1} S), diag S, V, L) for S = (Sigma^{-1} + diag W)^{-1}: B = I + W^{1/2} Sigma W^{1/2} = L L^T,
-    V = L^{-1} W^{1/2} Sigma (module doc)."""
+    V = L^{-1} W^{1/2} Sigma (module doc).
+
+    Given the prior's Cholesky factor LK (Sigma = LK LK^T), W may have negative entries (the site precisions of
+    non-log-concave sites, Opper & Archambeau 2009): B = I + LK^T diag(W) LK = R R^T, S = G G^T with G = LK R^{-T},
+    log det(Sigma^{-1} S) = -2 sum log diag R, and G stands in both for V and L. Where S is not positive definite
+    the Cholesky factorisation gives NaN, and so does the bound: the solver's line searches reject that W."""
+    if LK is not None:
+        R = jnp.linalg.cholesky(jnp.eye(K.shape[0], dtype=K.dtype) + tdot(LK, W[:, None] * LK))
+        G = lax.linalg.triangular_solve(R, LK, left_side=False, lower=True, transpose_a=True)
+        s_diag = jnp.sum(jnp.square(G), axis=1)
+        return -2 * jnp.sum(jnp.log(diagonal(R))), jnp.maximum(s_diag, jnp.finfo(K.dtype).tiny), G, G
     sw = jnp.sqrt(W)
     eye = jnp.eye(K.shape[0], dtype=K.dtype)
     L = jnp.linalg.cholesky(eye + sw[:, None] * K * sw[None, :])
@@ -245,8 +277,9 @@ def optimum_parts(model, q):
     conditions, so no solve with Sigma (`gkl_jax._fit` differentiates it for second derivatives of `log_z`)."""
     m = q.mean
     rho, b = jax.grad(functools.partial(_sites_value, model.sites), argnums=(0, 1))(m, q.factor.marginal_variances())
-    W = jnp.maximum(-2 * b, 0.0)
-    logdet, s_diag, _, L = _parts(model.prior.covariance, W)
+    signed = not model.log_concave
+    W = -2 * b if signed else jnp.maximum(-2 * b, 0.0)
+    logdet, s_diag, _, L = _parts(model.prior.covariance, W, model.prior.cholesky() if signed else None)
     return W, (logdet, s_diag, L, rho, _sites_value(model.sites, m, s_diag))
 
 
@@ -258,12 +291,12 @@ def log_z(model, m, W, parts):
 
         dB/dSigma = 1/2 (alpha alpha^T - R),   R = Sigma^{-1} - Sigma^{-1} S Sigma^{-1} = W^{1/2} B^{-1} W^{1/2},
 
-    (Woodbury), one triangular solve with L instead of differentiating the prior's Cholesky factorisation and
-    L^{-1}; dB/dmu = alpha, and the sites are differentiated at fixed (m, diag S). The prior enters through its
-    `covariance` and `mean` only. m, W and `parts` = (log det(Sigma^{-1} S), diag S, L, alpha = Sigma^{-1} (m - mu),
-    sum_n E[log phi_n] at (m, diag S)), as the solver returns them, are held fixed (pass them through
-    `lax.stop_gradient`): the value needs no quadrature and no solve with Sigma, and the derivative a quadrature
-    only where a likelihood parameter is differentiated."""
+    (Woodbury; R = W - W S W for signed W, `_parts`), one triangular solve with L instead of differentiating the
+    prior's Cholesky factorisation and L^{-1}; dB/dmu = alpha, and the sites are differentiated at fixed
+    (m, diag S). The prior enters through its `covariance` and `mean` only. m, W and `parts` =
+    (log det(Sigma^{-1} S), diag S, L, alpha = Sigma^{-1} (m - mu), sum_n E[log phi_n] at (m, diag S)), as the
+    solver returns them, are held fixed (pass them through `lax.stop_gradient`): the value needs no quadrature and
+    no solve with Sigma, and the derivative a quadrature only where a likelihood parameter is differentiated."""
     return _log_z_value(model, m, W, parts)
 
 
@@ -288,7 +321,11 @@ def _log_z_jvp(primals, tangents):
                                t_model.sites, is_leaf=lambda x: x is None)
         tangent = jax.jvp(lambda dyn: _sites_value(eqx.combine(dyn, static), m, s_diag), (dynamic,), (t_sites,))[1]
     if t_model.prior is not None and t_model.prior.covariance is not None:
-        R = lower_gram(invert_lower(L) * jnp.sqrt(W).astype(L.dtype))       # (L^{-1} W^{1/2})^T (L^{-1} W^{1/2})
+        if model.log_concave:
+            R = lower_gram(invert_lower(L) * jnp.sqrt(W).astype(L.dtype))   # (L^{-1} W^{1/2})^T (L^{-1} W^{1/2})
+        else:                                                                # L is G (S = G G^T): R = W - W S W
+            WG = W[:, None] * L
+            R = jnp.diag(W) - WG @ WG.T
         dK = t_model.prior.covariance
         tangent = tangent + 0.5 * (alpha @ dK @ alpha - jnp.sum(R * dK))
     if t_model.prior is not None and t_model.prior.mean is not None:
@@ -300,7 +337,7 @@ _MAX_MEAN_STEPS = 20
 
 
 def _mean_steps(terms, x0, start, precond, tol, noise):
-    """Quasi-Newton ascent m <- m + t S g on the concave m -> B(m) at a fixed factor, with the fixed
+    """Quasi-Newton ascent m <- m + t S g on m -> B(m) at a fixed factor (concave for log-concave sites), with the fixed
     preconditioner S (the inverse Hessian up to the change of Gamma) and halving until the value does not
     decrease by more than its round-off `noise`; stops at max|g| <= tol, when a step neither raises the value
     nor lowers max|g|, or after _MAX_MEAN_STEPS. The mean is a pytree x (here (m, alpha)) moving along

@@ -10,6 +10,7 @@ from ._adjoint import frozen, stop_gradients
 from ._gaussian import Gaussian
 from ._optim import default_tol
 from ._result import Result
+from ._site_precision import applies as site_precision_applies
 from ._site_precision import initial_point, point, posterior, site_precision
 from ._site_precision import log_z as _site_precision_log_z
 from ._start import initial_q, initial_variance
@@ -57,10 +58,20 @@ class WarmStart(eqx.Module):
         return WarmPoint(self.q.mean, self.site_precisions)
 
 
-def warm_fit_applies(model) -> bool:
-    """Whether `fit(model)` with its defaults runs the site-precision solver, so that `fit_warm` can stand in
-    for it inside ML-II."""
-    return isinstance(default_solver(model, Full()), SitePrecision)
+def warm_fit_applies(model, solver=None) -> bool:
+    """Whether `fit(model, solver=solver)` runs the site-precision solver at its default tolerance and step limit
+    (None: `fit`'s default solver for the model), so that `fit_warm` can stand in for it inside ML-II.
+
+    Args:
+        model: the `Model`.
+        solver: the solver passed to `fit`, or None.
+
+    Returns:
+        bool.
+    """
+    chosen = default_solver(model, Full()) if solver is None else solver
+    return (isinstance(chosen, SitePrecision) and chosen.tol is None and chosen.max_steps is None
+            and site_precision_applies(model))
 
 
 def fit_warm(model, *, q0=None, tol=None) -> WarmStart:

@@ -21,7 +21,8 @@ inner result) at one trial point and then accepts it or halves the step (`_advan
 call site and one trace; it is module-level and compiles once per (build, method, shapes), reused across calls.
 The host loop it replaced spent a third of its time between the compiled evaluations. With `jit=False`
 (the baselines) the same `_advance` runs as a host loop.
-When G-KL runs the site-precision solver (GP models with log-concave likelihoods) the inner fits are
+When G-KL runs the site-precision solver (GP models with log-concave likelihoods, or any with
+`method_kwargs={"solver": gk.solvers.SitePrecision()}`) the inner fits are
 `_warm.fit_warm`, which hands on the mean, marginal variances and site precisions W instead of the Full factor C,
 and C is formed once, for the returned Result (`_warm.warm_result`): C cost a fifth of each warm evaluation. The
 next inner fit starts from the previous (m, W) (`_warm.WarmPoint`), not from a q0, which saves the quadrature that
@@ -149,9 +150,10 @@ def fit_hyperparameters(build: Callable[[Any], Model], params, *, method: Union[
     step (or less than the inner fits' own accuracy, for G-KL GP models: `_advance`), or after `max_steps` outer
     steps or a failed line search (then `converged` is False, with a warning).
     For G-KL the inner fits stop at max |grad| <= gtol / 10 (in float32 not below 1e-3) unless `method_kwargs`
-    sets `tol`; with the site-precision solver (GP models with log-concave
-    likelihoods) the tolerance is looser while the outer gradient is large (`_inner_tol`). Restarts add
-    N(0, restart_scale^2) noise to every selected leaf (`key` defaults to PRNGKey(0)).
+    sets `tol`; with the site-precision solver (GP models with log-concave likelihoods by default; any GP model
+    given `method_kwargs={"solver": gk.solvers.SitePrecision()}`) the tolerance is looser while the outer
+    gradient is large (`_inner_tol`). Restarts add N(0, restart_scale^2) noise to every selected leaf (`key`
+    defaults to PRNGKey(0)).
 
     With L-BFGS, the first trial of each line search moves no parameter by more than `max_step` (None: no
     limit); the step is shortened along the L-BFGS direction. Kernel parameters are stored as logarithms, so the
@@ -244,11 +246,11 @@ def fit_hyperparameters(build: Callable[[Any], Model], params, *, method: Union[
             raise ValueError(f"method_kwargs['tol'] must be positive, got {tol}")
         dynamic_kwargs["tol"] = np.asarray(tol, model_dtype(model0))
 
-    # G-KL by the site-precision solver: the outer steps run `fit_warm`, which does not form C; C is formed once,
-    # for the returned Result.
-    warm = fn is fit and not kwargs and warm_fit_applies(model0)
+    # G-KL by the site-precision solver (the default, or `method_kwargs={"solver": solvers.SitePrecision()}`): the
+    # outer steps run `fit_warm`, which does not form C; C is formed once, for the returned Result.
+    warm = fn is fit and set(kwargs) <= {"solver"} and warm_fit_applies(model0, kwargs.get("solver"))
     if warm:
-        fn = fit_warm
+        fn, kwargs = fit_warm, {}
     # an inner tolerance that follows the outer gradient (`_inner_tol`) where it was measured: the warm
     # site-precision fits (GP classification; Table 1's Laplace-likelihood column reproduced with it)
     adaptive = warm and default_inner_tol
