@@ -23,6 +23,7 @@ import pytest
 from scipy import special
 from sklearn.base import clone
 from sklearn.exceptions import NotFittedError
+from sklearn.linear_model import BayesianRidge
 from sklearn.utils import estimator_checks as checks
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
@@ -149,10 +150,13 @@ def _gaussian_evidence(H, z, prior_var, noise):
 
 @pytest.mark.slow
 def test_gaussian_regression_evidence_and_predictive_are_closed_form():
+    """With intercept_variance given, the intercept is a weight with that prior, integrated: the evidence, the
+    coefficients and the predictive are the conjugate closed forms."""
     rng = np.random.default_rng(2)
     X = rng.normal(size=(30, 2))
     y = 3.0 + X @ np.array([2.0, -1.0]) + 0.5 * rng.normal(size=30)
-    reg = BayesianRegression(learn_prior_variance=False, learn_noise=False, prior_variance=0.5, noise=0.2).fit(X, y)
+    reg = BayesianRegression(learn_prior_variance=False, learn_noise=False, prior_variance=0.5, noise=0.2,
+                             intercept_variance=100.0).fit(X, y)
     shift, scale = np.median(y), np.std(y)
     H = np.hstack([X, np.ones((30, 1))])
     prior = np.array([0.5, 0.5, 100.0])
@@ -167,17 +171,43 @@ def test_gaussian_regression_evidence_and_predictive_are_closed_form():
     mean, sd = reg.predict(Xt, return_std=True)
     np.testing.assert_allclose(mean, (Ht @ m) * scale + shift, rtol=1e-8)
     np.testing.assert_allclose(sd, np.sqrt(np.einsum("nd,de,ne->n", Ht, S, Ht) + 0.2) * scale, rtol=1e-8)
-    # learning: the evidence at the learned (prior variance, noise) beats the starting values, and the closed-form
-    # evidence has zero derivative there in both log-variances (central finite differences)
-    learned = BayesianRegression().fit(X, y)
+
+
+def test_gaussian_regression_plug_in_intercept_is_bayesian_ridge():
+    """The default Gaussian regression centres X and y and plugs in the intercept mean(y) - mean(x)^T w: its
+    evidence, coefficients and predictive are the closed forms on the centred data, its intercept's sd that of
+    mean(x)^T w, and with ML-II it is scikit-learn's BayesianRidge (the same noise and prior variance)."""
+    rng = np.random.default_rng(2)
+    X = rng.normal(size=(30, 2)) + np.array([1.5, -2.0])
+    y = 3.0 + X @ np.array([2.0, -1.0]) + 0.5 * rng.normal(size=30)
+    reg = BayesianRegression(learn_prior_variance=False, learn_noise=False, prior_variance=0.5, noise=0.2).fit(X, y)
+    x_mean, shift, scale = X.mean(0), y.mean(), np.std(y)
+    Xc, z = X - x_mean, (y - y.mean()) / np.std(y)
+    assert abs(reg.log_evidence_ - (_gaussian_evidence(Xc, z, np.array([0.5, 0.5]), 0.2) - 30 * np.log(scale))) < 1e-8
+    S = np.linalg.inv(Xc.T @ Xc / 0.2 + np.eye(2) / 0.5)
+    m = S @ Xc.T @ z / 0.2
+    np.testing.assert_allclose(reg.coef_, m * scale, rtol=1e-8)
+    assert abs(reg.intercept_ - (shift - x_mean @ m * scale)) < 1e-8
+    assert abs(reg.intercept_std_ - np.sqrt(x_mean @ S @ x_mean) * scale) < 1e-8
+    Xt = rng.normal(size=(4, 2))
+    mean, sd = reg.predict(Xt, return_std=True)
+    np.testing.assert_allclose(mean, reg.intercept_ + Xt @ reg.coef_, rtol=1e-8)
+    np.testing.assert_allclose(sd, np.sqrt(np.einsum("nd,de,ne->n", Xt - x_mean, S, Xt - x_mean) + 0.2) * scale,
+                               rtol=1e-8)
+    # ML-II: a stationary point of the centred closed-form evidence, and BayesianRidge's optimum
+    learned = BayesianRegression(tol=1e-8).fit(X, y)
     assert learned.log_evidence_ > reg.log_evidence_ and learned.converged_
-    z = (y - shift) / scale
-    evidence = lambda a, b: _gaussian_evidence(H, z, np.array([np.exp(a), np.exp(a), 100.0]), np.exp(b))
+    evidence = lambda a, b: _gaussian_evidence(Xc, z, np.array([np.exp(a), np.exp(a)]), np.exp(b))
     a, b, h = np.log(learned.prior_variance_), np.log(learned.noise_), 1e-4
     assert abs(evidence(a, b) - 30 * np.log(scale) - learned.log_evidence_) < 1e-8
     grad = [(evidence(a + h, b) - evidence(a - h, b)) / (2 * h), (evidence(a, b + h) - evidence(a, b - h)) / (2 * h)]
     curvature = abs(evidence(a + 0.5, b) - 2 * evidence(a, b) + evidence(a - 0.5, b)) / 0.25
     assert max(abs(g) for g in grad) < 1e-3 * max(curvature, 1.0), (grad, curvature)
+    ridge = BayesianRidge(tol=1e-12, max_iter=10000).fit(X, y)
+    np.testing.assert_allclose(learned.coef_, ridge.coef_, rtol=1e-4)
+    assert abs(learned.intercept_ - ridge.intercept_) < 1e-4
+    np.testing.assert_allclose(learned.noise_ * scale**2, 1 / ridge.alpha_, rtol=1e-4)
+    np.testing.assert_allclose(learned.predict(Xt, return_std=True), ridge.predict(Xt, return_std=True), rtol=1e-4)
 
 
 @pytest.mark.slow
@@ -248,7 +278,7 @@ def test_joint_model_bound_is_the_estimators_bound(likelihood):
     (random mean and Cholesky factor), padded rows and columns included; the logistic model is the estimator's."""
     from gkl_jax.sklearn import _joint, _ml2
     from gkl_jax.sklearn._common import pad_design
-    from gkl_jax.sklearn._linear import _Build
+    from gkl_jax.sklearn._linear_model import _Build
 
     rng = np.random.default_rng(3)
     H = np.hstack([rng.normal(size=(20, 3)), np.ones((20, 1))])

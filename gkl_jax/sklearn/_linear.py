@@ -8,30 +8,23 @@
   predict(X, return_std=True) gives the predictive mean and sd including the noise.
 
 The intercept is a weight on a constant column with prior N(0, intercept_variance) (not shrunk like the others
-with the default 100). `learn_prior_variance` (and `learn_noise`) maximise the bound log Z >= B over the
-log-variances (ML-II): for the Student-t and logistic models with the Full factor jointly with q, one
-Newton-CG over (hyperparameters, m, C) (`_joint`); otherwise, or where that does not settle, by the outer loop of
-`gkl_jax.gp.fit_hyperparameters` (envelope gradients, compiled with the inner fits and the outputs into one
-program, `_ml2`). `log_evidence_` is the optimised bound, a lower bound on log p(y | X) (for the regression
-models: of the original, unstandardised targets).
+with the default 100), except in the Gaussian regression, whose default is BayesianRidge's plug-in
+mean(y) - mean(x)^T w (the evidence's maximiser over the intercept once X and y are centred).
+`learn_prior_variance` (and `learn_noise`) maximise the bound log Z >= B over the log-variances (ML-II): for the
+Student-t and logistic models with the Full factor jointly with q, one Newton-CG over (hyperparameters, m, C)
+(`_joint`); otherwise, or where that does not settle, by the outer loop of `gkl_jax.gp.fit_hyperparameters`
+(envelope gradients, compiled with the inner fits and the outputs into one program, `_ml2`). `log_evidence_` is the
+optimised bound, a lower bound on log p(y | X) (for the regression models: of the original, unstandardised targets).
 """
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
 
 from .. import factors as F
-from .. import potentials as P
-from .. import solvers
 from .._fit import fit as gk_fit
-from .._linalg import full_precision
-from .._model import Model, Sites
 from .._predict import predict as gk_predict
-from .._xla import program
-from ..gp import exact as gp_exact
-from ..priors import Diagonal
 from . import _ml2 as ml2
 from ._common import (
     HostState,
@@ -50,102 +43,10 @@ from ._common import (
     warn_not_converged,
 )
 from ._joint import JOINT, JOINT_MAX_STEPS, joint_fit
+from ._linear_model import _Build, _factor, _Finish, _fit_fixed, _method
 from ._outputs import ProbabilisticClassifierMixin, StandardisedRegressorMixin
 
 LIKELIHOODS = ("gaussian", "student-t", "laplace")
-
-FULL_FORCING = {"logistic": 1e-2, "student-t": 1e-2}
-"""CG's relative residual in the Full-factor fits' Newton steps, per likelihood (`gkl_jax.solvers.Newton(forcing=
-...)`; absent: Newton's default). A Hessian-vector product costs a tenth of a gradient evaluation there and the
-factor's preconditioner is close to the inverse Hessian, so near-exact steps are cheap (breast cancer: 7 -> 4
-steps); the Laplace likelihood's kink makes them dearer, so it keeps the default (design-decisions page)."""
-
-
-class _Build(eqx.Module):
-    """params {"prior", "noise"} -> the `Model` on the padded design (a module, so that ML-II reuses its compiled
-    loop across fits of one padded shape). The parameters are the ML-II coordinates u = c log(hyperparameter) of
-    `_ml2.scales` (c the square root of the hyperparameter's Fisher information)."""
-
-    H: jnp.ndarray
-    y: jnp.ndarray
-    rows: jnp.ndarray           # True on real rows
-    cols: jnp.ndarray           # True on real columns
-    intercept: jnp.ndarray      # True on the intercept column
-    intercept_variance: jnp.ndarray
-    dof: jnp.ndarray
-    scales: jnp.ndarray         # (2,) c of the prior variance and the noise (`_ml2.scales`)
-    likelihood: str = eqx.field(static=True)
-
-    def __call__(self, params):
-        """The model at `params` (ML-II coordinates, scalars): Diagonal prior, one site per (padded) row."""
-        v = jnp.exp(params["prior"] / self.scales[0])
-        variance = jnp.where(self.cols, jnp.where(self.intercept, self.intercept_variance, v), 1.0)
-        noise = jnp.where(self.rows, jnp.exp(params["noise"] / self.scales[1]), 1.0)   # padded rows: constant
-        return Model(Diagonal(variance), Sites(self.H, self.potential(self.y, noise)))
-
-    def potential(self, y, noise):
-        """The likelihood with targets y and variance/scale `noise` (ignored by the logistic one)."""
-        if self.likelihood == "logistic":
-            return P.Logistic(y)
-        if self.likelihood == "gaussian":
-            return P.Gaussian(y, noise)
-        if self.likelihood == "laplace":
-            return P.Laplace(y, noise)
-        return P.StudentT(y, self.dof, noise)
-
-    def padding_log_phi(self):
-        """The constant log phi_n(0) that each padded row adds to log Z."""
-        fill = 1.0 if self.likelihood == "logistic" else 0.0
-        y = jnp.full(1, fill, self.H.dtype)
-        return jnp.sum(~self.rows) * self.potential(y, jnp.ones(1, self.H.dtype)).log_phi(jnp.zeros(1, self.H.dtype))[0]
-
-
-class _Finish(eqx.Module):
-    """(learned leaves, inner Result) -> `_outputs`, inside the compiled fit."""
-
-    build: _Build
-    static: dict
-
-    def __call__(self, dyn, result):
-        return _outputs(self.build, result, eqx.combine(dyn, self.static))
-
-
-def _outputs(build, result, params):
-    """(Result, params, log Z of the unpadded problem, covariance of q), inside the compiled fit."""
-    return result, params, result.log_z - build.padding_log_phi(), result.q.covariance()
-
-
-@full_precision
-@program
-def _fit_fixed(build, params, method, kwargs, start_at_laplace=False):
-    """The fit at fixed hyperparameters and its outputs, as `_ml2.run` gives them, in one compiled call; with
-    `start_at_laplace` (G-KL with the Full factor) from the Laplace approximation (`_ml2.laplace_start`)."""
-    model = build(params)
-    result = method(model, q0=ml2.laplace_start(model), **kwargs) if start_at_laplace else method(model, **kwargs)
-    return _outputs(build, result, params), result.converged, jnp.zeros((), int)
-
-
-def _factor(factor):
-    if isinstance(factor, str):
-        return {"full": F.Full(), "diagonal": F.Diagonal()}[check_choice(factor, "factor", ("full", "diagonal"))]
-    if isinstance(factor, F.AbstractFactor):
-        return factor
-    raise ValueError(f"factor must be 'full', 'diagonal' or a gkl_jax.factors factor, got {factor!r}")
-
-
-def _method(likelihood, factor):
-    """(inference function, its static options). The Gaussian likelihood has a Gaussian posterior: exact
-    inference and the exact evidence. Otherwise G-KL with Newton-CG for concave factors: on the padded designs
-    it was several times faster than the Full factor's default fixed point (design-decisions page); with the
-    Full factor CG is solved to the likelihood's `FULL_FORCING`."""
-    if likelihood == "gaussian":
-        return gp_exact, {}
-    forcing = FULL_FORCING.get(likelihood) if isinstance(factor, F.Full) else None
-    kwargs = {"solver": solvers.Newton(forcing=forcing)} if factor.concave else {}
-    if not isinstance(factor, F.Full):
-        kwargs["factor"] = factor
-    return gk_fit, kwargs
-
 
 class _BayesianLinear(HostState, BaseEstimator):
     """The shared fit of one binary or regression problem on a padded design."""
@@ -153,7 +54,19 @@ class _BayesianLinear(HostState, BaseEstimator):
     _fitted_attribute = "_results"
 
     def _design(self, X):
+        """X with a constant column for an integrated intercept, or X less its training mean for
+        `BayesianRegression`'s plug-in one (`_x_mean`)."""
+        x_mean = getattr(self, "_x_mean", None)
+        if x_mean is not None:
+            return X - x_mean
         return np.hstack([X, np.ones((X.shape[0], 1))]) if self.fit_intercept else X
+
+    def _intercept_column(self):
+        """Whether the design carries the intercept's constant column (the intercept integrated)."""
+        return bool(self.fit_intercept) and getattr(self, "_x_mean", None) is None
+
+    def _intercept_prior_variance(self):
+        return check_positive_float(self.intercept_variance, "intercept_variance")
 
     def _fit_each(self, H, ys, likelihood, noise, learn_noise, dof=1.0, v0=None):
         """The fits on the design H (n, D) of each target vector (n,) in `ys` (prior variance v0, default
@@ -171,16 +84,16 @@ class _BayesianLinear(HostState, BaseEstimator):
         factor = _factor(self.factor)
         max_steps, tol = check_steps(self.max_steps), check_positive_float(self.tol, "tol")
         v0 = check_positive_float(self.prior_variance if v0 is None else v0, "prior_variance")
-        iv = check_positive_float(self.intercept_variance, "intercept_variance")
+        iv = self._intercept_prior_variance() if self._intercept_column() else 1.0
         Hp, rows, cols = pad_design(H)
         n, d = H.shape
         fill = 1.0 if likelihood == "logistic" else 0.0
         yp = np.full(Hp.shape[0], fill)
         yp[:n] = y
         intercept = np.zeros(Hp.shape[1], bool)
-        if self.fit_intercept:
+        if self._intercept_column():
             intercept[d - 1] = True
-        scales = ml2.scales(n, d - int(self.fit_intercept), likelihood, dof)
+        scales = ml2.scales(n, d - int(self._intercept_column()), likelihood, dof)
         build = _Build(Hp, yp, rows, cols, intercept, np.asarray(iv), np.asarray(float(dof)), scales, likelihood)
         params = {"prior": np.asarray(scales[0] * np.log(v0)), "noise": np.asarray(scales[1] * np.log(noise))}
         learn = {"prior": bool(self.learn_prior_variance), "noise": bool(learn_noise)}
@@ -333,8 +246,13 @@ class BayesianRegression(StandardisedRegressorMixin, RegressorMixin, _BayesianLi
         noise: the likelihood's variance or scale in standardised units (start value when learned); None
             (default): from the median absolute deviation of the least-squares residuals.
         dof: Student-t degrees of freedom (fixed).
-        factor, fit_intercept, intercept_variance, max_steps, tol: as `BayesianLogisticRegression` (with the Gaussian
-            likelihood the posterior is Gaussian and computed exactly, whatever `factor`).
+        factor, fit_intercept, max_steps, tol: as `BayesianLogisticRegression` (with the Gaussian likelihood the
+            posterior is Gaussian and computed exactly, whatever `factor`).
+        intercept_variance: None (default): with the Gaussian likelihood the intercept is BayesianRidge's plug-in,
+            the ML-II value b = mean(y) - mean(x)^T w (X and y centred by their means, the evidence maximised over
+            b: `intercept_std_` is the sd of mean(x)^T w); with the robust likelihoods, whose centre is not the
+            mean, a weight with prior N(0, 100) in standardised units, integrated. A float: that prior variance,
+            the intercept integrated, for every likelihood.
         learn_prior_variance, learn_noise: ML-II on the bound over each (default both, as BayesianRidge).
 
     Attributes (after `fit`): coef_ (d,), coef_std_ (d,), intercept_, intercept_std_, covariance_ (d + 1, d + 1),
@@ -343,7 +261,7 @@ class BayesianRegression(StandardisedRegressorMixin, RegressorMixin, _BayesianLi
     """
 
     def __init__(self, likelihood="gaussian", *, prior_variance=None, noise=None, dof=4.0, factor="full",
-                 fit_intercept=True, intercept_variance=100.0, learn_prior_variance=True, learn_noise=True,
+                 fit_intercept=True, intercept_variance=None, learn_prior_variance=True, learn_noise=True,
                  max_steps=100, tol=1e-4):
         self.likelihood = likelihood
         self.prior_variance = prior_variance
@@ -372,16 +290,22 @@ class BayesianRegression(StandardisedRegressorMixin, RegressorMixin, _BayesianLi
         noise = None if self.noise is None else check_positive_float(self.noise, "noise")
         v0 = None if self.prior_variance is None else check_positive_float(self.prior_variance, "prior_variance")
         dof = check_positive_float(self.dof, "dof")
+        if self.intercept_variance is not None:
+            check_positive_float(self.intercept_variance, "intercept_variance")
         X, y = validate_fit(self, X, y, classifier=False)
-        z = self._standardise(y, np.median if self.fit_intercept else (lambda _: 0.0))
+        plug_in = bool(self.fit_intercept) and self.intercept_variance is None and self.likelihood == "gaussian"
+        self._x_mean = X.mean(axis=0) if plug_in else None
+        z = self._standardise(y, np.mean if plug_in else np.median if self.fit_intercept else (lambda _: 0.0))
         H = self._design(X)
         if noise is None or v0 is None:
-            v_start, noise_start = ml2.data_start(H, z, self.likelihood, self.fit_intercept)
+            v_start, noise_start = ml2.data_start(H, z, self.likelihood, self._intercept_column())
             noise = noise_start if noise is None else noise
             v0 = v_start if v0 is None else v0
         result, v, s, log_z, converged, (mean, cov) = self._fit_each(H, [z], self.likelihood, noise,
                                                                       self.learn_noise, dof, v0)[0]
         self._results = [result]
+        if plug_in:
+            mean, cov = _plug_in_intercept(mean, cov, self._x_mean)
         self._set_coefficients([(mean * self._y_scale, cov * self._y_scale**2)])
         self.coef_, self.coef_std_ = self.coef_[0], self.coef_std_[0]
         self.intercept_ = float(self.intercept_[0]) + self._y_shift
@@ -396,3 +320,26 @@ class BayesianRegression(StandardisedRegressorMixin, RegressorMixin, _BayesianLi
 
     def _predictive(self, X, family, z):
         return self._latent(self._results[0], X, family, z)
+
+    def _intercept_prior_variance(self):
+        if self.intercept_variance is None:
+            return ROBUST_INTERCEPT_VARIANCE
+        return check_positive_float(self.intercept_variance, "intercept_variance")
+
+
+ROBUST_INTERCEPT_VARIANCE = 100.0
+"""The robust regressions' intercept prior variance (standardised units) at intercept_variance=None."""
+
+
+def _plug_in_intercept(mean, cov, x_mean):
+    """The moments of (w, b) for the plug-in intercept b = -x_mean^T w of centred targets: b is a function of w, so
+    Cov(w, b) = -cov x_mean and Var(b) = x_mean^T cov x_mean.
+
+    Args:
+        mean: (d,) posterior mean of w; cov: (d, d) its covariance; x_mean: (d,) the training inputs' mean.
+
+    Returns:
+        ((d + 1,) mean, (d + 1, d + 1) covariance).
+    """
+    c = -cov @ x_mean
+    return np.append(mean, -x_mean @ mean), np.block([[cov, c[:, None]], [c[None, :], np.array([[x_mean @ -c]])]])
