@@ -342,17 +342,22 @@ def test_signed_parts_and_log_z_derivative_match_the_dense_bound():
 
 
 def test_ml2_on_student_t_sites_with_the_site_precision_solver():
-    """`fit_hyperparameters(..., method_kwargs={"solver": SitePrecision()})` runs the warm site-precision fits
-    (started from the last optimum's signed W, valid or not under the next kernel) and ends where ML-II with the
-    default robust solver ends."""
+    """ML-II of a robust GP model runs, by default as with `method_kwargs={"solver": SitePrecision()}`, the warm
+    site-precision fits (started from the last optimum's signed W, valid or not under the next kernel), and ends
+    where ML-II with `fit`'s robust default (whitened L-BFGS then Newton-CG) in every inner fit ends."""
     X, y, _ = _robust_problem()
     model = _student_t_gp(X, y)
     assert _warm.warm_fit_applies(model, gk.solvers.SitePrecision()) and not _warm.warm_fit_applies(model)
     assert not _warm.warm_fit_applies(model, gk.solvers.SitePrecision(tol=1e-3))
+    assert isinstance(_warm.ml2_solver(model), gk.solvers.SitePrecision)
     build = lambda k: _student_t_gp(X, y, k.variance, k.lengthscale)
     start = gk.kernels.SquaredExponential(1.0, 1.0)
-    ref = gk.gp.fit_hyperparameters(build, start, gtol=1e-6)
+    S = gk.solvers
+    robust = {"solver": S.Chain((S.LBFGS(tol=S._default.ROBUST_HANDOFF), S.Newton())), "whiten": True}
+    ref = gk.gp.fit_hyperparameters(build, start, gtol=1e-6, method_kwargs=robust)
     res = gk.gp.fit_hyperparameters(build, start, gtol=1e-6, method_kwargs={"solver": gk.solvers.SitePrecision()})
+    default = gk.gp.fit_hyperparameters(build, start, gtol=1e-6)
+    assert abs(float(default.log_z) - float(res.log_z)) < 1e-12 and default.num_steps == res.num_steps
     assert ref.converged and res.converged
     assert abs(float(res.log_z) - float(ref.log_z)) < 1e-7
     np.testing.assert_allclose([res.params.variance, res.params.lengthscale],

@@ -49,7 +49,7 @@ from .._optim import default_tol
 from .._result import Result
 from .._start import model_dtype
 from .._validate import check_int, check_max_steps, check_nonnegative, strongly_typed
-from .._warm import fit_warm, warm_fit_applies, warm_result
+from .._warm import fit_warm, ml2_solver, warm_fit_applies, warm_result
 from ..potentials import AbstractPotential
 from ._hyper_loop import _CONVERGED, _LBFGS, _NOT_FINITE, _Objective, _run, _run_jit, _Settings
 
@@ -246,9 +246,11 @@ def fit_hyperparameters(build: Callable[[Any], Model], params, *, method: Union[
             raise ValueError(f"method_kwargs['tol'] must be positive, got {tol}")
         dynamic_kwargs["tol"] = np.asarray(tol, model_dtype(model0))
 
-    # G-KL by the site-precision solver (the default, or `method_kwargs={"solver": solvers.SitePrecision()}`): the
-    # outer steps run `fit_warm`, which does not form C; C is formed once, for the returned Result.
-    warm = fn is fit and set(kwargs) <= {"solver"} and warm_fit_applies(model0, kwargs.get("solver"))
+    # G-KL by the site-precision solver (by default for GP models, `_warm.ml2_solver`, or given as
+    # `method_kwargs={"solver": solvers.SitePrecision()}`): the outer steps run `fit_warm`, which does not form C;
+    # C is formed once, for the returned Result.
+    solver = kwargs.get("solver", ml2_solver(model0) if not kwargs else None)
+    warm = fn is fit and set(kwargs) <= {"solver"} and warm_fit_applies(model0, solver)
     if warm:
         fn, kwargs = fit_warm, {}
     # an inner tolerance that follows the outer gradient (`_inner_tol`) where it was measured: the warm

@@ -30,7 +30,6 @@ from ..gp import predict as gp_predict
 from ..gp._predict import with_targets
 from ..kernels import AbstractKernel, SquaredExponential, median_distance
 from ..multiclass import GPClassifier as _MulticlassGP
-from ..solvers import SitePrecision
 from . import _ml2 as ml2
 from ._common import (
     HostState,
@@ -105,10 +104,10 @@ def _fit_gp(est, X, y, likelihood, noise, learn_noise, dof=1.0, kernel=None, R=N
         result = gp_exact(build(params))
         return result, build(params).prior, params, bool(converged) and bool(result.converged)
     if R is not None and learn and learn_noise:   # Student-t: ML-II in u = R theta (`_gp_start`)
-        # inner fits by the site-precision solver, each from the last optimum (`_gp_start`)
+        # the inner fits: ML-II's default there, the site-precision solver from the last optimum (`_gp_start`)
         scaled = ScaledBuild(build, jnp.asarray(np.linalg.inv(R)), params["kernel"])
         result, u, converged = fit_hyperparameters_or_once(scaled, scaled_start(params["kernel"], float(
-            params["log_noise"]), R), {"u": True}, method, check_steps(est.max_steps), {"solver": SitePrecision()})
+            params["log_noise"]), R), {"u": True}, method, check_steps(est.max_steps))
         params = scaled.params(u["u"])
     else:
         result, params, converged = fit_hyperparameters_or_once(

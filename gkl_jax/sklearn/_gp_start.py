@@ -3,8 +3,9 @@
 The Student-t likelihood makes the G-KL bound non-concave and each inner fit an O(n^3) iteration, so the outer
 loop's step count and the inner fits' cost are what a fit costs. The inner fits run the site-precision solver on
 signed site precisions (`gkl_jax.solvers.SitePrecision`, Opper & Archambeau 2009), each from the last optimum's
-(m, W) (`gkl_jax.gp.fit_hyperparameters`' warm path): on diabetes with outliers the whole ML-II is 14x faster
-than with the default robust solver's inner fits, at the same optimum (design-decisions page). Two things cut the
+(m, W) (`gkl_jax.gp.fit_hyperparameters`' default for such models): on diabetes with outliers the whole ML-II is
+14x faster than with `gkl_jax.fit`'s robust default in every inner fit, at the same optimum (design-decisions
+page). Two things cut the
 step count, as for the linear estimators (`_ml2.data_start`, `_ml2.scales`):
 
 - the start: the robust scale 1.4826 MAD of the leave-one-out residuals of the Gaussian likelihood's ML-II fit

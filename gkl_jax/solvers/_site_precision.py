@@ -16,8 +16,8 @@ class SitePrecision(AbstractSolver):
     I + L^T diag(W) L (Sigma = L L^T) per step. There it is 3-20x faster than the default whitened L-BFGS then
     Newton-CG and reaches the same optimum on 23 of the 25 GP cases of `benchmarks/robust_defaults.py`, but on two
     (N = 200, site scale 0.01, lengthscale 10, 20% outliers) it ends 3 and 31 nats lower, at another local
-    optimum, so it is not the default there; `GPRegressor(likelihood="student-t")` uses it for its ML-II's inner
-    fits, warm-started from the last optimum.
+    optimum, so it is not `fit`'s default there; `gp.fit_hyperparameters` runs it by default in ML-II's inner fits
+    on such models, each warm-started from the last optimum (`gkl_jax._warm.ml2_solver`).
 
     Attributes:
         tol: gradient tolerance (None: the dtype's default).
