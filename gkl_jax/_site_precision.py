@@ -127,7 +127,7 @@ def site_precision(model, start, tol, max_steps, scale=1.0):
         fresh = stalls < 0
         # Signed W (non-log-concave sites): the start's W0 is reached from max(W0, 0), which is always valid, by
         # halving until S is positive definite (a warm start's W0 from another prior need not be).
-        target = jnp.where(fresh, W, gamma if signed else jnp.maximum(gamma, 0.0))
+        target = jnp.where(fresh, W, _target(gamma, signed))
         W = jnp.where(fresh, jnp.maximum(W, 0.0), W) if signed else W
         # Round-off of B: f sums O(n + sum W S_nn) terms (entropy, trace, sites) that largely cancel, and the
         # prior's quadratic form carries the condition number of Sigma (Table 1's Laplace fits: +-1e-11 at f = -106).
@@ -178,7 +178,13 @@ def site_precision(model, start, tol, max_steps, scale=1.0):
     (m, alpha), W, f, g, gamma, s_diag, logdet, L, sites, k, hist, _ = lax.while_loop(cond, body, init)
     converged = (residual((m, alpha), g, W, gamma, s_diag) <= stop_level(f, tol)) & jnp.isfinite(f)
     return (m, k, converged, hist, (W, logdet, s_diag, L, alpha, sites),
-            gap(K, W, L, g, gamma if signed else jnp.maximum(gamma, 0.0), s_diag, signed))
+            gap(K, W, L, g, _target(gamma, signed), s_diag, signed))
+
+
+def _target(gamma, signed):
+    """The site precisions W that the factor step moves to: Gamma itself for signed W (non-log-concave sites), else
+    Gamma clamped at 0 (Gamma >= 0 for log-concave sites up to round-off)."""
+    return gamma if signed else jnp.maximum(gamma, 0.0)
 
 
 def _preconditioned(K, W, V, L, signed, g):
@@ -278,7 +284,7 @@ def optimum_parts(model, q):
     m = q.mean
     rho, b = jax.grad(functools.partial(_sites_value, model.sites), argnums=(0, 1))(m, q.factor.marginal_variances())
     signed = not model.log_concave
-    W = -2 * b if signed else jnp.maximum(-2 * b, 0.0)
+    W = _target(-2 * b, signed)
     logdet, s_diag, _, L = _parts(model.prior.covariance, W, model.prior.cholesky() if signed else None)
     return W, (logdet, s_diag, L, rho, _sites_value(model.sites, m, s_diag))
 

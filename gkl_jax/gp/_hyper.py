@@ -249,8 +249,8 @@ def fit_hyperparameters(build: Callable[[Any], Model], params, *, method: Union[
     # G-KL by the site-precision solver (by default for GP models, `_warm.ml2_solver`, or given as
     # `method_kwargs={"solver": solvers.SitePrecision()}`): the outer steps run `fit_warm`, which does not form C;
     # C is formed once, for the returned Result.
-    solver = kwargs.get("solver", ml2_solver(model0) if not kwargs else None)
-    warm = fn is fit and set(kwargs) <= {"solver"} and warm_fit_applies(model0, solver)
+    warm = (fn is fit and set(kwargs) <= {"solver"}
+            and warm_fit_applies(model0, kwargs.get("solver", ml2_solver(model0))))
     if warm:
         fn, kwargs = fit_warm, {}
     # an inner tolerance that follows the outer gradient (`_inner_tol`) where it was measured: the warm
