@@ -215,3 +215,27 @@ def test_logistic_closed_form_jet_matches_automatic_differentiation():
     for i in (0, 1):
         for j in (0, 1):
             np.testing.assert_allclose(h_closed[i][j], h_auto[i][j], rtol=1e-10, atol=1e-14, err_msg=f"{i}{j}")
+
+
+@pytest.mark.parametrize("name", ["logistic", "student-t"])
+def test_linear_estimators_node_counts_are_accurate(name):
+    """The scikit-learn linear estimators' cheaper rules (`NUM_POINTS`: fewer nodes than the potentials'
+    defaults) still match scipy.integrate.quad to 1e-7 relative to max(1, |I|) in E[f], E[f'] and E[f''], on the
+    grid of the test above (m - center up to 1e3, s up to 100): far below the estimators' tolerance of 1e-4."""
+    from gkl_jax.sklearn._linear_model import NUM_POINTS
+
+    key = name.replace("-", "_")
+    make, center, width = POTENTIALS[key]
+    k = NUM_POINTS[name]
+    pot = make()
+    pot = gk.potentials.Logistic(pot.y, num_points=k) if key == "logistic" else \
+        gk.potentials.StudentT(pot.y, pot.dof, pot.scale, num_points=k)
+    cases = [(center + off * max(s, 0.05), s) for s in SCALES for off in OFFSETS]
+    got = _library(pot, jnp.array([c[0] for c in cases]), jnp.array([c[1] ** 2 for c in cases]))
+    worst = 0.0
+    for i, g in enumerate(_log_phi_derivatives(pot)):
+        f = lambda x, g=g: np.asarray(g(x))
+        for j, (mj, sj) in enumerate(cases):
+            ref = reference_expectation(f, mj, sj, center, width)
+            worst = max(worst, abs(got[i][j] - ref) / max(1.0, abs(ref)))
+    assert 0 < worst < 1e-7, (name, k, worst)
