@@ -25,7 +25,6 @@ loop, which it keeps.
 
 import jax.numpy as jnp
 
-from .. import potentials as P
 from .._adjoint import solver_mask
 from .._bound import _bound_value
 from .._linalg import full_precision
@@ -35,7 +34,6 @@ from .._start import initial_variance
 from .._xla import program
 from ..solvers._base import Problem
 from ..solvers._newton import newton_cg
-from ._linear_model import NUM_POINTS
 from ._ml2 import laplace_start
 
 JOINT = ("student-t", "logistic")
@@ -63,7 +61,7 @@ def scaled_model(build, u):
         return model, jnp.zeros((), build.H.dtype)
     sigma = jnp.exp(u[1] / build.scales[1])
     row_scale = jnp.where(build.rows, sigma, 1.0)        # padded rows: noise 1, as in the estimator's model
-    potential = P.StudentT(jnp.zeros_like(build.y), build.dof, 1.0, num_points=NUM_POINTS["student-t"])
+    potential = build.potential(jnp.zeros_like(build.y), 1.0)     # the estimator's Student-t, scale 1
     sites = Sites(build.H / row_scale[:, None], potential, offset=-build.y / row_scale)
     return Model(model.prior, sites), jnp.sum(build.rows) * jnp.log(sigma)
 

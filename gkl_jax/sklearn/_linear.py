@@ -48,6 +48,10 @@ from ._outputs import ProbabilisticClassifierMixin, StandardisedRegressorMixin
 
 LIKELIHOODS = ("gaussian", "student-t", "laplace")
 
+ROBUST_INTERCEPT_VARIANCE = 100.0
+"""The robust regressions' intercept prior variance (standardised units) at intercept_variance=None."""
+
+
 class _BayesianLinear(HostState, BaseEstimator):
     """The shared fit of one binary or regression problem on a padded design."""
 
@@ -326,9 +330,6 @@ class BayesianRegression(StandardisedRegressorMixin, RegressorMixin, _BayesianLi
             return ROBUST_INTERCEPT_VARIANCE
         return check_positive_float(self.intercept_variance, "intercept_variance")
 
-
-ROBUST_INTERCEPT_VARIANCE = 100.0
-"""The robust regressions' intercept prior variance (standardised units) at intercept_variance=None."""
 
 
 def _plug_in_intercept(mean, cov, x_mean):
