@@ -12,7 +12,19 @@ import pytest
 import gkl_jax as gk
 from gkl_jax import multiclass as mc
 from gkl_jax._linalg import invert_lower
-from gkl_jax.multiclass import _blocks, _full, _hyper, _predict, _sampling, _selection, _site, _sparse, _sweep, _theory
+from gkl_jax.multiclass import (
+    _blocks,
+    _full,
+    _hyper,
+    _predict,
+    _qcg,
+    _sampling,
+    _selection,
+    _site,
+    _sparse,
+    _sweep,
+    _theory,
+)
 from gkl_jax.multiclass._classifier import OUTER_FTOL
 
 N_DATA, N_CLASSES = 8, 3  # one problem shape for every fit in this file (one compilation)
@@ -224,14 +236,15 @@ def test_v_step_cg_solves_the_newton_system_in_few_iterations(fitted):
     _, A = _sweep.site_moments(K, Y, st.b, st.S, st.Vb, False)
     S_fx, G, phi = jax.vmap(_site.s_fixed_point_profile)(st.Vb, A)
     R = _blocks.sym(S_fx - jnp.linalg.inv(st.Vb) - st.W)
-    Q = lambda X: _blocks.sandwich_blocks(st.V, X)
+    V = st.G @ st.G.T
+    Q = lambda X: _blocks.sandwich_blocks(V, X)
     D = lambda X: jax.vmap(_site.profile_sensitivity)(G, phi, X)
     iu = np.triu_indices(C)
     to_blocks = lambda v: _blocks.sym(jnp.zeros((n, C, C)).at[:, iu[0], iu[1]].set(v.reshape(n, -1)))
     to_vec = lambda B: B[:, iu[0], iu[1]].reshape(-1)
     hess = jax.jacfwd(lambda v: to_vec(Q(to_blocks(v)) + Q(D(Q(to_blocks(v))))))(jnp.zeros(n * len(iu[0])))
     x_dense = to_blocks(jnp.linalg.solve(hess, to_vec(Q(R))))
-    x_cg = _sweep.q_conjugate_gradient(Q, D, R, max_iters=12, rtol=1e-12)
+    x_cg = _qcg.q_conjugate_gradient(Q, D, R, max_iters=12, rtol=1e-12)
     np.testing.assert_allclose(x_cg, x_dense, rtol=1e-6, atol=1e-8 * float(jnp.max(jnp.abs(x_dense))))
 
 

@@ -53,7 +53,8 @@ def fit(kernel, X, y, *, num_classes=None, class_covariance=None, jitter=1e-6, s
 
     The maximiser is a monotone block-coordinate ascent (b with the tied mean by Newton, each S_i in closed form
     by eq. 61, V through its site precisions W by Newton or the paper's fixed point); with K^c = I (the default)
-    its V steps use the Kronecker structure of K and cost O(n^3 C^2).
+    its V steps use the Kronecker structure of K and work on the n (C - 1) class contrasts (the class sums keep
+    their prior at the optimum), O((n (C - 1))^3).
 
     Args:
         kernel: a `gk.kernels` kernel on the inputs.

@@ -296,7 +296,7 @@ def fit_full(K, Y, *, site="theorem6", covariance="full", v_update="newton", tol
     tol * (1 + |log Z_h|), its V step counted by its slope when that is small enough to skip it (`_v_step`);
     `converged` is False (with a warning outside of tracing) when `max_steps` sweeps did not. `kron=True`
     declares K = K^x (x) I_C + jitter I (as `prior_covariance` builds it without a class covariance), which makes
-    each V step O(n^3 C^2) instead of O((nC)^3).
+    each V step work on the n (C - 1) class contrasts (`_contrast`), O((n (C - 1))^3) instead of O((nC)^3).
     """
     for name, value, allowed in (("site", site, SITES), ("covariance", covariance, COVARIANCES),
                                  ("v_update", v_update, V_UPDATES)):

@@ -37,9 +37,10 @@ from .._optim import backtrack_host, lbfgs_direction, sufficient_increase
 from .._validate import check_indices, check_int, check_nonnegative, check_tol, host_view, is_concrete
 from .._xla import LAPACK_BOUND, program
 from ._blocks import blockdiag_dense, blockdiag_left, placeholder_sites, sym
+from ._contrast import contrast_t_matrix
 from ._full import COVARIANCES, SITES, Posterior, one_hot_labels, prior_covariance
 from ._sparse_hyper import sparse_posterior, sparse_solver
-from ._sweep import fit_core, initial_state
+from ._sweep import contrasts_of, fit_core, initial_state
 from ._threads import single_threaded
 
 TRACE_COUNT = {"hyper": 0}
@@ -64,8 +65,11 @@ def envelope_surrogate(K, alpha, T):
     return 0.5 * alpha @ (K @ alpha) - 0.5 * jnp.sum(T * K)
 
 
-def _t_matrix(st):
-    """T = W - W V W (eq. 75) from a state's W and V = G G^T: (nC, nC)."""
+def _t_matrix(st, P=None):
+    """T = W - W V W (eq. 75) from a state's W and V = G G^T: (nC, nC); with the contrast basis P (the solver's
+    `contrasts_of`), G is the contrasts' factor (`contrast_t_matrix`)."""
+    if P is not None:
+        return contrast_t_matrix(st.W, st.G, P)
     WG = blockdiag_left(st.W, st.G)
     return sym(blockdiag_dense(st.W) - WG @ WG.T)
 
@@ -122,7 +126,7 @@ def _solve(params, static, X, Y, class_covariance, jitter, warm, cold, inner_tol
     st0 = initial_state(K, Y, km, mf, 1.0, warm, cold, Lx)
     st, k, ok, _, stat = fit_core(K, Y, st0, km, mf, newton, inner_tol, inner_steps, INNER_S_SWEEPS, Lx=Lx)
     alpha = (Y - st.b).reshape(-1)
-    T = _t_matrix(st)
+    T = _t_matrix(st, contrasts_of(Lx, mf, C, K.dtype))
     g = jax.grad(lambda p: envelope_surrogate(K_of(p), alpha, T))(params)
     return st, k, ok, stat, g, T
 

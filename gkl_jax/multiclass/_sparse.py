@@ -35,8 +35,9 @@ from .._validate import check_indices, check_int, check_max_steps, check_tol, is
 from .._xla import LAPACK_BOUND, program
 from ._blocks import blockdiag_left, per_datum, placeholder_sites, sym
 from ._full import V_UPDATES, check_one_hot
+from ._qcg import q_conjugate_gradient
 from ._site import monotone_step, profile_sensitivity, s_fixed_point_profile, site_bound_free, site_statistics
-from ._sweep import ascend, q_conjugate_gradient, s_sweeps, site_terms
+from ._sweep import ascend, s_sweeps, site_terms
 from ._threads import single_threaded
 
 TRACE_COUNT = {"fit_sparse": 0}

@@ -34,7 +34,16 @@ import numpy as np
 from jax import lax
 
 from .._linalg import diagonal, invert_lower, tdot
-from ._blocks import blockdiag_dense, blockdiag_left, blockdiag_right, per_datum, sandwich_blocks, sym
+from ._blocks import blockdiag_dense, blockdiag_left, per_datum, sandwich_blocks, sym
+from ._contrast import (
+    contrast_basis,
+    contrast_covariance,
+    contrast_covariance_times,
+    from_contrasts,
+    kron_sandwich,
+    to_contrasts,
+)
+from ._qcg import q_conjugate_gradient
 from ._site import (
     knowles_minka_bound,
     monotone_step,
@@ -84,18 +93,25 @@ def _lwl(LK, W, Lx=None):
     sum_k L^x_ki L^x_kj W_k[a,b], one (n, n) x (n, C^2 n) product, O(n^3 C^2)."""
     if Lx is None:
         return tdot(LK, blockdiag_left(W, LK))
-    n, C, _ = W.shape
-    T = (W[:, :, :, None] * Lx[:, None, None, :]).reshape(n, C * C * n)  # (k, (a, b, j))
-    return tdot(Lx, T).reshape(n, C, C, n).transpose(0, 1, 3, 2).reshape(n * C, n * C)
+    return kron_sandwich(Lx, W)
 
 
-def _covariance(K, LK, W, Lx=None):
+def contrasts_of(Lx, mf, C, dtype):
+    """The `contrast_basis` P when the solver works on the class contrasts (`_contrast`: K = K^x (x) I_C, given by
+    its factor `Lx`, and the full covariance), else None."""
+    return contrast_basis(C, dtype) if (Lx is not None and not mf) else None
+
+
+def _covariance(K, LK, W, Lx=None, P=None):
     """V(W) = (K^{-1} + W)^{-1} = L B^{-1} L^T = G G^T with G = L R^{-T}, B = R R^T: (V blocks, log|K^{-1} V|,
-    tr(K^{-1} V), G).
+    tr(K^{-1} V), G). With the contrast basis P (`contrasts_of`), `_contrast.contrast_covariance`: G is then the
+    factor of the contrasts' covariance, n (C - 1) square.
 
     tr(K^{-1} V) = tr(B^{-1}) = nC - sum_i tr(W_i V_i), since B^{-1} (B - I) = B^{-1} L^T W L. `Lx`: see `_lwl`.
     G is solved from the right (G R^T = L) so that V = G G^T and the blocks contract G's rows. With
     L = L^x (x) I_C, G is (L^x (x) I_C) R^{-T}, one (n, n) x (n, C nC) product after `invert_lower`."""
+    if P is not None:
+        return contrast_covariance(Lx, W, P)
     n, C, _ = W.shape
     N = n * C
     B = jnp.eye(N, dtype=K.dtype) + _lwl(LK, W, Lx)
@@ -112,8 +128,9 @@ def _covariance(K, LK, W, Lx=None):
 
 
 class State(eqx.Module):
-    """The iterate of the sweeps: site parameters (b, S), site precisions W, the blocks of V and its factor
-    G (V = G G^T), log|K^{-1} V|, tr(K^{-1} V), the bound, and what the last V step gained (inf before the first)."""
+    """The iterate of the sweeps: site parameters (b, S), site precisions W, the blocks of V and the factor G of
+    V = G G^T (of the contrasts' covariance V^g = G G^T when the solver works on the class contrasts, `_contrast`),
+    log|K^{-1} V|, tr(K^{-1} V), the bound, and what the last V step gained (inf before the first)."""
 
     b: jax.Array
     S: jax.Array
@@ -124,11 +141,6 @@ class State(eqx.Module):
     trace_kv: jax.Array
     value: jax.Array
     v_gain: jax.Array
-
-    @property
-    def V(self):
-        """The dense covariance V = G G^T (nC, nC)."""
-        return self.G @ self.G.T
 
 
 def value(K, Y, b, S, Vb, logdet_kv, trace_kv, km):
@@ -151,27 +163,38 @@ def site_moments(K, Y, b, S, Vb, km):
     return per_datum(site_statistics)(_means(K, Y, b), b, S_eff)
 
 
-def b_step(K, Y, st, km):
-    """The joint (m, b) Newton step of eq. 65, taken monotonically.
+def b_direction(K, Y, st, km):
+    """The Newton direction d of the joint (m, b) step of eq. 65: (n, C).
 
     The system (I + D M) d = -(b - gbar), M = K + blockdiag(S_i^{-1}), D_i = diag(gbar_i) - gbar_i gbar_i^T, is
-    solved through D_i = E_i E_i^T with E_i = diag(sqrt(gbar_i)) - gbar_i sqrt(gbar_i)^T (gbar_i sums to one) and
-    Woodbury: (I + E E^T M)^{-1} = I - E (I + E^T M E)^{-1} E^T M, one Cholesky factorisation of a matrix >= I
-    instead of a pivoted LU of the non-symmetric X (whose pivots XLA applies in an nC-step loop)."""
+    solved through a factor D_i = E_i E_i^T and Woodbury: (I + E E^T M)^{-1} = I - E (I + E^T M E)^{-1} E^T M, one
+    Cholesky factorisation of a matrix >= I instead of a pivoted LU of the non-symmetric X (whose pivots XLA applies
+    in an nC-step loop). D_i 1 = 0 (gbar_i sums to one), so E_i is (C, C - 1): E_i = P F_i with P the
+    `contrast_basis` and F_i F_i^T = P^T D_i P, F_i = R_i^T from the QR factorisation of (P^T E^0_i)^T, where
+    E^0_i = diag(sqrt(gbar_i)) - gbar_i sqrt(gbar_i)^T (D_i = E^0_i E^0_i^T; the QR needs no positive gbar), and the
+    system is n (C - 1) square."""
     n, C = Y.shape
-    N = n * C
     gbar, _ = site_moments(K, Y, st.b, st.S, st.Vb, km)
     sg = jnp.sqrt(gbar)
-    E = jax.vmap(lambda s, g: jnp.diag(s) - jnp.outer(g, s))(sg, gbar)
-    Et = jnp.swapaxes(E, -1, -2)
+    P = contrast_basis(C, K.dtype)
+    E0 = jax.vmap(lambda s, g: jnp.diag(s) - jnp.outer(g, s))(sg, gbar)
+    Rq = per_datum(lambda e: jnp.linalg.qr(e, mode="r"))(jnp.einsum("ac,iab->ibc", P, E0))  # (n, C-1, C-1)
+    E = jnp.einsum("ac,idc->iad", P, Rq)                                                    # P R_i^T: (n, C, C-1)
     Sinv = pick(km, lambda: st.Vb, lambda: spd_inverse(st.S))
-    P = (jnp.eye(N, dtype=K.dtype) + blockdiag_left(Et, blockdiag_right(K, E))
-         + blockdiag_dense(jnp.einsum("iab,ibc,icd->iad", Et, Sinv, E)))
+    c = C - 1
+    EKE = jnp.einsum("ica,icjd,jdb->iajb", E, K.reshape(n, C, n, C), E).reshape(n * c, n * c)
+    ESE = jnp.einsum("iab,ibc,icd->iad", jnp.swapaxes(E, -1, -2), Sinv, E)
+    B = jnp.eye(n * c, dtype=K.dtype) + EKE + blockdiag_dense(ESE)
     r = (st.b - gbar).reshape(-1)
-    Mr = K @ r + blockdiag_left(Sinv, r[:, None])[:, 0]
-    z = jsl.cho_solve((jnp.linalg.cholesky(sym(P)), True), blockdiag_left(Et, Mr[:, None])[:, 0])
-    d = -(r - blockdiag_left(E, z[:, None])[:, 0]).reshape(n, C)
-    d = jnp.where(jnp.isfinite(d), d, 0.0)
+    Mr = (K @ r + blockdiag_left(Sinv, r[:, None])[:, 0]).reshape(n, C)
+    z = jsl.cho_solve((jnp.linalg.cholesky(sym(B)), True), jnp.einsum("iac,ia->ic", E, Mr).reshape(-1))
+    d = -(r.reshape(n, C) - jnp.einsum("iac,ic->ia", E, z.reshape(n, c)))
+    return jnp.where(jnp.isfinite(d), d, 0.0)
+
+
+def b_step(K, Y, st, km):
+    """The joint (m, b) Newton step of eq. 65 along `b_direction`, taken monotonically (`monotone_step`)."""
+    d = b_direction(K, Y, st, km)
     trial = lambda t: (value(K, Y, st.b + t * d, st.S, st.Vb, st.logdet_kv, st.trace_kv, km), ())
     eta, (val, _) = monotone_step(trial, st.value, (st.value, ()))
     return eqx.tree_at(lambda s: (s.b, s.value), st, (st.b + eta * d, val))
@@ -191,88 +214,49 @@ def s_sweeps(m, st, km, sweeps):
     return eqx.tree_at(lambda s: (s.S, s.value), st, (S, new))
 
 
-def q_conjugate_gradient(Q, D, R, max_iters, rtol=1e-6):
-    """Solve (I + D Q) x = R by conjugate gradients in the Q inner product <x, y>_Q = <x, Q y> (Frobenius).
-
-    Q (the block sandwich, positive definite) and D (the profile sensitivity) are symmetric, so I + D Q is
-    self-adjoint in that inner product; this is preconditioned CG on (Q + Q D Q) x = Q R with preconditioner Q^{-1},
-    applied without inverting Q (Q p is carried along). The shared `gkl_jax._optim.conjugate_gradient` takes the
-    preconditioner as a function of the residual, which here would be Q^{-1}; run on (Q + Q D Q) without it, it
-    costs two products with Q per iteration and its rate depends on cond(Q) (~200 iterations on glass against 3-5).
-    Stops at non-positive curvature.
-
-    Args:
-        Q, D: symmetric linear maps on (n, C, C) block arrays.
-        R: (n, C, C) right-hand side.
-        max_iters: the most iterations.
-        rtol: relative tolerance on the Q-norm of the residual.
-
-    Returns:
-        (n, C, C) array: the approximate solution (R itself when the first direction has no positive curvature).
-    """
-    ip = lambda a, b: jnp.sum(a * b)
-    QR = Q(R)
-    rz0 = ip(QR, R)
-
-    def cond(c):
-        *_, rz, k, bad = c
-        return (k < max_iters) & (rz > rtol**2 * rz0) & ~bad
-
-    def body(c):
-        x, z, r, p, Qp, rz, k, _ = c
-        Ap = p + D(Qp)
-        QAp = Q(Ap)
-        curv = ip(p, QAp)
-        bad = ~(curv > 0)
-        a = jnp.where(bad, 0.0, rz / jnp.where(bad, 1.0, curv))
-        x, z, r = x + a * p, z - a * Ap, r - a * QAp
-        rz_new = ip(r, z)
-        beta = rz_new / rz
-        return x, z, r, z + beta * p, r + beta * Qp, rz_new, k + 1, bad
-
-    init = (jnp.zeros_like(R), R, QR, R, QR, rz0, 0, ~(rz0 > 0))
-    x, *_ = lax.while_loop(cond, body, init)
-    return jnp.where(jnp.any(x != 0), x, R)
-
-
-def v_direction(K, Y, st, km, mf, newton, cg_iters):
+def v_direction(K, Y, st, km, mf, newton, cg_iters, P=None):
     """The direction delta of the V step in W (see the module docstring), its slope and what `v_step` re-uses.
 
     The slope of log Z_h along W + t delta at t = 0 is 1/2 <R, Q(delta)> with R = S - V_i^{-1} - W for the Theorem 6
     site and the full covariance: the gradient in V is -1/2 blockdiag(R), and dV = -V dW V (the Newton step's
-    profiled S_i leave it unchanged to first order, being optimal). Returns (delta, slope, A, profiled)."""
+    profiled S_i leave it unchanged to first order, being optimal). With the contrast basis P (`contrasts_of`) the
+    system is solved for P^T delta_i P on the contrasts' covariance (`_contrast`: Q and the profile sensitivity map
+    the blocks P X_i P^T to blocks of that form). Returns (delta, slope, A, profiled)."""
     n, C = Y.shape
     eye = jnp.eye(C, dtype=K.dtype)
     mask = pick(mf, lambda: eye, lambda: jnp.ones((C, C), K.dtype))
     _, A = site_moments(K, Y, st.b, st.S, st.Vb, km)
     profiled = newton and not km  # Newton with S_i = S^fx(V_i) profiled; otherwise S_i (or A_i) is held fixed
-    V = st.V
+    if P is not None:  # on the contrasts (mf is False): R, Q, D and delta as blocks P^T X_i P
+        mask = 1.0
+    V = st.G @ st.G.T
     Q = lambda X: mask * sandwich_blocks(V, X)
     if km:
         R = mask * (A - st.W)
     else:
         S_fx, G, phi = per_datum(s_fixed_point_profile)(st.Vb, A)
         R = mask * (sym((S_fx if profiled else st.S) - spd_inverse(st.Vb)) - st.W)
-    if profiled:
-        D = lambda X: mask * jax.vmap(profile_sensitivity)(G, phi, X)
-        delta = mask * sym(q_conjugate_gradient(Q, D, R, cg_iters))
-    else:
-        delta = R
-    return delta, 0.5 * jnp.sum(R * Q(delta)), A, profiled
+    D = lambda X: mask * jax.vmap(profile_sensitivity)(G, phi, X)
+    if P is not None:
+        R = to_contrasts(R, P)
+        D = lambda X, D=D: to_contrasts(D(from_contrasts(X, P)), P)
+    delta = mask * sym(q_conjugate_gradient(Q, D, R, cg_iters)) if profiled else R
+    slope = 0.5 * jnp.sum(R * Q(delta))
+    return (delta if P is None else from_contrasts(delta, P)), slope, A, profiled
 
 
-def v_step(K, LK, Y, st, km, mf, newton, cg_iters, Lx=None, skip_below=-jnp.inf):
+def v_step(K, LK, Y, st, km, mf, newton, cg_iters, Lx=None, skip_below=-jnp.inf, P=None):
     """V through its site precisions W (see the module docstring); returns the new state.
 
     When the slope of the step (`v_direction`) is at most `skip_below` (Theorem 6 site, full covariance), the step
     is not taken and V, the O((nC)^3) part of a sweep, is not re-formed. Newton's quadratic model predicts a gain of
     half the slope (measured on glass and iris: 0.45-0.47 of it), so `fit_core` passes what is left of the sweep's
     tolerance and ends a fit without a last sweep that only confirms."""
-    delta, slope, A, profiled = v_direction(K, Y, st, km, mf, newton, cg_iters)
+    delta, slope, A, profiled = v_direction(K, Y, st, km, mf, newton, cg_iters, P)
 
     def trial(t):
         W = st.W + t * delta
-        Vb, ld, tr, G = _covariance(K, LK, W, Lx)
+        Vb, ld, tr, G = _covariance(K, LK, W, Lx, P)
         S = per_datum(s_fixed_point_profile)(Vb, A)[0] if profiled else st.S
         return value(K, Y, st.b, S, Vb, ld, tr, km), (W, Vb, ld, tr, S, G)
 
@@ -288,20 +272,24 @@ def initial_state(K, Y, km=False, mf=False, scale=1.0, warm=None, cold=True, Lx=
 
     With `warm` = (b, S, W) from an earlier fit (another K: "the previous model" of App. E.3) and `cold` False (a
     possibly traced flag), b, S and W are kept and V is rebuilt for this K. `Lx`: K = K^x (x) I_C with
-    K^x = L^x L^x^T (`prior_factor`), which makes V cheaper to form."""
+    K^x = L^x L^x^T (`prior_factor`), which makes V cheaper to form; then (with the full covariance) the solver works
+    on the class contrasts (`contrasts_of`) and a warm W is projected onto them."""
     n, C = Y.shape
     LK = prior_factor(K, Lx)
+    P = contrasts_of(Lx, mf, C, K.dtype)
     eye = jnp.eye(C, dtype=K.dtype)
     W1 = scale * (eye / C - jnp.ones((C, C), K.dtype) / C**2)
     W1 = W1 * eye if mf else W1
     if warm is None:
         warm = (jnp.zeros((n, C), K.dtype), jnp.broadcast_to(eye, (n, C, C)), jnp.zeros((n, C, C), K.dtype))
     W = jnp.where(cold, jnp.broadcast_to(W1, (n, C, C)), warm[2])
-    Vb, ld, tr, G = _covariance(K, LK, W, Lx)
+    W = W if P is None else from_contrasts(sym(to_contrasts(W, P)), P)
+    Vb, ld, tr, G = _covariance(K, LK, W, Lx, P)
     a = scale * (Y + (Y - 1.0) / (C - 1))
     Wa = jnp.einsum("ab,ib->ia", W1, a).reshape(-1)
     u = blockdiag_left(W, (K @ Wa)[:, None])[:, 0]
-    alpha = Wa - u + blockdiag_left(W, (G @ tdot(G, u))[:, None])[:, 0]
+    Vu = G @ tdot(G, u) if P is None else contrast_covariance_times(G, Lx, P, u)
+    alpha = Wa - u + blockdiag_left(W, Vu[:, None])[:, 0]
     b = jnp.where(cold, Y - alpha.reshape(n, C), warm[0])
     S = jnp.where(cold, sym(spd_inverse(Vb) + W1), warm[1])
     val = value(K, Y, b, S, Vb, ld, tr, km)
@@ -322,6 +310,7 @@ def fit_core(K, Y, st0, km, mf, newton, tol, max_steps, s_sweeps_, cg_iters=50, 
 
     Returns (state, num_steps, converged, history, stationarity)."""
     LK = prior_factor(K, Lx)
+    P = contrasts_of(Lx, mf, Y.shape[1], K.dtype)
 
     def b_and_s(st):
         st = b_step(K, Y, st, km)
@@ -339,7 +328,7 @@ def fit_core(K, Y, st0, km, mf, newton, tol, max_steps, s_sweeps_, cg_iters=50, 
     def step(st, prev):
         st, *_ = lax.while_loop(more, one_round, (st, 0, jnp.asarray(jnp.inf, st.value.dtype)))
         return v_step(K, LK, Y, st, km, mf, newton, cg_iters, Lx,
-                      skip_below=tol * (1 + jnp.abs(st.value)) - (st.value - prev))
+                      skip_below=tol * (1 + jnp.abs(st.value)) - (st.value - prev), P=P)
 
     st, k, converged, hist = ascend(step, st0, tol, max_steps)
     gbar, A = site_moments(K, Y, st.b, st.S, st.Vb, km)

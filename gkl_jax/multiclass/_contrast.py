@@ -1,0 +1,114 @@
+"""The covariance of the class contrasts: the full bound of Chai (2012) on n (C - 1) latents instead of n C.
+
+The softmax is unchanged when the same value is added to every class, and so is the site bound h of Theorem 6:
+its g^c (eq. 16) all gain that value. With K^c = I the prior K = K^x (x) I_C is unchanged by any rotation of each
+datum's C classes. Rotate them to f_i = P g_i + 1 s_i / sqrt(C), with P (C, C - 1) orthonormal and P^T 1 = 0 (the
+Helmert contrasts of `contrast_basis`): the prior makes the contrasts g = (g_1..g_n) and the class sums
+s = (s_1..s_n) independent, g ~ N(0, K^x (x) I_{C-1}) and s ~ N(0, K^x), and the likelihood depends on g only.
+
+At every stationary point of log Z_h the site precisions W_i of V = (K^{-1} + W)^{-1} (eq. 28) have 1 in their
+null space: there b_i = gbar_i sums to one, so A_i = diag(gbar_i) - gbar_i gbar_i^T has A_i 1 = 0, and the fixed
+point W_i + W_i V_i W_i = A_i (eq. 61 with W_i = S_i - V_i^{-1}) gives (I + W_i V_i) W_i 1 = 0, hence W_i 1 = 0 as
+I + W_i V_i is invertible. The solver therefore holds W_i = P W^g_i P^T, which contains the optimum. Then V is the
+prior over s (exactly) and V^g = ((K^x)^{-1} (x) I_{C-1} + blockdiag(W^g_i))^{-1} over g, so the O((nC)^3)
+factorisations of a sweep become O((n (C - 1))^3): 3.4 times fewer flops for three classes. The b step keeps
+sum_c b_i^c = 1 (its Newton direction d has 1^T d_i = 1 - 1^T b_i and the start has sum one), so A_i 1 = 0 along
+the whole ascent, and the V step's Newton direction, which maps that subspace to itself, is solved in it.
+"""
+
+import jax.numpy as jnp
+import numpy as np
+
+from .._linalg import diagonal, invert_lower, tdot
+from ._blocks import blockdiag_dense, blockdiag_left, sym
+
+
+def contrast_basis(C: int, dtype) -> jnp.ndarray:
+    """The Helmert contrasts: an orthonormal (C, C - 1) basis P of the vectors whose entries sum to zero.
+
+    Column k (k = 1..C-1) is (1, ..., 1, -k, 0, ..., 0) / sqrt(k (k + 1)) with k ones.
+
+    Args:
+        C: the number of classes (>= 2).
+        dtype: float dtype.
+
+    Returns:
+        (C, C - 1) array with P^T P = I and P^T 1 = 0.
+    """
+    P = np.zeros((C, C - 1))
+    for k in range(1, C):
+        P[:k, k - 1] = 1.0
+        P[k, k - 1] = -k
+        P[:, k - 1] /= np.sqrt(k * (k + 1.0))
+    return jnp.asarray(P, dtype)
+
+
+def to_contrasts(X, P):
+    """P^T X_i P for blocks X (n, C, C): (n, C - 1, C - 1)."""
+    return jnp.einsum("ac,iab,bd->icd", P, X, P)
+
+
+def from_contrasts(Xg, P):
+    """P X^g_i P^T for blocks X^g (n, C - 1, C - 1): (n, C, C)."""
+    return jnp.einsum("ac,icd,bd->iab", P, Xg, P)
+
+
+def kron_sandwich(Lx, Wg):
+    """(L^x (x) I_c)^T blockdiag(W^g) (L^x (x) I_c) for blocks W^g (n, c, c): entry ((i,a),(j,b)) is
+    sum_k L^x_ki L^x_kj W^g_k[a,b]; one (n, n) x (n, c^2 n) product, O(n^3 c^2)."""
+    n, c, _ = Wg.shape
+    T = (Wg[:, :, :, None] * Lx[:, None, None, :]).reshape(n, c * c * n)
+    return tdot(Lx, T).reshape(n, c, c, n).transpose(0, 1, 3, 2).reshape(n * c, n * c)
+
+
+def contrast_covariance(Lx, W, P):
+    """V(W) for K = L^x L^x^T (x) I_C and W_i = P W^g_i P^T, through the contrasts (module docstring).
+
+    V^g = L B^{-1} L^T = G G^T with L = L^x (x) I_{C-1}, B = I + L^T blockdiag(W^g) L = R R^T and
+    G = L R^{-T} (n (C-1) square); V_i = P V^g_i P^T + K^x_ii 1 1^T / C. log|K^{-1} V| = -log|B| (the class sums
+    keep their prior) and tr(K^{-1} V) = n C - sum_i tr(W_i V_i).
+
+    Args:
+        Lx: (n, n) Cholesky factor of K^x (+ jitter).
+        W: (n, C, C) site precisions (their part along 1 is dropped).
+        P: (C, C - 1) `contrast_basis`.
+
+    Returns:
+        (V blocks (n, C, C), log|K^{-1} V|, tr(K^{-1} V), G).
+    """
+    n, C, _ = W.shape
+    c = C - 1
+    Wg = sym(to_contrasts(W, P))
+    B = jnp.eye(n * c, dtype=W.dtype) + kron_sandwich(Lx, Wg)
+    R = jnp.linalg.cholesky(sym(B))
+    logdet_kv = -2.0 * jnp.sum(jnp.log(diagonal(R)))
+    G = (Lx @ invert_lower(R).T.reshape(n, c * n * c)).reshape(n * c, n * c)
+    Gr = G.reshape(n, c, n * c)
+    Vg = sym(jnp.einsum("iak,ibk->iab", Gr, Gr))
+    kdiag = jnp.sum(Lx * Lx, axis=1)
+    Vb = from_contrasts(Vg, P) + kdiag[:, None, None] / C
+    trace_kv = n * C - jnp.sum(Wg * Vg)
+    return Vb, logdet_kv, trace_kv, G
+
+
+def contrast_covariance_times(G, Lx, P, u):
+    """V u for the covariance of `contrast_covariance` (factor G over the contrasts) and u (n C,), datum-major."""
+    n = Lx.shape[0]
+    C = P.shape[0]
+    U = u.reshape(n, C)
+    ug = (U @ P).reshape(-1)
+    vg = (G @ tdot(G, ug)).reshape(n, -1) @ P.T
+    vs = (Lx @ tdot(Lx, U.sum(axis=1)))[:, None] / C
+    return (vg + vs).reshape(-1)
+
+
+def contrast_t_matrix(W, G, P):
+    """T = W - W V W (Chai 2012, eq. 75) for W_i = P W^g_i P^T: (I (x) P) (W^g - W^g V^g W^g) (I (x) P)^T, (nC, nC).
+
+    The class sums contribute nothing (W annihilates them)."""
+    n, C, _ = W.shape
+    c = C - 1
+    Wg = sym(to_contrasts(W, P))
+    WG = blockdiag_left(Wg, G)
+    Tg = (blockdiag_dense(Wg) - WG @ WG.T).reshape(n, c, n, c)
+    return sym(jnp.einsum("ac,icjd,bd->iajb", P, Tg, P).reshape(n * C, n * C))
