@@ -30,6 +30,23 @@ def is_concrete(x) -> bool:
     return not isinstance(x, jax.core.Tracer) and not isinstance(jnp.asarray(0.0), jax.core.Tracer)
 
 
+def device_array(x, dtype=None):
+    """`x` as a JAX array: a host value (numpy array, numpy or Python scalar) by `jax.device_put`, which compiles
+    nothing, where JAX 0.10's `jnp.asarray` compiles a small program for each new shape and dtype (paid by a first
+    fit); a JAX array or tracer by `jnp.asarray`.
+
+    Args:
+        x: array-like.
+        dtype: the dtype (canonicalised as JAX does: float64 becomes float32 without x64), or None for x's own.
+
+    Returns:
+        A JAX array.
+    """
+    if isinstance(x, (jax.Array, jax.core.Tracer)):
+        return jnp.asarray(x, dtype)
+    return jax.device_put(np.asarray(x, dtype))
+
+
 def as_float_array(x, name: str, *, dtype=None):
     """Convert `x` to a floating JAX array, refusing non-numeric input with a ValueError naming `name`."""
     if dtype is None and isinstance(x, (int, float)) and not isinstance(x, bool):

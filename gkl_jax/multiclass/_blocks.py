@@ -37,7 +37,7 @@ def placeholder_sites(n: int, C: int, dtype):
         ((n, C), (n, C, C), (n, C, C)) arrays.
     """
     eye = np.broadcast_to(np.eye(C, dtype=dtype), (n, C, C))
-    return tuple(jnp.asarray(a) for a in (np.zeros((n, C), dtype), eye, np.zeros((n, C, C), dtype)))
+    return tuple(jax.device_put(a) for a in (np.zeros((n, C), dtype), np.array(eye), np.zeros((n, C, C), dtype)))
 
 
 def per_datum(fn):

@@ -18,8 +18,9 @@ the whole ascent, and the V step's Newton direction, which maps that subspace to
 
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
-from .._linalg import diagonal, invert_lower, tdot
+from .._linalg import diagonal, tdot
 from ._blocks import blockdiag_dense, blockdiag_left, sym
 
 
@@ -65,8 +66,9 @@ def contrast_covariance(Lx, W, P):
     """V(W) for K = L^x L^x^T (x) I_C and W_i = P W^g_i P^T, through the contrasts (module docstring).
 
     V^g = L B^{-1} L^T = G G^T with L = L^x (x) I_{C-1}, B = I + L^T blockdiag(W^g) L = R R^T and
-    G = L R^{-T} (n (C-1) square); V_i = P V^g_i P^T + K^x_ii 1 1^T / C. log|K^{-1} V| = -log|B| (the class sums
-    keep their prior) and tr(K^{-1} V) = n C - sum_i tr(W_i V_i).
+    G = L R^{-T} (n (C-1) square, one triangular solve: at n (C - 1) = 200-900 as fast as `invert_lower` and its
+    products, and 4-15x quicker to compile); V_i = P V^g_i P^T + K^x_ii 1 1^T / C. log|K^{-1} V| = -log|B| (the
+    class sums keep their prior) and tr(K^{-1} V) = n C - sum_i tr(W_i V_i).
 
     Args:
         Lx: (n, n) Cholesky factor of K^x (+ jitter).
@@ -82,7 +84,8 @@ def contrast_covariance(Lx, W, P):
     B = jnp.eye(n * c, dtype=W.dtype) + kron_sandwich(Lx, Wg)
     R = jnp.linalg.cholesky(sym(B))
     logdet_kv = -2.0 * jnp.sum(jnp.log(diagonal(R)))
-    G = (Lx @ invert_lower(R).T.reshape(n, c * n * c)).reshape(n * c, n * c)
+    G = lax.linalg.triangular_solve(R, jnp.kron(Lx, jnp.eye(c, dtype=W.dtype)), left_side=False, lower=True,
+                                    transpose_a=True)
     Gr = G.reshape(n, c, n * c)
     Vg = sym(jnp.einsum("iak,ibk->iab", Gr, Gr))
     kdiag = jnp.sum(Lx * Lx, axis=1)

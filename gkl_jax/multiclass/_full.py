@@ -30,7 +30,7 @@ import jax.scipy.linalg as jsl
 import numpy as np
 
 from .._linalg import diagonal, full_precision
-from .._validate import check_max_steps, check_tol, host_view, is_concrete
+from .._validate import check_max_steps, check_tol, device_array, host_view, is_concrete
 from .._xla import LAPACK_BOUND, program
 from ..priors._priors import dense_cholesky
 from ._blocks import blockdiag_dense, blockdiag_left, blocks, per_datum, placeholder_sites, sym
@@ -110,7 +110,7 @@ class Posterior(eqx.Module):
         """alpha = K^{-1} m = y - b: (nC,) float, datum-major (computed on the host for host data: no program is
         compiled for it per shape)."""
         if is_concrete(self.b):
-            return jnp.asarray((host_view(self.Y) - host_view(self.b)).reshape(-1))
+            return device_array((host_view(self.Y) - host_view(self.b)).reshape(-1))
         return (self.Y - self.b).reshape(-1)
 
     def prior_covariance(self):
@@ -255,7 +255,7 @@ def one_hot_labels(y, num_data, num_classes=None, dtype=None, name: str = "y"):
         C = int(arr.max()) + 1 if num_classes is None else int(num_classes)
         if arr.size and arr.max() >= C:
             raise ValueError(f"{name} holds the class index {int(arr.max())}, not below num_classes = {C}")
-        Y = jnp.asarray(np.eye(max(C, 1))[arr.astype(int)], dtype)
+        Y = device_array(np.eye(max(C, 1))[arr.astype(int)], dtype)
     else:
         raise ValueError(f"{name} must be (n,) class indices or (n, C) one-hot labels, got shape {arr.shape}")
     if Y.shape[1] < 2:

@@ -34,7 +34,15 @@ import numpy as np
 
 from .._linalg import full_precision
 from .._optim import backtrack_host, lbfgs_direction, sufficient_increase
-from .._validate import check_indices, check_int, check_nonnegative, check_tol, host_view, is_concrete
+from .._validate import (
+    check_indices,
+    check_int,
+    check_nonnegative,
+    check_tol,
+    device_array,
+    host_view,
+    is_concrete,
+)
 from .._xla import LAPACK_BOUND, program
 from ._blocks import blockdiag_dense, blockdiag_left, placeholder_sites, sym
 from ._contrast import contrast_t_matrix
@@ -141,7 +149,7 @@ def _unflatten(like, x):
     out, i = [], 0
     for leaf in leaves:
         size = int(np.size(leaf))
-        out.append(jnp.asarray(x[i:i + size].reshape(np.shape(leaf)), dtype=leaf.dtype))
+        out.append(device_array(x[i:i + size].reshape(np.shape(leaf)), leaf.dtype))
         i += size
     return jax.tree.unflatten(treedef, out)
 
@@ -243,7 +251,7 @@ def fit_hyperparameters(kernel, X, y, *, num_classes=None, fixed=(), class_covar
     """
     if not isinstance(kernel, eqx.Module):
         raise ValueError(f"kernel must be a gkl_jax.kernels kernel (an Equinox module), got {type(kernel).__name__}")
-    X = jnp.asarray(X)
+    X = device_array(X)
     if X.ndim == 1:
         X = X[:, None]
     if X.ndim != 2:
@@ -278,14 +286,14 @@ def fit_hyperparameters(kernel, X, y, *, num_classes=None, fixed=(), class_covar
     dt = Y.dtype
     n, C = Y.shape
     X = X if X.dtype == dt else X.astype(dt)
-    jit_args = dict(class_covariance=class_covariance, jitter=jnp.asarray(jitter, dt), flags=flags,
+    jit_args = dict(class_covariance=class_covariance, jitter=device_array(jitter, dt), flags=flags,
                     inner_steps=int(inner_steps))
     cold_warm = placeholder_sites(n, C, dt)
 
     def solve(p, st, cold, tol):
         warm = cold_warm if st is None else (st.b, st.S, st.W)
-        st1, k, ok, stat, g, T = _solve(p, static, X, Y, warm=warm, cold=jnp.asarray(cold),
-                                        inner_tol=jnp.asarray(tol, dt), **jit_args)
+        st1, k, ok, stat, g, T = _solve(p, static, X, Y, warm=warm, cold=device_array(cold),
+                                        inner_tol=device_array(tol, dt), **jit_args)
         return float(st1.value), _flatten(g), st1, (ok, stat, T)
 
     if inducing is not None:
@@ -298,13 +306,13 @@ def fit_hyperparameters(kernel, X, y, *, num_classes=None, fixed=(), class_covar
         warnings.warn(f"gkl_jax.multiclass.fit_hyperparameters: {int(k)} steps without the bound settling (step "
                       "limit or a failed line search); the returned hyper-parameters are the best found",
                       stacklevel=2)
-    done = jnp.asarray(done or max_steps == 0)
+    done = device_array(done or max_steps == 0)
     history_host = np.full((int(max_steps) + 1,), np.nan, dt)
     history_host[:len(hist)] = hist
-    history = jnp.asarray(history_host)
+    history = device_array(history_host)
     new_kernel = eqx.combine(_unflatten(params, x), static)
-    f = jnp.asarray(f, dt)
-    k = jnp.asarray(k)
+    f = device_array(f, dt)
+    k = device_array(k)
     if inducing is not None:
         post = sparse_posterior(st, aux, Y, new_kernel, X, inducing, noise, jitter)
         return HyperResult(kernel=new_kernel, posterior=post, log_z=f, converged=done, num_steps=k, history=history,

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 from jax import lax
 
 
-def q_conjugate_gradient(Q, D, R, max_iters, rtol=1e-6):
+def q_conjugate_gradient(Q, D, R, max_iters, rtol=1e-6, QR=None):
     """Solve (I + D Q) x = R by conjugate gradients in the Q inner product <x, y>_Q = <x, Q y> (Frobenius).
 
     Q (the block sandwich, positive definite) and D (the profile sensitivity) are symmetric, so I + D Q is
@@ -19,12 +19,13 @@ def q_conjugate_gradient(Q, D, R, max_iters, rtol=1e-6):
         R: (n, C, C) right-hand side.
         max_iters: the most iterations.
         rtol: relative tolerance on the Q-norm of the residual.
+        QR: Q(R) when the caller has it (else it is computed).
 
     Returns:
         (n, C, C) array: the approximate solution (R itself when the first direction has no positive curvature).
     """
     ip = lambda a, b: jnp.sum(a * b)
-    QR = Q(R)
+    QR = Q(R) if QR is None else QR
     rz0 = ip(QR, R)
 
     def cond(c):

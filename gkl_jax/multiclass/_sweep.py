@@ -33,7 +33,7 @@ import jax.scipy.linalg as jsl
 import numpy as np
 from jax import lax
 
-from .._linalg import diagonal, invert_lower, tdot
+from .._linalg import diagonal, tdot
 from ._blocks import blockdiag_dense, blockdiag_left, per_datum, sandwich_blocks, sym
 from ._contrast import (
     contrast_basis,
@@ -108,8 +108,8 @@ def _covariance(K, LK, W, Lx=None, P=None):
     factor of the contrasts' covariance, n (C - 1) square.
 
     tr(K^{-1} V) = tr(B^{-1}) = nC - sum_i tr(W_i V_i), since B^{-1} (B - I) = B^{-1} L^T W L. `Lx`: see `_lwl`.
-    G is solved from the right (G R^T = L) so that V = G G^T and the blocks contract G's rows. With
-    L = L^x (x) I_C, G is (L^x (x) I_C) R^{-T}, one (n, n) x (n, C nC) product after `invert_lower`."""
+    G is solved from the right (G R^T = L, one triangular solve) so that V = G G^T and the blocks contract G's
+    rows."""
     if P is not None:
         return contrast_covariance(Lx, W, P)
     n, C, _ = W.shape
@@ -117,10 +117,7 @@ def _covariance(K, LK, W, Lx=None, P=None):
     B = jnp.eye(N, dtype=K.dtype) + _lwl(LK, W, Lx)
     R = jnp.linalg.cholesky(sym(B))
     logdet_kv = -2.0 * jnp.sum(jnp.log(diagonal(R)))
-    if Lx is None:
-        G = lax.linalg.triangular_solve(R, LK, left_side=False, lower=True, transpose_a=True)
-    else:
-        G = (Lx @ invert_lower(R).T.reshape(n, C * N)).reshape(N, N)
+    G = lax.linalg.triangular_solve(R, LK, left_side=False, lower=True, transpose_a=True)
     Gr = G.reshape(n, C, N)
     Vb = sym(jnp.einsum("iak,ibk->iab", Gr, Gr))
     trace_kv = N - jnp.sum(W * Vb)
@@ -240,8 +237,9 @@ def v_direction(K, Y, st, km, mf, newton, cg_iters, P=None):
     if P is not None:
         R = to_contrasts(R, P)
         D = lambda X, D=D: to_contrasts(D(from_contrasts(X, P)), P)
-    delta = mask * sym(q_conjugate_gradient(Q, D, R, cg_iters)) if profiled else R
-    slope = 0.5 * jnp.sum(R * Q(delta))
+    QR = Q(R)   # the slope 1/2 <R, Q(delta)> is 1/2 <Q(R), delta> (Q is symmetric, R and delta masked alike)
+    delta = mask * sym(q_conjugate_gradient(Q, D, R, cg_iters, QR=QR)) if profiled else R
+    slope = 0.5 * jnp.sum(QR * delta)
     return (delta if P is None else from_contrasts(delta, P)), slope, A, profiled
 
 
