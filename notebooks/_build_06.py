@@ -138,8 +138,8 @@ classes, or fixing $S_i = V_i^{-1}$, costs evidence; the data-independent bounds
 fitting at all (the paper uses Theorem 10 as a sanity check for other variational methods)."""),
     ("md", """## More data: the sparse bound on inducing latents
 
-The full bound works with all $nC$ latents, so a fit costs $O((nC)^3)$: fine for a few hundred latents, slow
-beyond a few thousand. `GPClassifier(num_inducing=s)` uses the sparse bound of Section 4 instead: $s$ of the
+The full bound works with all $nC$ latents (their $n(C-1)$ class contrasts with the default $K^c = I$), so a fit
+costs $O((n(C-1))^3)$: fine for a few hundred latents, slow beyond a few thousand. `GPClassifier(num_inducing=s)` uses the sparse bound of Section 4 instead: $s$ of the
 latents $f^c(x_i)$, drawn at random (`random_state`), carry the Gaussian, the others follow their conditional
 prior, and a fit costs $O(nCs^2)$. The kernel is still learned by ML-II on that (lower) bound. Below, five
 classes on a larger 2-D problem: the sparse fit against the full fit on the same points."""),
