@@ -3,7 +3,8 @@
 Parametrisation (Sections 3.3-3.4, App. E): the mean is tied to b, m = K (y - b) (eq. 27), so alpha = K^{-1} m
 = y - b; the covariance is held in the site form V = (K^{-1} + W)^{-1} of eq. 28 with W = blockdiag(W_i), computed
 without K^{-1} as V = L B^{-1} L^T = G G^T, B = I + L^T W L = R R^T, G = L R^{-T}, K = L L^T (log|K^{-1} V| =
--log|B|, tr(K^{-1} V) = tr B^{-1}; the T of eq. 75 is W - W V W).
+-log|B|, tr(K^{-1} V) = tr B^{-1}; the T of eq. 75 is W - W V W). With K = K^x (x) I_C (`Lx` given) and the full
+covariance, W_i = P W^g_i P^T on the class contrasts and V is formed over the n (C - 1) contrasts (`_contrast`).
 
 One sweep, every step monotone (`_site.monotone_step`, the shared backtracking search; one call site of the
 objective per step, so each appears once in the compiled program):
