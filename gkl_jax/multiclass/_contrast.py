@@ -45,18 +45,42 @@ def contrast_basis(C: int, dtype) -> jnp.ndarray:
 
 
 def to_contrasts(X, P):
-    """P^T X_i P for blocks X (n, C, C): (n, C - 1, C - 1)."""
+    """P^T X_i P for every block.
+
+    Args:
+        X: (n, C, C) blocks.
+        P: (C, C - 1) `contrast_basis`.
+
+    Returns:
+        (n, C - 1, C - 1) array.
+    """
     return jnp.einsum("ac,iab,bd->icd", P, X, P)
 
 
 def from_contrasts(Xg, P):
-    """P X^g_i P^T for blocks X^g (n, C - 1, C - 1): (n, C, C)."""
+    """P X^g_i P^T for every block (blocks whose rows and columns sum to zero).
+
+    Args:
+        Xg: (n, C - 1, C - 1) blocks.
+        P: (C, C - 1) `contrast_basis`.
+
+    Returns:
+        (n, C, C) array.
+    """
     return jnp.einsum("ac,icd,bd->iab", P, Xg, P)
 
 
 def kron_sandwich(Lx, Wg):
     """(L^x (x) I_c)^T blockdiag(W^g) (L^x (x) I_c) for blocks W^g (n, c, c): entry ((i,a),(j,b)) is
-    sum_k L^x_ki L^x_kj W^g_k[a,b]; one (n, n) x (n, c^2 n) product, O(n^3 c^2)."""
+    sum_k L^x_ki L^x_kj W^g_k[a,b]; one (n, n) x (n, c^2 n) product, O(n^3 c^2).
+
+    Args:
+        Lx: (n, n) lower-triangular factor.
+        Wg: (n, c, c) blocks.
+
+    Returns:
+        (n c, n c) array, datum-major.
+    """
     n, c, _ = Wg.shape
     T = (Wg[:, :, :, None] * Lx[:, None, None, :]).reshape(n, c * c * n)
     return tdot(Lx, T).reshape(n, c, c, n).transpose(0, 1, 3, 2).reshape(n * c, n * c)
@@ -95,7 +119,17 @@ def contrast_covariance(Lx, W, P):
 
 
 def contrast_covariance_times(G, Lx, P, u):
-    """V u for the covariance of `contrast_covariance` (factor G over the contrasts) and u (n C,), datum-major."""
+    """V u for the covariance of `contrast_covariance`: the contrasts' part G G^T and the class sums' prior K^x / C.
+
+    Args:
+        G: (n (C-1), n (C-1)) factor from `contrast_covariance`.
+        Lx: (n, n) Cholesky factor of K^x (+ jitter).
+        P: (C, C - 1) `contrast_basis`.
+        u: (n C,) datum-major vector.
+
+    Returns:
+        (n C,) array.
+    """
     n = Lx.shape[0]
     C = P.shape[0]
     U = u.reshape(n, C)
@@ -108,7 +142,16 @@ def contrast_covariance_times(G, Lx, P, u):
 def contrast_t_matrix(W, G, P):
     """T = W - W V W (Chai 2012, eq. 75) for W_i = P W^g_i P^T: (I (x) P) (W^g - W^g V^g W^g) (I (x) P)^T, (nC, nC).
 
-    The class sums contribute nothing (W annihilates them)."""
+    The class sums contribute nothing (W annihilates them).
+
+    Args:
+        W: (n, C, C) site precisions with W_i 1 = 0.
+        G: (n (C-1), n (C-1)) factor from `contrast_covariance`.
+        P: (C, C - 1) `contrast_basis`.
+
+    Returns:
+        (n C, n C) array, datum-major.
+    """
     n, C, _ = W.shape
     c = C - 1
     Wg = sym(to_contrasts(W, P))
