@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import gkl_jax as gk
-from gkl_jax.multiclass import _blocks, _contrast, _full, _sweep
+from gkl_jax.multiclass import _blocks, _contrast, _full, _hyper, _sweep
 
 
 def _prior(n, C, seed=0, variance=3.0):
@@ -39,7 +39,7 @@ def test_contrast_covariance_equals_the_dense_covariance(C):
     rng, K, Lx = _prior(n, C)
     P = _contrast.contrast_basis(C, K.dtype)
     W = _contrast_precisions(rng, n, C, P)
-    Vb, logdet, trace, G = _contrast.contrast_covariance(Lx, W, P)
+    Vb, logdet, trace, G = _sweep._covariance(K, None, W, Lx, P)
     assert G.shape == (n * (C - 1), n * (C - 1))
     V = jnp.linalg.inv(jnp.linalg.inv(K) + _blocks.blockdiag_dense(W))
     Kinv_V = jnp.linalg.solve(K, V)
@@ -49,7 +49,9 @@ def test_contrast_covariance_equals_the_dense_covariance(C):
     u = jnp.asarray(rng.normal(size=n * C))
     np.testing.assert_allclose(_contrast.contrast_covariance_times(G, Lx, P, u), V @ u, rtol=1e-9, atol=1e-10)
     Wd = _blocks.blockdiag_dense(W)
-    np.testing.assert_allclose(_contrast.contrast_t_matrix(W, G, P), Wd - Wd @ V @ Wd, atol=1e-10)
+    T = _hyper._t_matrix(_sweep.State(b=None, S=None, W=W, Vb=Vb, G=G, logdet_kv=logdet, trace_kv=trace, value=None,
+                                      v_gain=None), P)
+    np.testing.assert_allclose(T, Wd - Wd @ V @ Wd, atol=1e-10)
     dense = _sweep._covariance(K, jnp.linalg.cholesky(K), W)
     np.testing.assert_allclose(dense[1], logdet, rtol=1e-9)
 

@@ -5,6 +5,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._validate import device_array
+
 LAPACK_INLINE_WORK = 200_000
 """jaxlib 0.10's CPU LAPACK kernels (Cholesky, LU, eigh, triangular solves) split a batch of B matrices of order C
 into parts on XLA's intra-op thread pool, and wait for them, when B times the per-matrix work (5 C^3 for eigh, C^3
@@ -37,7 +39,7 @@ def placeholder_sites(n: int, C: int, dtype):
         ((n, C), (n, C, C), (n, C, C)) arrays.
     """
     eye = np.broadcast_to(np.eye(C, dtype=dtype), (n, C, C))
-    return tuple(jax.device_put(a) for a in (np.zeros((n, C), dtype), np.array(eye), np.zeros((n, C, C), dtype)))
+    return tuple(device_array(a) for a in (np.zeros((n, C), dtype), eye, np.zeros((n, C, C), dtype)))
 
 
 def per_datum(fn):

@@ -18,10 +18,8 @@ the whole ascent, and the V step's Newton direction, which maps that subspace to
 
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
-from .._linalg import diagonal, tdot
-from ._blocks import blockdiag_dense, blockdiag_left, sym
+from .._linalg import tdot
 
 
 def contrast_basis(C: int, dtype) -> jnp.ndarray:
@@ -70,59 +68,12 @@ def from_contrasts(Xg, P):
     return jnp.einsum("ac,icd,bd->iab", P, Xg, P)
 
 
-def kron_sandwich(Lx, Wg):
-    """(L^x (x) I_c)^T blockdiag(W^g) (L^x (x) I_c) for blocks W^g (n, c, c): entry ((i,a),(j,b)) is
-    sum_k L^x_ki L^x_kj W^g_k[a,b]; one (n, n) x (n, c^2 n) product, O(n^3 c^2).
-
-    Args:
-        Lx: (n, n) lower-triangular factor.
-        Wg: (n, c, c) blocks.
-
-    Returns:
-        (n c, n c) array, datum-major.
-    """
-    n, c, _ = Wg.shape
-    T = (Wg[:, :, :, None] * Lx[:, None, None, :]).reshape(n, c * c * n)
-    return tdot(Lx, T).reshape(n, c, c, n).transpose(0, 1, 3, 2).reshape(n * c, n * c)
-
-
-def contrast_covariance(Lx, W, P):
-    """V(W) for K = L^x L^x^T (x) I_C and W_i = P W^g_i P^T, through the contrasts (module docstring).
-
-    V^g = L B^{-1} L^T = G G^T with L = L^x (x) I_{C-1}, B = I + L^T blockdiag(W^g) L = R R^T and
-    G = L R^{-T} (n (C-1) square, one triangular solve: at n (C - 1) = 200-900 as fast as `invert_lower` and its
-    products, and 4-15x quicker to compile); V_i = P V^g_i P^T + K^x_ii 1 1^T / C. log|K^{-1} V| = -log|B| (the
-    class sums keep their prior) and tr(K^{-1} V) = n C - sum_i tr(W_i V_i).
-
-    Args:
-        Lx: (n, n) Cholesky factor of K^x (+ jitter).
-        W: (n, C, C) site precisions (their part along 1 is dropped).
-        P: (C, C - 1) `contrast_basis`.
-
-    Returns:
-        (V blocks (n, C, C), log|K^{-1} V|, tr(K^{-1} V), G).
-    """
-    n, C, _ = W.shape
-    c = C - 1
-    Wg = sym(to_contrasts(W, P))
-    B = jnp.eye(n * c, dtype=W.dtype) + kron_sandwich(Lx, Wg)
-    R = jnp.linalg.cholesky(sym(B))
-    logdet_kv = -2.0 * jnp.sum(jnp.log(diagonal(R)))
-    G = lax.linalg.triangular_solve(R, jnp.kron(Lx, jnp.eye(c, dtype=W.dtype)), left_side=False, lower=True,
-                                    transpose_a=True)
-    Gr = G.reshape(n, c, n * c)
-    Vg = sym(jnp.einsum("iak,ibk->iab", Gr, Gr))
-    kdiag = jnp.sum(Lx * Lx, axis=1)
-    Vb = from_contrasts(Vg, P) + kdiag[:, None, None] / C
-    trace_kv = n * C - jnp.sum(Wg * Vg)
-    return Vb, logdet_kv, trace_kv, G
-
-
 def contrast_covariance_times(G, Lx, P, u):
-    """V u for the covariance of `contrast_covariance`: the contrasts' part G G^T and the class sums' prior K^x / C.
+    """V u for the covariance that `_sweep._covariance` forms on the contrasts: the contrasts' part G G^T and the
+    class sums' prior K^x / C.
 
     Args:
-        G: (n (C-1), n (C-1)) factor from `contrast_covariance`.
+        G: (n (C-1), n (C-1)) factor of the contrasts' covariance (`_sweep._covariance` with P).
         Lx: (n, n) Cholesky factor of K^x (+ jitter).
         P: (C, C - 1) `contrast_basis`.
         u: (n C,) datum-major vector.
@@ -139,22 +90,16 @@ def contrast_covariance_times(G, Lx, P, u):
     return (vg + vs).reshape(-1)
 
 
-def contrast_t_matrix(W, G, P):
-    """T = W - W V W (Chai 2012, eq. 75) for W_i = P W^g_i P^T: (I (x) P) (W^g - W^g V^g W^g) (I (x) P)^T, (nC, nC).
-
-    The class sums contribute nothing (W annihilates them).
+def lift_contrasts(Tg, P):
+    """(I_n (x) P) T^g (I_n (x) P)^T: a datum-major matrix over the contrasts lifted to the n C latents.
 
     Args:
-        W: (n, C, C) site precisions with W_i 1 = 0.
-        G: (n (C-1), n (C-1)) factor from `contrast_covariance`.
+        Tg: (n (C-1), n (C-1)) datum-major matrix.
         P: (C, C - 1) `contrast_basis`.
 
     Returns:
         (n C, n C) array, datum-major.
     """
-    n, C, _ = W.shape
-    c = C - 1
-    Wg = sym(to_contrasts(W, P))
-    WG = blockdiag_left(Wg, G)
-    Tg = (blockdiag_dense(Wg) - WG @ WG.T).reshape(n, c, n, c)
-    return sym(jnp.einsum("ac,icjd,bd->iajb", P, Tg, P).reshape(n * C, n * C))
+    C, c = P.shape
+    n = Tg.shape[0] // c
+    return jnp.einsum("ac,icjd,bd->iajb", P, Tg.reshape(n, c, n, c), P).reshape(n * C, n * C)

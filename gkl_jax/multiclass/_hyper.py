@@ -45,7 +45,7 @@ from .._validate import (
 )
 from .._xla import LAPACK_BOUND, program
 from ._blocks import blockdiag_dense, blockdiag_left, placeholder_sites, sym
-from ._contrast import contrast_t_matrix
+from ._contrast import lift_contrasts, to_contrasts
 from ._full import COVARIANCES, SITES, Posterior, one_hot_labels, prior_covariance
 from ._sparse_hyper import sparse_posterior, sparse_solver
 from ._sweep import contrasts_of, fit_core, initial_state
@@ -74,12 +74,13 @@ def envelope_surrogate(K, alpha, T):
 
 
 def _t_matrix(st, P=None):
-    """T = W - W V W (eq. 75) from a state's W and V = G G^T: (nC, nC); with the contrast basis P (the solver's
-    `contrasts_of`), G is the contrasts' factor (`contrast_t_matrix`)."""
-    if P is not None:
-        return contrast_t_matrix(st.W, st.G, P)
-    WG = blockdiag_left(st.W, st.G)
-    return sym(blockdiag_dense(st.W) - WG @ WG.T)
+    """T = W - W V W (eq. 75) from a state's W and V = G G^T: (nC, nC). With the contrast basis P (the solver's
+    `contrasts_of`), G is the contrasts' factor and W_i = P W^g_i P^T: T = (I (x) P) (W^g - W^g V^g W^g) (I (x) P)^T
+    (W annihilates the class sums)."""
+    W = st.W if P is None else sym(to_contrasts(st.W, P))
+    WG = blockdiag_left(W, st.G)
+    T = sym(blockdiag_dense(W) - WG @ WG.T)
+    return T if P is None else lift_contrasts(T, P)
 
 
 class HyperResult(eqx.Module):

@@ -36,14 +36,7 @@ from jax import lax
 
 from .._linalg import diagonal, tdot
 from ._blocks import blockdiag_dense, blockdiag_left, per_datum, sandwich_blocks, sym
-from ._contrast import (
-    contrast_basis,
-    contrast_covariance,
-    contrast_covariance_times,
-    from_contrasts,
-    kron_sandwich,
-    to_contrasts,
-)
+from ._contrast import contrast_basis, contrast_covariance_times, from_contrasts, to_contrasts
 from ._qcg import q_conjugate_gradient
 from ._site import (
     knowles_minka_bound,
@@ -94,7 +87,9 @@ def _lwl(LK, W, Lx=None):
     sum_k L^x_ki L^x_kj W_k[a,b], one (n, n) x (n, C^2 n) product, O(n^3 C^2)."""
     if Lx is None:
         return tdot(LK, blockdiag_left(W, LK))
-    return kron_sandwich(Lx, W)
+    n, C, _ = W.shape
+    T = (W[:, :, :, None] * Lx[:, None, None, :]).reshape(n, C * C * n)  # (k, (a, b, j))
+    return tdot(Lx, T).reshape(n, C, C, n).transpose(0, 1, 3, 2).reshape(n * C, n * C)
 
 
 def contrasts_of(Lx, mf, C, dtype):
@@ -105,14 +100,23 @@ def contrasts_of(Lx, mf, C, dtype):
 
 def _covariance(K, LK, W, Lx=None, P=None):
     """V(W) = (K^{-1} + W)^{-1} = L B^{-1} L^T = G G^T with G = L R^{-T}, B = R R^T: (V blocks, log|K^{-1} V|,
-    tr(K^{-1} V), G). With the contrast basis P (`contrasts_of`), `_contrast.contrast_covariance`: G is then the
-    factor of the contrasts' covariance, n (C - 1) square.
+    tr(K^{-1} V), G).
+
+    With the contrast basis P (`contrasts_of`; K = K^x (x) I_C and W_i = P W^g_i P^T, `_contrast`) the same
+    computation runs on the contrasts, L = L^x (x) I_{C-1} and W^g, and is lifted: V_i = P V^g_i P^T + K^x_ii 1 1^T / C
+    (the class sums keep their prior), log|K^{-1} V| = log|(K^x)^{-1} (x) I V^g| and tr(K^{-1} V) gains n; G is then
+    the contrasts' factor, n (C - 1) square.
 
     tr(K^{-1} V) = tr(B^{-1}) = nC - sum_i tr(W_i V_i), since B^{-1} (B - I) = B^{-1} L^T W L. `Lx`: see `_lwl`.
     G is solved from the right (G R^T = L, one triangular solve) so that V = G G^T and the blocks contract G's
     rows."""
     if P is not None:
-        return contrast_covariance(Lx, W, P)
+        n, C, _ = W.shape
+        c = C - 1
+        Vg, logdet_kv, trace_g, G = _covariance(K, jnp.kron(Lx, jnp.eye(c, dtype=W.dtype)), sym(to_contrasts(W, P)),
+                                                Lx)
+        kdiag = jnp.sum(Lx * Lx, axis=1)
+        return from_contrasts(Vg, P) + kdiag[:, None, None] / C, logdet_kv, trace_g + n, G
     n, C, _ = W.shape
     N = n * C
     B = jnp.eye(N, dtype=K.dtype) + _lwl(LK, W, Lx)
@@ -221,12 +225,10 @@ def v_direction(K, Y, st, km, mf, newton, cg_iters, P=None):
     system is solved for P^T delta_i P on the contrasts' covariance (`_contrast`: Q and the profile sensitivity map
     the blocks P X_i P^T to blocks of that form). Returns (delta, slope, A, profiled)."""
     n, C = Y.shape
-    eye = jnp.eye(C, dtype=K.dtype)
-    mask = pick(mf, lambda: eye, lambda: jnp.ones((C, C), K.dtype))
+    # the class-factorised family keeps W_i diagonal; the contrast path (P given) has the full covariance
+    mask = 1.0 if P is not None else pick(mf, lambda: jnp.eye(C, dtype=K.dtype), lambda: jnp.ones((C, C), K.dtype))
     _, A = site_moments(K, Y, st.b, st.S, st.Vb, km)
     profiled = newton and not km  # Newton with S_i = S^fx(V_i) profiled; otherwise S_i (or A_i) is held fixed
-    if P is not None:  # on the contrasts (mf is False): R, Q, D and delta as blocks P^T X_i P
-        mask = 1.0
     V = st.G @ st.G.T
     Q = lambda X: mask * sandwich_blocks(V, X)
     if km:
@@ -235,7 +237,7 @@ def v_direction(K, Y, st, km, mf, newton, cg_iters, P=None):
         S_fx, G, phi = per_datum(s_fixed_point_profile)(st.Vb, A)
         R = mask * (sym((S_fx if profiled else st.S) - spd_inverse(st.Vb)) - st.W)
     D = lambda X: mask * jax.vmap(profile_sensitivity)(G, phi, X)
-    if P is not None:
+    if P is not None:  # R, Q, D and delta as blocks P^T X_i P
         R = to_contrasts(R, P)
         D = lambda X, D=D: to_contrasts(D(from_contrasts(X, P)), P)
     QR = Q(R)   # the slope 1/2 <R, Q(delta)> is 1/2 <Q(R), delta> (Q is symmetric, R and delta masked alike)
@@ -274,8 +276,8 @@ def initial_state(K, Y, km=False, mf=False, scale=1.0, warm=None, cold=True, Lx=
     K^x = L^x L^x^T (`prior_factor`), which makes V cheaper to form; then (with the full covariance) the solver works
     on the class contrasts (`contrasts_of`) and a warm W is projected onto them."""
     n, C = Y.shape
-    LK = prior_factor(K, Lx)
     P = contrasts_of(Lx, mf, C, K.dtype)
+    LK = prior_factor(K, Lx) if P is None else None  # the contrast path factorises through Lx alone
     eye = jnp.eye(C, dtype=K.dtype)
     W1 = scale * (eye / C - jnp.ones((C, C), K.dtype) / C**2)
     W1 = W1 * eye if mf else W1
@@ -308,8 +310,8 @@ def fit_core(K, Y, st0, km, mf, newton, tol, max_steps, s_sweeps_, cg_iters=50, 
     `Lx` as in `initial_state`; `km`, `mf`, `newton` Python booleans; at most `BS_ROUNDS` (b, S) rounds per V step).
 
     Returns (state, num_steps, converged, history, stationarity)."""
-    LK = prior_factor(K, Lx)
     P = contrasts_of(Lx, mf, Y.shape[1], K.dtype)
+    LK = prior_factor(K, Lx) if P is None else None  # the contrast path factorises through Lx alone
 
     def b_and_s(st):
         st = b_step(K, Y, st, km)
