@@ -41,12 +41,6 @@ from ._sweep import ascend, s_sweeps, site_terms
 from ._threads import single_threaded
 
 TRACE_COUNT = {"fit_sparse": 0}
-V_CG_RTOL = 1e-3
-"""Relative tolerance of the V step's conjugate gradients: the Newton direction of one block of a coordinate ascent
-needs no more (digits' ML-II, 1000 x 10 with 200 inducing latents: the same log Z to 1e-7 as at the shared default
-1e-6, a fifth less time; design-decisions page)."""
-
-
 def inducing_prior(kernel, X, num_classes, sites, *, noise=1e-6, jitter=1e-6, class_covariance=None):
     """(K_zz, K_zf, K_ff blocks) for inducing variables z_a = f^{c_a}(x_{i_a}) + eps_a at the training latents
     `sites` (indices p = i C + c), with eps_a ~ N(0, noise) (Remark 13); the latent prior carries `jitter`."""
@@ -259,7 +253,7 @@ def _v_step(Lt, Kff, Y, st, km, newton, cg_iters):
         return jnp.einsum("iat,ibt->iab", jnp.einsum("ias,st->iat", H, core), H)
 
     D = lambda X: jax.vmap(profile_sensitivity)(G, phi, X)
-    delta = lax.cond(profiled, lambda _: sym(q_conjugate_gradient(Q, D, R, cg_iters, rtol=V_CG_RTOL)),
+    delta = lax.cond(profiled, lambda _: sym(q_conjugate_gradient(Q, D, R, cg_iters)),
                      lambda _: R, None)
 
     m = _mf(Lt, Y, st.b)
