@@ -59,7 +59,7 @@ def test_contrast_covariance_equals_the_dense_covariance(C):
 def test_b_direction_solves_the_dense_newton_system():
     """The (C - 1)-per-datum Woodbury solve of `b_direction` equals the dense solution of
     (I + D M) d = -(b - gbar), M = K + blockdiag(S_i^{-1}), D_i = diag(gbar_i) - gbar_i gbar_i^T (eq. 65), also where
-    some gbar_i^c are tiny and where the b_i do not sum to one."""
+    some gbar_i^c are tiny and where the b_i do not sum to one; with K^x given (K = K^x (x) I_C) as well."""
     n, C = 12, 4
     rng, K, Lx = _prior(n, C, seed=3, variance=30.0)
     Y = jnp.eye(C)[np.arange(n) % C]
@@ -75,6 +75,8 @@ def test_b_direction_solves_the_dense_newton_system():
     M = K + _blocks.blockdiag_dense(jnp.linalg.inv(S))
     dense = jnp.linalg.solve(jnp.eye(n * C) + D @ M, -(b - gbar).reshape(-1))
     np.testing.assert_allclose(d.reshape(-1), dense, rtol=1e-8, atol=1e-10)
+    d_kx = _sweep.b_direction(K, Y, st, False, Kx=K[::C, ::C])
+    np.testing.assert_allclose(d_kx.reshape(-1), dense, rtol=1e-8, atol=1e-10)
 
 
 def test_contrast_v_direction_equals_the_full_direction():

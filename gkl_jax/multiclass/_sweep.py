@@ -122,7 +122,7 @@ def _covariance(K, LK, W, Lx=None, P=None):
     n, C, _ = W.shape
     N = n * C
     B = jnp.eye(N, dtype=K.dtype) + _lwl(LK, W, Lx)
-    R = jnp.linalg.cholesky(sym(B))
+    R = lax.linalg.cholesky(sym(B), symmetrize_input=False)
     logdet_kv = -2.0 * jnp.sum(jnp.log(diagonal(R)))
     G = lax.linalg.triangular_solve(R, LK, left_side=False, lower=True, transpose_a=True)
     Gr = G.reshape(n, C, N)
@@ -185,7 +185,7 @@ def site_moments(K, Y, b, S, Vb, km):
     return per_datum(site_statistics)(_means(K, Y, b), b, S_eff)
 
 
-def b_direction(K, Y, st, km):
+def b_direction(K, Y, st, km, Kx=None):
     """The Newton direction d of the joint (m, b) step of eq. 65: (n, C).
 
     The system (I + D M) d = -(b - gbar), M = K + blockdiag(S_i^{-1}), D_i = diag(gbar_i) - gbar_i gbar_i^T, is
@@ -194,7 +194,8 @@ def b_direction(K, Y, st, km):
     in an nC-step loop). D_i 1 = 0 (gbar_i sums to one), so E_i is (C, C - 1): E_i = P F_i with P the
     `contrast_basis` and F_i F_i^T = P^T D_i P, F_i = R_i^T from the QR factorisation of (P^T E^0_i)^T, where
     E^0_i = diag(sqrt(gbar_i)) - gbar_i sqrt(gbar_i)^T (D_i = E^0_i E^0_i^T; the QR needs no positive gbar), and the
-    system is n (C - 1) square."""
+    system is n (C - 1) square. With `Kx` (K = K^x (x) I_C), E^T K E has the blocks K^x_ij E_i^T E_j: one Gram
+    matrix of the E_i, no pass over K."""
     n, C = Y.shape
     gbar, _ = site_moments(K, Y, st.b, st.S, st.Vb, km)
     sg = jnp.sqrt(gbar)
@@ -204,19 +205,25 @@ def b_direction(K, Y, st, km):
     E = jnp.einsum("ac,idc->iad", P, Rq)                                                    # P R_i^T: (n, C, C-1)
     Sinv = pick(km, lambda: st.Vb, lambda: spd_inverse(st.S))
     c = C - 1
-    EKE = jnp.einsum("ica,icjd,jdb->iajb", E, K.reshape(n, C, n, C), E).reshape(n * c, n * c)
+    if Kx is None:
+        EKE = jnp.einsum("ica,icjd,jdb->iajb", E, K.reshape(n, C, n, C), E).reshape(n * c, n * c)
+    else:
+        Ef = jnp.swapaxes(E, 1, 2).reshape(n * c, C)
+        EKE = ((Ef @ Ef.T).reshape(n, c, n, c) * Kx[:, None, :, None]).reshape(n * c, n * c)
     ESE = jnp.einsum("iab,ibc,icd->iad", jnp.swapaxes(E, -1, -2), Sinv, E)
     B = jnp.eye(n * c, dtype=K.dtype) + EKE + blockdiag_dense(ESE)
     r = (st.b - gbar).reshape(-1)
     Mr = (K @ r + blockdiag_left(Sinv, r[:, None])[:, 0]).reshape(n, C)
-    z = jsl.cho_solve((jnp.linalg.cholesky(sym(B)), True), jnp.einsum("iac,ia->ic", E, Mr).reshape(-1))
+    RB = lax.linalg.cholesky(sym(B), symmetrize_input=False)
+    z = jsl.cho_solve((RB, True), jnp.einsum("iac,ia->ic", E, Mr).reshape(-1))
     d = -(r.reshape(n, C) - jnp.einsum("iac,ic->ia", E, z.reshape(n, c)))
     return jnp.where(jnp.isfinite(d), d, 0.0)
 
 
-def b_step(K, Y, st, km):
-    """The joint (m, b) Newton step of eq. 65 along `b_direction`, taken monotonically (`monotone_step`)."""
-    d = b_direction(K, Y, st, km)
+def b_step(K, Y, st, km, Kx=None):
+    """The joint (m, b) Newton step of eq. 65 along `b_direction` (`Kx`: see there), taken monotonically
+    (`monotone_step`)."""
+    d = b_direction(K, Y, st, km, Kx)
     trial = lambda t: (value(K, Y, st.b + t * d, st.S, st.Vb, st.logdet_kv, st.trace_kv, km), ())
     eta, (val, _) = monotone_step(trial, st.value, (st.value, ()))
     return eqx.tree_at(lambda s: (s.b, s.value), st, (st.b + eta * d, val))
@@ -335,9 +342,10 @@ def fit_core(K, Y, st0, km, mf, newton, tol, max_steps, s_sweeps_, cg_iters=50, 
     Returns (state, num_steps, converged, history, stationarity)."""
     P = contrasts_of(Lx, mf, Y.shape[1], K.dtype)
     LK = prior_factor(K, Lx) if P is None else None  # the contrast path factorises through Lx alone
+    Kx = None if Lx is None else K[::Y.shape[1], ::Y.shape[1]]
 
     def b_and_s(st):
-        st = b_step(K, Y, st, km)
+        st = b_step(K, Y, st, km, Kx)
         return s_sweeps(_means(K, Y, st.b), st, km, s_sweeps_)
 
     def more(carry):
