@@ -71,6 +71,24 @@ def sym(X):
     return 0.5 * (X + jnp.swapaxes(X, -1, -2))
 
 
+def _spd_inverse_one(A):
+    L = jnp.linalg.cholesky(A)
+    Li = jax.lax.linalg.triangular_solve(L, jnp.eye(A.shape[-1], dtype=A.dtype), left_side=True, lower=True)
+    return sym(Li.T @ Li)
+
+
+def spd_inverse(A):
+    """The inverses of symmetric positive definite blocks (n, C, C) through their Cholesky factors (`per_datum`).
+
+    Args:
+        A: (n, C, C) symmetric positive definite blocks.
+
+    Returns:
+        (n, C, C) array.
+    """
+    return per_datum(_spd_inverse_one)(A)
+
+
 def blocks(A, C):
     """The n diagonal C x C blocks of an (nC, nC) matrix, shape (n, C, C)."""
     n = A.shape[0] // C

@@ -37,7 +37,7 @@ import numpy as np
 from jax import lax
 
 from .._linalg import diagonal, tdot
-from ._blocks import blockdiag_dense, blockdiag_left, per_datum, sandwich_blocks, sym
+from ._blocks import blockdiag_dense, blockdiag_left, per_datum, sandwich_blocks, spd_inverse, sym
 from ._contrast import contrast_basis, contrast_covariance_times, from_contrasts, to_contrasts
 from ._qcg import q_conjugate_gradient
 from ._site import (
@@ -56,17 +56,6 @@ def pick(flag, if_true, if_false):
     if isinstance(flag, (bool, np.bool_)):
         return if_true() if flag else if_false()
     return jnp.where(flag, if_true(), if_false())
-
-
-def _spd_inverse_one(A):
-    L = jnp.linalg.cholesky(A)
-    Li = lax.linalg.triangular_solve(L, jnp.eye(A.shape[-1], dtype=A.dtype), left_side=True, lower=True)
-    return sym(Li.T @ Li)
-
-
-def spd_inverse(A):
-    """The inverses of symmetric positive definite blocks (n, C, C) through their Cholesky factors (`per_datum`)."""
-    return per_datum(_spd_inverse_one)(A)
 
 
 def site_terms(m, Vb, b, S, km):
