@@ -66,11 +66,13 @@ def site_terms(m, Vb, b, S, km):
     return pick(km, kmb, thm6)
 
 
-def prior_factor(K, Lx=None):
-    """The Cholesky factor L of K = L L^T: dense, or L^x (x) I_C when K = K^x (x) I_C with K^x = L^x L^x^T."""
+def prior_factor(K, Lx=None, P=None):
+    """The Cholesky factor L of the prior the solver works on: of K = L L^T, dense, or L^x (x) I_C when
+    K = K^x (x) I_C with K^x = L^x L^x^T; with the contrast basis P (`contrasts_of`) the contrasts' L^x (x) I_{C-1}."""
     if Lx is None:
         return jnp.linalg.cholesky(K)
-    return jnp.kron(Lx, jnp.eye(K.shape[0] // Lx.shape[0], dtype=K.dtype))
+    width = K.shape[0] // Lx.shape[0] - (0 if P is None else 1)
+    return jnp.kron(Lx, jnp.eye(width, dtype=K.dtype))
 
 
 def _lwl(LK, W, Lx=None):
@@ -94,7 +96,8 @@ def _covariance(K, LK, W, Lx=None, P=None):
     tr(K^{-1} V), G).
 
     With the contrast basis P (`contrasts_of`; K = K^x (x) I_C and W_i = P W^g_i P^T, `_contrast`) the same
-    computation runs on the contrasts, L = L^x (x) I_{C-1} and W^g, and is lifted: V_i = P V^g_i P^T + K^x_ii 1 1^T / C
+    computation runs on the contrasts, L = L^x (x) I_{C-1} (`LK`, `prior_factor` with P; built here when None) and
+    W^g, and is lifted: V_i = P V^g_i P^T + K^x_ii 1 1^T / C
     (the class sums keep their prior), log|K^{-1} V| = log|(K^x)^{-1} (x) I V^g| and tr(K^{-1} V) gains n; G is then
     the contrasts' factor, n (C - 1) square.
 
@@ -104,18 +107,18 @@ def _covariance(K, LK, W, Lx=None, P=None):
     if P is not None:
         n, C, _ = W.shape
         c = C - 1
-        Vg, logdet_kv, trace_g, G = _covariance(K, jnp.kron(Lx, jnp.eye(c, dtype=W.dtype)), sym(to_contrasts(W, P)),
-                                                Lx)
+        LKg = jnp.kron(Lx, jnp.eye(c, dtype=W.dtype)) if LK is None else LK
+        Vg, logdet_kv, trace_g, G = _covariance(K, LKg, sym(to_contrasts(W, P)), Lx)
         kdiag = jnp.sum(Lx * Lx, axis=1)
         return from_contrasts(Vg, P) + kdiag[:, None, None] / C, logdet_kv, trace_g + n, G
     n, C, _ = W.shape
     N = n * C
     B = jnp.eye(N, dtype=K.dtype) + _lwl(LK, W, Lx)
-    R = lax.linalg.cholesky(sym(B), symmetrize_input=False)
+    R = lax.linalg.cholesky(B, symmetrize_input=False)  # B's lower triangle
     logdet_kv = -2.0 * jnp.sum(jnp.log(diagonal(R)))
     G = lax.linalg.triangular_solve(R, LK, left_side=False, lower=True, transpose_a=True)
-    Gr = G.reshape(n, C, N)
-    Vb = sym(jnp.einsum("iak,ibk->iab", Gr, Gr))
+    Gr = G.reshape(n, C, 1, N)
+    Vb = jnp.sum(Gr * jnp.swapaxes(Gr, 1, 2), axis=-1)  # symmetric: the same products in the same order
     trace_kv = N - jnp.sum(W * Vb)
     return Vb, logdet_kv, trace_kv, G
 
@@ -203,7 +206,7 @@ def b_direction(K, Y, st, km, Kx=None):
     B = jnp.eye(n * c, dtype=K.dtype) + EKE + blockdiag_dense(ESE)
     r = (st.b - gbar).reshape(-1)
     Mr = (K @ r + blockdiag_left(Sinv, r[:, None])[:, 0]).reshape(n, C)
-    RB = lax.linalg.cholesky(sym(B), symmetrize_input=False)
+    RB = lax.linalg.cholesky(B, symmetrize_input=False)  # B's lower triangle
     z = jsl.cho_solve((RB, True), jnp.einsum("iac,ia->ic", E, Mr).reshape(-1))
     d = -(r.reshape(n, C) - jnp.einsum("iac,ic->ia", E, z.reshape(n, c)))
     return jnp.where(jnp.isfinite(d), d, 0.0)
@@ -296,7 +299,7 @@ def initial_state(K, Y, km=False, mf=False, scale=1.0, warm=None, cold=True, Lx=
     on the class contrasts (`contrasts_of`) and a warm W is projected onto them."""
     n, C = Y.shape
     P = contrasts_of(Lx, mf, C, K.dtype)
-    LK = prior_factor(K, Lx) if P is None else None  # the contrast path factorises through Lx alone
+    LK = prior_factor(K, Lx, P)
     eye = jnp.eye(C, dtype=K.dtype)
     W1 = scale * (eye / C - jnp.ones((C, C), K.dtype) / C**2)
     W1 = W1 * eye if mf else W1
@@ -330,7 +333,7 @@ def fit_core(K, Y, st0, km, mf, newton, tol, max_steps, s_sweeps_, cg_iters=50, 
 
     Returns (state, num_steps, converged, history, stationarity)."""
     P = contrasts_of(Lx, mf, Y.shape[1], K.dtype)
-    LK = prior_factor(K, Lx) if P is None else None  # the contrast path factorises through Lx alone
+    LK = prior_factor(K, Lx, P)
     Kx = None if Lx is None else K[::Y.shape[1], ::Y.shape[1]]
 
     def b_and_s(st):
