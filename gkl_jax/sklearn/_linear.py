@@ -331,7 +331,6 @@ class BayesianRegression(StandardisedRegressorMixin, RegressorMixin, _BayesianLi
         return check_positive_float(self.intercept_variance, "intercept_variance")
 
 
-
 def _plug_in_intercept(mean, cov, x_mean):
     """The moments of (w, b) for the plug-in intercept b = -x_mean^T w of centred targets: b is a function of w, so
     Cov(w, b) = -cov x_mean and Var(b) = x_mean^T cov x_mean.
