@@ -25,9 +25,9 @@ from ._xla import checks_traced
 def is_concrete(x) -> bool:
     """True when `x` holds actual values (not a tracer) and no trace is staging operations: inside `jit` (or
     `checkpoint`, `eval_shape`) a check on a closed-over concrete array would itself be a tracer, so it is skipped.
-    The probe is `jnp.asarray(0.0)`, a tracer exactly where `jnp.zeros(())` is, at a third of its cost (15 us, a
-    GP model build runs it a dozen times)."""
-    return not isinstance(x, jax.core.Tracer) and not isinstance(jnp.asarray(0.0), jax.core.Tracer)
+    The probe is `jax.device_put(0.0)`, a tracer exactly where `jnp.asarray(0.0)` is; outside a trace it compiles
+    nothing, where `jnp.asarray` compiles a small program on its first call in a process (paid by a first fit)."""
+    return not isinstance(x, jax.core.Tracer) and not isinstance(jax.device_put(0.0), jax.core.Tracer)
 
 
 def device_array(x, dtype=None):
@@ -50,7 +50,7 @@ def device_array(x, dtype=None):
 def as_float_array(x, name: str, *, dtype=None):
     """Convert `x` to a floating JAX array, refusing non-numeric input with a ValueError naming `name`."""
     if dtype is None and isinstance(x, (int, float)) and not isinstance(x, bool):
-        return jnp.asarray(float(x))      # a Python scalar stays weakly typed: it adopts float32 data's dtype
+        return jax.device_put(float(x))   # weakly typed, as jnp.asarray would make it (it adopts float32 data's dtype)
     if isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer):
         if dtype is None and jnp.issubdtype(x.dtype, jnp.floating):
             return x                      # as it is: a weakly typed scalar stays weak (e.g. a rebuilt default)
@@ -65,7 +65,7 @@ def as_float_array(x, name: str, *, dtype=None):
     if dtype is None:   # JAX's canonical dtype: float64 data become float32 without x64, as jnp.asarray does
         dtype = jax.dtypes.canonicalize_dtype(arr.dtype) if jnp.issubdtype(arr.dtype, jnp.floating) \
             else jnp.result_type(float)
-    return jnp.asarray(arr, dtype=dtype)
+    return jnp.asarray(arr, dtype=dtype) if isinstance(arr, (jax.Array, jax.core.Tracer)) else device_array(arr, dtype)
 
 
 def strongly_typed(tree, dtype):

@@ -155,3 +155,30 @@ def test_gp_prior_bad_inputs():
         gk.priors.GP(k, np.zeros((3, 1)), mean=np.zeros(2))
     with pytest.raises(ValueError, match="jitter"):
         gk.priors.GP(k, np.zeros((3, 1)), jitter=-1.0)
+
+
+def test_building_a_kernel_compiles_nothing_and_keeps_dtypes():
+    """Kernel parameters are logged on the host (no small XLA program per new shape on a first fit), with the
+    value's dtype, weak type for Python scalars, and the same numbers as jnp.log."""
+    events = []
+
+    def listener(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            events.append(kwargs.get("fun_name"))
+
+    lengthscales = np.linspace(0.5, 3.0, 23)        # a shape no other test gives a kernel
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        k = K.SquaredExponential(2.5, lengthscales)
+        m = K.Matern32(np.float32(0.7), 1.5)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert events == []
+    assert k.log_variance.weak_type and k.log_variance.shape == ()
+    np.testing.assert_allclose(k.log_variance, np.log(2.5), rtol=1e-6)
+    np.testing.assert_allclose(k.log_lengthscale, np.log(lengthscales), rtol=1e-6)
+    assert k.log_lengthscale.dtype == jnp.asarray(lengthscales).dtype and not k.log_lengthscale.weak_type
+    assert m.log_variance.dtype == np.float32 and not m.log_variance.weak_type
+    # traced: the same values through jnp.log, differentiable
+    g = jax.grad(lambda v: K.SquaredExponential(v, 1.0).log_variance)(2.0)
+    np.testing.assert_allclose(g, 0.5, rtol=1e-6)

@@ -586,6 +586,18 @@ def test_classifier_default_kernel_starts_at_the_median_distance(iris_split):
     assert clf.kernel is None
     np.testing.assert_allclose(float(clf.kernel_.lengthscale), np.median(pdist(Xtr)), rtol=1e-12)
     np.testing.assert_allclose(float(clf.kernel_.variance), 1.0)
+    # a first prediction at a new test size compiles the predictive and one softmax program, not op by op
+    from scipy.special import softmax
+
+    events = []
+    listener = lambda event, duration, **kw: events.append(event) if event.endswith("backend_compile_duration") else 0
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        proba = clf.predict_proba(Xtr[:11])
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert len(events) <= 2
+    np.testing.assert_allclose(proba, softmax(np.asarray(clf.predictive(Xtr[:11]).mean), axis=1), rtol=1e-12)
 
 
 def test_classifier_label_handling_and_errors(iris_split):

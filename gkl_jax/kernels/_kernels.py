@@ -23,15 +23,21 @@ import abc
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from .._validate import as_float_array, check_finite, check_ndim, check_positive
+from .._validate import as_float_array, check_finite, check_ndim, check_positive, host_view, is_concrete
 
 
 def _log_positive(value, name):
+    """log(value) of a positive finite parameter, on the host for a concrete value on the CPU (`jnp.log` compiles a
+    small program on its first call in a process, paid by a first fit), with `value`'s dtype and weak type."""
     value = as_float_array(value, name)
     check_finite(value, name)
     check_positive(value, name)
-    return jnp.log(value)
+    if not is_concrete(value) or not isinstance(host_view(value), np.ndarray):
+        return jnp.log(value)
+    log = np.log(np.asarray(value))
+    return jax.device_put(float(log)) if value.weak_type else jax.device_put(log.astype(value.dtype))
 
 
 def _points(X, name):

@@ -44,7 +44,7 @@ class Predictive(eqx.Module):
         Returns:
             (n_*, C) float array (rows sum to one).
         """
-        return jax.nn.softmax(self.mean, axis=-1)
+        return _softmax(self.mean)
 
     def integrated_probabilities(self, key, num_pairs=1000):
         """E[softmax(f_*)] under N(m_*, V_*) by Monte Carlo with `num_pairs` antithetic pairs of draws per test
@@ -85,6 +85,12 @@ class Predictive(eqx.Module):
         lower = self.log_lower_bounds() if log_lower is None else log_lower
         e = jnp.exp(lower)
         return 1.0 - (jnp.sum(e, axis=-1, keepdims=True) - e)
+
+
+@jax.jit
+def _softmax(mean):
+    """softmax over the last axis as one compiled program (op by op it compiles five small ones per new shape)."""
+    return jax.nn.softmax(mean, axis=-1)
 
 
 @functools.partial(jax.jit, static_argnums=3)
