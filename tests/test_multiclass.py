@@ -586,7 +586,9 @@ def test_classifier_default_kernel_starts_at_the_median_distance(iris_split):
     assert clf.kernel is None
     np.testing.assert_allclose(float(clf.kernel_.lengthscale), np.median(pdist(Xtr)), rtol=1e-12)
     np.testing.assert_allclose(float(clf.kernel_.variance), 1.0)
-    # a first prediction at a new test size compiles the predictive and one softmax program, not op by op
+    # a first prediction at a new test size compiles the predictive and one softmax program (not op by op), for
+    # the test points padded to a bucket size: another size in the same bucket compiles nothing, and the padding
+    # changes no row
     from scipy.special import softmax
 
     events = []
@@ -594,10 +596,17 @@ def test_classifier_default_kernel_starts_at_the_median_distance(iris_split):
     jax.monitoring.register_event_duration_secs_listener(listener)
     try:
         proba = clf.predict_proba(Xtr[:11])
+        first = len(events)
+        proba13 = clf.predict_proba(Xtr[:13])
     finally:
         jax.monitoring.unregister_event_duration_listener(listener)
-    assert len(events) <= 2
-    np.testing.assert_allclose(proba, softmax(np.asarray(clf.predictive(Xtr[:11]).mean), axis=1), rtol=1e-12)
+    assert first <= 2 and len(events) == first
+    assert proba.shape == (11, 3) and proba13.shape == (13, 3)
+    np.testing.assert_allclose(proba13[:11], proba, rtol=1e-12)
+    pred = clf.predictive(Xtr[:11])
+    assert pred.mean.shape == (11, 3) and pred.covariance.shape == (11, 3, 3)
+    np.testing.assert_allclose(proba, softmax(np.asarray(pred.mean), axis=1), rtol=1e-12)
+    np.testing.assert_allclose(clf.predict_proba(Xtr[4:5])[0], proba[4], rtol=1e-12)   # one point alone
 
 
 def test_classifier_label_handling_and_errors(iris_split):

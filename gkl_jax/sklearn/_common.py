@@ -22,6 +22,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from .._linalg import in_float64
 from .._validate import host_arrays
+from .._xla import bucket  # noqa: F401  (re-exported: the estimators' shape buckets)
 from ..gp._hyper import fit_hyperparameters
 
 try:  # scikit-learn >= 1.6
@@ -92,25 +93,6 @@ def encode_labels(y):
     if len(classes) < 2:
         raise ValueError(f"the classifier needs samples of at least 2 classes in y; got one class: {classes[0]!r}")
     return classes, codes
-
-
-def bucket(n: int, minimum: int = 16, steps: int = 1) -> int:
-    """The padded size for n.
-
-    Args:
-        n: a size.
-        minimum: the smallest padded size (a power of two).
-        steps: sizes per octave: 1 gives powers of two; 4 gives 2^k (1, 1.25, 1.5, 1.75), at most 25% padding.
-
-    Returns:
-        int, the smallest such size >= max(n, minimum).
-    """
-    n = max(int(n), int(minimum))
-    octave = 1 << max(n - 1, 0).bit_length() >> 1            # the largest power of two below n (n > 1)
-    if octave == 0 or steps <= 1 or octave * 2 == n:
-        return int(max(minimum, 1 << max(n - 1, 0).bit_length()))
-    step = max(octave // steps, 1)
-    return int(-(-n // step) * step)
 
 
 ROW_BUCKET_MIN, COLUMN_BUCKET_MIN, BUCKET_STEPS = 256, 8, 4
