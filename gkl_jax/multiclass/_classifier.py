@@ -200,9 +200,16 @@ class GPClassifier:
             raise ValueError("this GPClassifier is not fitted yet; call fit(X, y) first")
 
     def _padded_predictive(self, X_new):
-        """(the `Predictive` at X_new's rows padded to a bucket size, n_*): test points do not interact, so the
-        padding (copies of the last row) changes nothing in the first n_* rows, and a new test size compiles the
-        predictive (and the probabilities) once per bucket instead of once per size."""
+        """The predictive at X_new's rows padded to a bucket size (`_xla.bucket`): test points do not interact, so
+        the padding (copies of the last row) changes nothing in the first n_* rows, and a new test size compiles the
+        predictive (and the probabilities) once per bucket instead of once per size.
+
+        Args:
+            X_new: (n_*, d) inputs (checked here).
+
+        Returns:
+            (the `Predictive` at the padded rows, n_*).
+        """
         self._check_fitted()
         X_new = _as_inputs(X_new, "X_new")
         if X_new.shape[1] != self.X_train_.shape[1]:
