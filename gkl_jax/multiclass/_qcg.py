@@ -4,9 +4,10 @@ import jax.numpy as jnp
 from jax import lax
 
 NEWTON_RTOL = 1e-2
-"""The default relative tolerance: the V step's Newton direction is one block of a coordinate ascent, which needs no
-more (Dembo, Eisenstat and Steihaug 1982: a forcing term below one keeps inexact Newton convergent). Against 1e-6
-it takes 2 iterations a step instead of 5 on iris at the same ascent and bound (design-decisions page)."""
+"""The default relative tolerance (the full solver's): the V step's Newton direction is one block of a coordinate
+ascent, which needs no more (Dembo, Eisenstat and Steihaug 1982: a forcing term below one keeps inexact Newton
+convergent). Against 1e-6 it takes 2 iterations a step instead of 5 on iris at the same ascent and bound. The
+sparse solver keeps 1e-3 (`_sparse.V_CG_RTOL`; design-decisions page)."""
 
 
 def q_conjugate_gradient(Q, D, R, max_iters, rtol=NEWTON_RTOL, QR=None):
