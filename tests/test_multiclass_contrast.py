@@ -39,7 +39,7 @@ def test_contrast_covariance_equals_the_dense_covariance(C):
     rng, K, Lx = _prior(n, C)
     P = _contrast.contrast_basis(C, K.dtype)
     W = _contrast_precisions(rng, n, C, P)
-    Vb, logdet, trace, G = _sweep._covariance(K, None, W, Lx, P)
+    Vb, logdet, trace, G = _sweep._covariance(K, _sweep.prior_factor(K, Lx, P), W, Lx, P)
     assert G.shape == (n * (C - 1), n * (C - 1))
     V = jnp.linalg.inv(jnp.linalg.inv(K) + _blocks.blockdiag_dense(W))
     Kinv_V = jnp.linalg.solve(K, V)

@@ -28,6 +28,7 @@ from sklearn.utils import estimator_checks as checks
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
 import gkl_jax as gk
+from gkl_jax._xla import bucket
 from gkl_jax.sklearn import (
     BayesianLogisticRegression,
     BayesianRegression,
@@ -35,7 +36,6 @@ from gkl_jax.sklearn import (
     GPRegressor,
     MulticlassGPClassifier,
 )
-from gkl_jax.sklearn._common import bucket
 from gkl_jax.sklearn._outputs import combine_one_vs_rest
 
 # Every estimator and configuration (ML-II on and off): the whole check_estimator sweep, extended tier (each new

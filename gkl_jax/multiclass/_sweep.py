@@ -96,7 +96,7 @@ def _covariance(K, LK, W, Lx=None, P=None):
     tr(K^{-1} V), G).
 
     With the contrast basis P (`contrasts_of`; K = K^x (x) I_C and W_i = P W^g_i P^T, `_contrast`) the same
-    computation runs on the contrasts, L = L^x (x) I_{C-1} (`LK`, `prior_factor` with P; built here when None) and
+    computation runs on the contrasts, L = L^x (x) I_{C-1} (`LK`, `prior_factor` with P) and
     W^g, and is lifted: V_i = P V^g_i P^T + K^x_ii 1 1^T / C
     (the class sums keep their prior), log|K^{-1} V| = log|(K^x)^{-1} (x) I V^g| and tr(K^{-1} V) gains n; G is then
     the contrasts' factor, n (C - 1) square.
@@ -106,9 +106,7 @@ def _covariance(K, LK, W, Lx=None, P=None):
     rows."""
     if P is not None:
         n, C, _ = W.shape
-        c = C - 1
-        LKg = jnp.kron(Lx, jnp.eye(c, dtype=W.dtype)) if LK is None else LK
-        Vg, logdet_kv, trace_g, G = _covariance(K, LKg, sym(to_contrasts(W, P)), Lx)
+        Vg, logdet_kv, trace_g, G = _covariance(K, LK, sym(to_contrasts(W, P)), Lx)
         kdiag = jnp.sum(Lx * Lx, axis=1)
         return from_contrasts(Vg, P) + kdiag[:, None, None] / C, logdet_kv, trace_g + n, G
     n, C, _ = W.shape

@@ -22,7 +22,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from .._linalg import in_float64
 from .._validate import host_arrays
-from .._xla import bucket  # noqa: F401  (re-exported: the estimators' shape buckets)
+from .._xla import bucket
 from ..gp._hyper import fit_hyperparameters
 
 try:  # scikit-learn >= 1.6

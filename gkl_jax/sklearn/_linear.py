@@ -25,11 +25,11 @@ from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
 from .. import factors as F
 from .._fit import fit as gk_fit
 from .._predict import predict as gk_predict
+from .._xla import bucket
 from . import _ml2 as ml2
 from ._common import (
     HostState,
     binary_targets,
-    bucket,
     check_choice,
     check_positive_float,
     check_steps,
