@@ -1,13 +1,14 @@
-"""The documentation's code runs as written: the docs pages' Python blocks (README.md's run in
-tests/test_notebooks.py, checked here to be where that test finds them), the results-page generator, and (where
-mkdocs is installed) `mkdocs build --strict`.
+"""The documentation's code runs as written: the Python blocks of README.md and the user pages, each page in a
+fresh process; the results pages against their committed result files; and (where mkdocs is installed)
+`mkdocs build --strict`.
 
 A block is not executed when the line before its opening fence is `<!-- docs-test: skip (reason) -->`; the
-reason says where the same code does run (a notebook, a test). Blocks of one file share a namespace, in order.
+reason says where the same code does run (a notebook, a test). Blocks of one page share a namespace, in order.
 """
 
 import ast
 import importlib.util
+import json
 import os
 import pathlib
 import re
@@ -50,45 +51,46 @@ def doc_pages():
     return sorted(pages)
 
 
-def run_blocks(path, blocks, capsys):
-    namespace = {"__name__": "__docs__"}
-    for line, code, _ in blocks:
-        try:
-            exec(compile(code, f"{os.path.relpath(path, ROOT)}:{line}", "exec"), namespace)
-        except Exception as err:  # name the block that failed
-            raise AssertionError(f"{os.path.relpath(path, ROOT)}, block at line {line}: {err!r}") from err
-    return capsys.readouterr().out
+def snippet_pages():
+    """The user pages whose Python blocks must run as written: README.md, the home page, every page under
+    docs/guide/ (found, so a new guide page is checked without editing this test) and the sharp-bits page."""
+    guide = os.path.join(ROOT, "docs", "guide")
+    pages = [os.path.join(ROOT, "README.md"), os.path.join(ROOT, "docs", "index.md"),
+             os.path.join(ROOT, "docs", "sharp-bits.md")]
+    pages += sorted(os.path.join(guide, f) for f in os.listdir(guide) if f.endswith(".md"))
+    return [os.path.relpath(p, ROOT) for p in pages]
 
 
-def readme_blocks():
-    return [b for b in python_blocks(os.path.join(ROOT, "README.md")) if b[2] is None]
-
-
-def test_readme_python_blocks_are_run_by_the_quickstart_test():
-    """Every README Python block sits under "## Quickstart", which tests/test_notebooks.py runs as written (one
-    execution in the suite instead of two)."""
-    blocks = readme_blocks()
-    assert len(blocks) >= 2, "README.md lost its quickstart or its GP example"
-    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as fh:
-        text = fh.read()
-    quickstart = text.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
-    for line, code, _ in blocks:
-        assert code in quickstart, f"README.md block at line {line} is outside ## Quickstart: nothing runs it"
-    with open(os.path.join(ROOT, "tests", "test_notebooks.py"), encoding="utf-8") as fh:
-        assert "def test_readme_quickstart_runs" in fh.read()
+# Runs the blocks given on stdin (JSON [[name, code], ...]) in one namespace, in order; a failure names its block.
+_RUNNER = """
+import json, sys, traceback
+namespace = {"__name__": "__main__"}
+for name, code in json.load(sys.stdin):
+    try:
+        exec(compile(code, name, "exec"), namespace)
+    except BaseException:
+        traceback.print_exc()
+        print("DOCS-BLOCK-FAILED " + name, file=sys.stderr)
+        sys.exit(1)
+"""
 
 
 @pytest.mark.slow
-def test_docs_python_blocks_run_as_written(capsys):
-    """Every unmarked block of docs/*.md runs; a block identical to a README block is covered by the README test."""
-    in_readme = {code for _, code, _ in readme_blocks()}
-    ran = 0
-    for path in doc_pages():
-        blocks = [b for b in python_blocks(path) if b[2] is None and b[1] not in in_readme]
-        if blocks:
-            run_blocks(path, blocks, capsys)
-            ran += len(blocks)
-    assert ran >= 1
+@pytest.mark.parametrize("page", snippet_pages())
+def test_page_python_blocks_run_as_written_in_a_fresh_process(page):
+    """The unmarked Python blocks of one page run in order in a fresh interpreter, as a reader pasting them would
+    run them: no float64 switched on beforehand (the page must do it where it needs it), nothing defined by
+    another page, the repository first on the path."""
+    blocks = [(f"{page}:{line}", code) for line, code, skip in python_blocks(os.path.join(ROOT, page))
+              if skip is None]
+    if not blocks:
+        pytest.skip(f"{page} has no executed Python block")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_ENABLE_X64")}
+    env["PYTHONPATH"] = ROOT
+    env.setdefault("MPLBACKEND", "Agg")
+    proc = subprocess.run([sys.executable, "-c", _RUNNER], input=json.dumps(blocks), cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
 
 
 def test_every_skipped_block_says_why():
@@ -100,6 +102,10 @@ def test_every_skipped_block_says_why():
                     markers += 1
                     assert SKIP.match(line.strip()), f"{path}:{number}: write <!-- docs-test: skip (reason) -->"
     assert markers >= 1
+
+
+def readme_blocks():
+    return [b for b in python_blocks(os.path.join(ROOT, "README.md")) if b[2] is None]
 
 
 def test_the_home_page_quickstart_is_the_readme_quickstart():
