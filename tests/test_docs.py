@@ -164,6 +164,27 @@ def test_every_results_page_shows_ours_from_a_committed_file():
     assert "0.010 / 0.14 (x14.0)" in gen.tables_page()  # Chevron, D = 250, N = 125, K = 13: 0.14 s / 0.010 s
 
 
+def test_a_benchmark_summary_updates_its_result_file_and_page(tmp_path, monkeypatch):
+    """benchmarks/_results.py merges a run's data sets into the result file (keeping the others, NaN as null),
+    and the generator puts them on the page beside the paper's values."""
+    spec = importlib.util.spec_from_file_location("_results", os.path.join(ROOT, "benchmarks", "_results.py"))
+    results = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(results)
+    path = str(tmp_path / "kl_corrected.json")
+    results.update_result_file(path, {"pima": {"error": 24.0, "speedup": 35.7, "speedup_warm": float("nan"),
+                                               "iterations": [10, 1233]}})
+    data = results.update_result_file(path, {"moons": {"error": 10.76, "speedup": 11.4, "speedup_warm": 84.0,
+                                                        "iterations": [18, 429]}}, note="200 training points")
+    assert data["results"]["pima"]["speedup_warm"] is None and "pima from earlier runs" in data["header"]["recorded"]
+    gen = _gen_results()
+    with open(path, encoding="utf-8") as fh:
+        stored = json.load(fh)
+    monkeypatch.setattr(gen, "load_json", lambda p: stored if p == gen.KL_JSON else None)
+    page = gen.king_lawrence_page()
+    assert "| pima | 24.0 | 23.0+-2.0 (diabetis) | x35.7 | x8.75 | 10 / 1233 |" in page
+    assert "| moons | 10.76 | 10.9+-0.5 (banana) | x11.4 (x84) | x19.9 | 18 / 429 |" in page
+
+
 @pytest.mark.slow
 def test_mkdocs_build_strict(tmp_path):
     for plugin in ("mkdocs", "material", "mkdocstrings", "mkdocs_jupyter"):
