@@ -163,6 +163,8 @@ def main():
                     help="Student-t G-KL inner fits by gk.fit's robust default (whitened L-BFGS then Newton-CG)")
     ap.add_argument("--t-scales", default="0.1,0.2,0.4", help="Student-t scale grid (normalised units)")
     ap.add_argument("--lap-scales", default="0.1,0.2,0.4", help="Laplace scale grid (normalised units)")
+    ap.add_argument("--json", default=None, help="update this result file with the run's cells (the docs' Table 1 "
+                    "page reads benchmarks/results/table1.json)")
     args = ap.parse_args()
     datasets, columns = args.datasets.split(","), args.columns.split(",")
     t_scales = [float(s) for s in args.t_scales.split(",")]
@@ -174,6 +176,7 @@ def main():
     start = time.time()
     print(f"# gp_regression_table1  {time.strftime('%Y-%m-%d %H:%M')}  {platform.processor() or platform.machine()}"
           f"  load {os.getloadavg()[0]:.1f}  args {vars(args)}")
+    summary = {}
     for name in datasets:
         rows = {c: [] for c in columns}
         for p in range(args.partitions):
@@ -202,13 +205,15 @@ def main():
             if not rs:
                 print(f"{col:10s} (no result)")
                 continue
-            cells = []
+            cells, entry = [], {}
             for key, ref in zip(("lml", "test_mse", "test_tlp"), PAPER[name][col]):
                 vals = np.array([r[key] for r in rs])
                 se = vals.std(ddof=1) / np.sqrt(len(vals)) if len(vals) > 1 else float("nan")
                 paper = "-" if ref is None else f"{ref[0]}+-{ref[1]}"
                 cells.append(f"{vals.mean():8.2f}+-{se:<5.2f} {paper:>10s}")
+                entry[{"lml": "lml", "test_mse": "mse", "test_tlp": "tlp"}[key]] = [float(vals.mean()), float(se)]
             conv = sum(r["hyper_converged"] and r["inner_converged"] for r in rs)
+            summary.setdefault(name, {})[col] = dict(entry, converged=f"{conv}/{len(rs)}")
             scales = ",".join(f"{r['scale']:g}" for r in rs)
             print(f"{col:10s} " + " ".join(cells) + f" {conv:>3d}/{len(rs)} {scales}")
             for r in rs:
@@ -222,6 +227,11 @@ def main():
                 print(f"G-KL LML >= VB LML ({lik}): {wins}/{min(len(rows[f'{lik}/gkl']), len(rows[f'{lik}/local']))}"
                       " partitions")
     print(f"\nwall time {time.time() - start:.1f} s, load {os.getloadavg()[0]:.1f}")
+    if args.json:
+        from _results import update_result_file
+
+        update_result_file(args.json, summary, note=f"{args.partitions} partitions; columns {','.join(columns)}")
+        print(f"updated {args.json}; run python docs/gen_results.py")
 
 
 if __name__ == "__main__":

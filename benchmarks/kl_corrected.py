@@ -75,6 +75,8 @@ def main():
     ap.add_argument("--m-steps", type=int, default=5)
     ap.add_argument("--learn-noise", action="store_true", help="also learn v = 1 / beta (Algorithm 1's 'update beta')")
     ap.add_argument("--warm", action="store_true", help="rerun each scheme compiled, for compile-free times")
+    ap.add_argument("--json", default=None, help="update this result file with the run's rows (the docs' King & "
+                    "Lawrence page reads benchmarks/results/kl_corrected.json)")
     args = ap.parse_args()
     datasets = args.datasets.split(",")
     if args.quick:
@@ -85,6 +87,7 @@ def main():
     print("time: the first run of each scheme includes its compilation; 'warm' reruns it compiled (same data).")
     print(f"{'data':9s} {'N':>4s} {'scheme':9s} {'iters':>6s} {'conv':>5s} {'time s':>8s} {'warm s':>8s} "
           f"{'L':>10s} {'L_corr':>10s} {'L<=Lc':>6s} {'test err %':>10s} {'paper err %':>20s}")
+    summary = {}
     for name in datasets:
         Xtr, ytr, Xte, yte = load(name, args.n_train)
         out = {}
@@ -100,12 +103,16 @@ def main():
             scheme = "KL-corr" if corrected else "standard"
             out[scheme] = r
             out[scheme + " warm"] = warm
+            out[scheme + " error"] = err
             print(f"{name:9s} {len(ytr):4d} {scheme:9s} {r.num_iters:6d} {str(r.converged):>5s} {r.wall_time:8.1f} "
                   f"{warm:8.1f} {r.history_standard[-1]:10.3f} {r.history_corrected[-1]:10.3f} {str(sandwich):>6s} "
                   f"{err:10.2f} {PAPER_ERR[name]:>20s}", flush=True)
         c, s = out["KL-corr"], out["standard"]
         paper = PAPER_SPEEDUP[name]
         warm_ratio = out["standard warm"] / out["KL-corr warm"]
+        summary[name] = {"error": round(float(out["KL-corr error"]), 2),
+                         "speedup": round(s.wall_time / c.wall_time, 1), "speedup_warm": round(warm_ratio, 1),
+                         "iterations": [int(c.num_iters), int(s.num_iters)]}
         print(f"{'':9s} speed-up: iterations x{s.num_iters / c.num_iters:.1f}, time x{s.wall_time / c.wall_time:.1f}"
               f" (warm x{warm_ratio:.1f}; paper x{paper if paper else '-'})"
               f"{'' if s.converged else ' (standard not converged: lower bounds on the speed-up)'}; "
@@ -114,6 +121,12 @@ def main():
               f"({float(s.params.kernel.variance):.3g}, {float(s.params.kernel.lengthscale):.3g}, "
               f"{float(s.params.noise):.3g})", flush=True)
     print(f"\nwall time {time.time() - start:.1f} s, load {os.getloadavg()[0]:.1f}")
+    if args.json:
+        from _results import update_result_file
+
+        update_result_file(args.json, summary, note=f"{args.n_train or 'all'} training points per set; test "
+                           "error of the KL-corrected scheme; speed-up with compilation (compiled, with --warm)")
+        print(f"updated {args.json}; run python docs/gen_results.py")
 
 
 if __name__ == "__main__":

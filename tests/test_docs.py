@@ -1,13 +1,14 @@
-"""The documentation's code runs as written: the docs pages' Python blocks (README.md's run in
-tests/test_notebooks.py, checked here to be where that test finds them), the results-page generator, and (where
-mkdocs is installed) `mkdocs build --strict`.
+"""The documentation's code runs as written: the Python blocks of README.md and the user pages, each page in a
+fresh process; the results pages against their committed result files; and (where mkdocs is installed)
+`mkdocs build --strict`.
 
 A block is not executed when the line before its opening fence is `<!-- docs-test: skip (reason) -->`; the
-reason says where the same code does run (a notebook, a test). Blocks of one file share a namespace, in order.
+reason says where the same code does run (a notebook, a test). Blocks of one page share a namespace, in order.
 """
 
 import ast
 import importlib.util
+import json
 import os
 import pathlib
 import re
@@ -50,45 +51,47 @@ def doc_pages():
     return sorted(pages)
 
 
-def run_blocks(path, blocks, capsys):
-    namespace = {"__name__": "__docs__"}
-    for line, code, _ in blocks:
-        try:
-            exec(compile(code, f"{os.path.relpath(path, ROOT)}:{line}", "exec"), namespace)
-        except Exception as err:  # name the block that failed
-            raise AssertionError(f"{os.path.relpath(path, ROOT)}, block at line {line}: {err!r}") from err
-    return capsys.readouterr().out
+def snippet_pages():
+    """The user pages whose Python blocks must run as written: README.md, the home page, every page under
+    docs/guide/ (found, so a new guide page is checked without editing this test) and the sharp-bits page."""
+    guide = os.path.join(ROOT, "docs", "guide")
+    pages = [os.path.join(ROOT, "README.md"), os.path.join(ROOT, "docs", "index.md"),
+             os.path.join(ROOT, "docs", "sharp-bits.md")]
+    pages += sorted(os.path.join(guide, f) for f in os.listdir(guide) if f.endswith(".md"))
+    return [os.path.relpath(p, ROOT) for p in pages]
 
 
-def readme_blocks():
-    return [b for b in python_blocks(os.path.join(ROOT, "README.md")) if b[2] is None]
-
-
-def test_readme_python_blocks_are_run_by_the_quickstart_test():
-    """Every README Python block sits under "## Quickstart", which tests/test_notebooks.py runs as written (one
-    execution in the suite instead of two)."""
-    blocks = readme_blocks()
-    assert len(blocks) >= 2, "README.md lost its quickstart or its GP example"
-    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as fh:
-        text = fh.read()
-    quickstart = text.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
-    for line, code, _ in blocks:
-        assert code in quickstart, f"README.md block at line {line} is outside ## Quickstart: nothing runs it"
-    with open(os.path.join(ROOT, "tests", "test_notebooks.py"), encoding="utf-8") as fh:
-        assert "def test_readme_quickstart_runs" in fh.read()
+# Runs the blocks given on stdin (JSON [[name, code], ...]) in one namespace, in order; a failure names its block.
+_RUNNER = """
+import json, sys, traceback
+namespace = {"__name__": "__main__"}
+for name, code in json.load(sys.stdin):
+    try:
+        exec(compile(code, name, "exec"), namespace)
+    except BaseException:
+        traceback.print_exc()
+        print("DOCS-BLOCK-FAILED " + name, file=sys.stderr)
+        sys.exit(1)
+"""
 
 
 @pytest.mark.slow
-def test_docs_python_blocks_run_as_written(capsys):
-    """Every unmarked block of docs/*.md runs; a block identical to a README block is covered by the README test."""
-    in_readme = {code for _, code, _ in readme_blocks()}
-    ran = 0
-    for path in doc_pages():
-        blocks = [b for b in python_blocks(path) if b[2] is None and b[1] not in in_readme]
-        if blocks:
-            run_blocks(path, blocks, capsys)
-            ran += len(blocks)
-    assert ran >= 1
+@pytest.mark.parametrize("page", snippet_pages())
+def test_page_python_blocks_run_as_written_in_a_fresh_process(page):
+    """The unmarked Python blocks of one page run in order in a fresh interpreter, as a reader pasting them would
+    run them: no float64 switched on beforehand (the page must do it where it needs it), nothing defined by
+    another page, the repository first on the path."""
+    in_readme = set() if page == "README.md" else {code for _, code, _ in readme_blocks()}
+    blocks = [(f"{page}:{line}", code) for line, code, skip in python_blocks(os.path.join(ROOT, page))
+              if skip is None and code not in in_readme]  # the home page repeats the README's quickstart
+    if not blocks:
+        pytest.skip(f"{page} has no executed Python block of its own")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_ENABLE_X64")}
+    env["PYTHONPATH"] = ROOT
+    env.setdefault("MPLBACKEND", "Agg")
+    proc = subprocess.run([sys.executable, "-c", _RUNNER], input=json.dumps(blocks), cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
 
 
 def test_every_skipped_block_says_why():
@@ -100,6 +103,10 @@ def test_every_skipped_block_says_why():
                     markers += 1
                     assert SKIP.match(line.strip()), f"{path}:{number}: write <!-- docs-test: skip (reason) -->"
     assert markers >= 1
+
+
+def readme_blocks():
+    return [b for b in python_blocks(os.path.join(ROOT, "README.md")) if b[2] is None]
 
 
 def test_the_home_page_quickstart_is_the_readme_quickstart():
@@ -130,17 +137,52 @@ def test_results_pages_render_ours_beside_the_papers(monkeypatch):
 
 
 def test_committed_results_pages_are_what_the_generator_writes():
-    """Pages without our numbers must be exactly the generator's output (with numbers, they need the JSON)."""
+    """Every results page is exactly what docs/gen_results.py writes from the committed result files: a number
+    edited on a page, or a result file changed without regenerating, fails here."""
     gen = _gen_results()
     pages = gen.generate()
+    assert set(pages) == {f for f in os.listdir(os.path.join(ROOT, "docs", "results")) if f.endswith(".md")}
     for name, text in pages.items():
         path = os.path.join(ROOT, "docs", "results", name)
-        assert os.path.exists(path), f"docs/results/{name} missing: run python docs/gen_results.py"
         with open(path, encoding="utf-8") as fh:
             committed = fh.read()
-        assert committed.startswith(gen.HEADER)
-        if "not on this page yet" in committed or name in ("chai-figure-5.md",):
-            assert committed == text, f"docs/results/{name} is stale: run python docs/gen_results.py"
+        assert committed == text, f"docs/results/{name} is stale: run python docs/gen_results.py"
+
+
+def test_every_results_page_shows_ours_from_a_committed_file():
+    """Each page's result file is in the repository (not git-ignored), small, and its numbers are on the page."""
+    gen = _gen_results()
+    ignored = subprocess.run(["git", "check-ignore", "-q", "benchmarks/results/x.json"], cwd=ROOT).returncode
+    assert ignored == 1, "benchmarks/results/ is git-ignored: no clone would show our numbers"
+    for page, source in gen.SOURCES.items():
+        if source is None:
+            continue
+        path = os.path.join(ROOT, source)
+        assert os.path.exists(path) and os.path.getsize(path) < 500_000, source
+        text = gen.PAGES[page]()
+        assert f"Ours: from `{source}`" in text and "not on this page" not in text, page
+    assert "0.010 / 0.14 (x14.0)" in gen.tables_page()  # Chevron, D = 250, N = 125, K = 13: 0.14 s / 0.010 s
+
+
+def test_a_benchmark_summary_updates_its_result_file_and_page(tmp_path, monkeypatch):
+    """benchmarks/_results.py merges a run's data sets into the result file (keeping the others, NaN as null),
+    and the generator puts them on the page beside the paper's values."""
+    spec = importlib.util.spec_from_file_location("_results", os.path.join(ROOT, "benchmarks", "_results.py"))
+    results = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(results)
+    path = str(tmp_path / "kl_corrected.json")
+    results.update_result_file(path, {"pima": {"error": 24.0, "speedup": 35.7, "speedup_warm": float("nan"),
+                                               "iterations": [10, 1233]}})
+    data = results.update_result_file(path, {"moons": {"error": 10.76, "speedup": 11.4, "speedup_warm": 84.0,
+                                                        "iterations": [18, 429]}}, note="200 training points")
+    assert data["results"]["pima"]["speedup_warm"] is None and "pima from earlier runs" in data["header"]["recorded"]
+    gen = _gen_results()
+    with open(path, encoding="utf-8") as fh:
+        stored = json.load(fh)
+    monkeypatch.setattr(gen, "load_json", lambda p: stored if p == gen.KL_JSON else None)
+    page = gen.king_lawrence_page()
+    assert "| pima | 24.0 | 23.0+-2.0 (diabetis) | x35.7 | x8.75 | 10 / 1233 |" in page
+    assert "| moons | 10.76 | 10.9+-0.5 (banana) | x11.4 (x84) | x19.9 | 18 / 429 |" in page
 
 
 @pytest.mark.slow

@@ -1,4 +1,5 @@
-// MathJax 3 configuration for the notebooks' $...$ and $$...$$ math (loaded from a CDN, see mkdocs.yml).
+// MathJax 3 configuration (loaded from a CDN, see mkdocs.yml): the pages' maths, which pymdownx.arithmatex hands
+// over as \(...\) and \[...\], and the notebooks' $...$ and $$...$$.
 window.MathJax = {
   tex: {inlineMath: [["$", "$"], ["\\(", "\\)"]], displayMath: [["$$", "$$"], ["\\[", "\\]"]], processEscapes: true}
 };
