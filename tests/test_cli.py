@@ -378,3 +378,37 @@ def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
     monkeypatch.delenv("GKL_JAX_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert cli.cache_dir() == os.path.join(str(tmp_path / "xdg"), "gkl-jax", "xla")
+
+
+# ------------------------------------------------------------------------------------------------ hints (issue 64)
+
+
+@pytest.mark.parametrize("delimiter, typed, name", [(";", "';'", "semicolons"), ("\t", "$'\\t'", "tabs")])
+def test_one_column_header_gets_a_delimiter_hint(capsys, files, tmp_path, delimiter, typed, name):
+    """A file that is one column under ',' but several under ';' or a tab: the error names --delimiter, and that
+    delimiter reads it."""
+    path = tmp_path / "semi.csv"
+    rows = [delimiter.join(["a", "b", "c", "label"])] + [
+        delimiter.join([str(v) for v in x] + ["yes" if t else "no"]) for x, t in zip(files["X"], files["yes"])]
+    path.write_text("\n".join(rows) + "\n")
+    _one_line_error(*run(capsys, "fit", path), f"its first row splits into 4 columns at {name}: pass --delimiter "
+                                               f"{typed}")
+    names, body = _cli_input.read_table(str(path), delimiter=delimiter)
+    assert names == ["a", "b", "c", "label"] and len(body) == N
+    plain = tmp_path / "one.csv"
+    plain.write_text("y\n1\n2\n")
+    code, _, err = run(capsys, "fit", plain)
+    assert code == 2 and "found 1" in err and "--delimiter" not in err
+
+
+def test_large_scale_binary_inputs_get_a_standardize_note(capsys, files, tmp_path):
+    """Logistic inputs with a column sd above 100 get one warning line naming the column and --standardize; with
+    --standardize, or a Gaussian likelihood, none."""
+    X = files["X"] * np.array([1.0, 1e4, 1.0])
+    path = _write(tmp_path / "big.csv", ["a", "b", "c", "label"],
+                  [list(x) + ["yes" if t else "no"] for x, t in zip(X, files["yes"])])
+    code, _, err = run(capsys, "fit", path, "--quiet")
+    notes = [line for line in err.splitlines() if "--standardize" in line]
+    assert code == 0 and len(notes) == 1 and f"'b' (sd {X[:, 1].std():.3g})" in notes[0] and "'a'" not in notes[0], err
+    code, _, err = run(capsys, "fit", path, "--quiet", "--standardize")
+    assert code == 0 and "sd above" not in err
