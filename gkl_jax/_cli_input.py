@@ -128,8 +128,9 @@ def _target_scale(problem, args):
 # ----------------------------------------------------------------------------------------------- reading
 
 
-def read_table(path: str, *, header: bool = True, delimiter: str = ","):
-    """(column names, list of (line number, fields)) of a CSV file; CLIError on unreadable or ragged input."""
+def read_table(path: str, *, header: bool = True, delimiter: str = ",", min_columns: int = 2):
+    """(column names, list of (line number, fields)) of a CSV file; CLIError on unreadable or ragged input, or
+    fewer than `min_columns` columns (2 for a fit: inputs and a target)."""
     check_data_path(path)
     if len(delimiter) != 1:
         raise CLIError(f"--delimiter must be one character, got {delimiter!r}")
@@ -156,13 +157,13 @@ def read_table(path: str, *, header: bool = True, delimiter: str = ","):
     for line, fields in rows:
         if len(fields) != len(names):
             raise CLIError(f"{path} line {line}: {len(fields)} fields, expected {len(names)}")
-    if len(names) < 2:
+    if len(names) < min_columns:
         raise CLIError(f"{path} needs at least two columns (inputs and a target), found {len(names)}"
-                       + _delimiter_hint(path, delimiter))
+                       + delimiter_hint(path, delimiter))
     return names, rows
 
 
-def _delimiter_hint(path, delimiter):
+def delimiter_hint(path, delimiter):
     """For a file whose first row is one column under `delimiter`: '; ... pass --delimiter X' where another of
     `DELIMITERS` splits it into several columns, else ''."""
     try:

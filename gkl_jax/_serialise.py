@@ -11,11 +11,11 @@ A file is three parts:
 
 The skeleton (`encode`) describes everything that is not an array leaf, in JSON: an Equinox module of the
 library as its class path and fields (static fields with their values: a factor's `bandwidth`, a result's
-`method`), a scikit-learn estimator of `gkl_jax.sklearn` as its class path, `get_params()` and fitted state, another object of
-a gkl-jax class as its class path and attributes, lists, tuples, dicts, numbers and strings as themselves, and an array as the index of its leaf. `decode`
-rebuilds the object from the skeleton and the loaded leaves, creating only classes under `gkl_jax` (no code runs
-from the file: it holds no pickles). Anything else (a function, an arbitrary object) cannot be saved: ValueError
-naming where it is.
+`method`), a scikit-learn estimator of `gkl_jax.sklearn` as its class path, `get_params()` and fitted state,
+another object of a gkl-jax class as its class path and attributes, lists, tuples, dicts, numbers and strings as
+themselves, and an array as the index of its leaf. `decode` rebuilds the object from the skeleton and the
+loaded leaves, creating only classes under `gkl_jax` (no code runs from the file: it holds no pickles). Anything
+else (a function, an arbitrary object) cannot be saved: ValueError naming where it is.
 """
 
 import dataclasses
