@@ -161,3 +161,20 @@ def test_inference_data_from_estimators(estimators):
     assert coef.dims == ("chain", "draw", "feature") and list(coef.coords["feature"].values) == ["x0", "x1", "x2"]
     with pytest.raises(ValueError, match="takes a gkl_jax.Result or a fitted"):
         gk.to_inference_data(object())
+
+
+@pytest.mark.parametrize("template", [
+    gk.factors.Diagonal(), gk.factors.Chevron(rows=1), gk.factors.Sparse(np.triu(np.ones((4, 4))) - np.eye(4, k=3)),
+    gk.factors.Subspace(rank=2, num_refinements=2), gk.factors.FactorAnalysis(rank=1, start="random"),
+], ids=lambda t: type(t).__name__)
+def test_every_factor_round_trips(tmp_path, template):
+    """Every factor type (static fields such as `rows`, `rank` and `num_refinements`, integer pattern arrays)
+    comes back as the same pytree and the same covariance."""
+    q = gk.Gaussian(np.arange(4.0), template.initialise(4, np.array([1.0, 2.0, 0.5, 3.0])))
+    result = gk.Result(q=q, log_z=np.float64(-1.5), converged=np.bool_(True), num_steps=np.int32(3),
+                       history=np.array([-2.0, -1.5, np.nan]), method="laplace", is_bound=False)
+    path = tmp_path / "factor.gkl"
+    gk.save(path, result)
+    loaded = gk.load(path)
+    _same(result, loaded)
+    np.testing.assert_array_equal(loaded.q.covariance(), q.covariance())
