@@ -106,6 +106,8 @@ def _library_class(path: str):
         raise FormatError(f"names the class {path}, which this gkl-jax does not have") from None
     if not isinstance(cls, type):
         raise FormatError(f"names {path}, which is not a class")
+    if not (cls.__module__ == "gkl_jax" or cls.__module__.startswith("gkl_jax.")):   # defined here, not imported
+        raise FormatError(f"names the class {path}, which is not part of gkl-jax")
     return cls
 
 

@@ -107,6 +107,9 @@ def test_bad_files_raise_value_errors_naming_the_file(tmp_path, results):
     _rewrite_header(foreign, lambda h: h["structure"].update(module="os.system"))
     with pytest.raises(ValueError, match="names the class os.system, which is not part of gkl-jax"):
         gk.load(foreign)
+    _rewrite_header(foreign, lambda h: h["structure"].update(module="gkl_jax.sklearn._linear.BaseEstimator"))
+    with pytest.raises(ValueError, match="BaseEstimator, which is not part of gkl-jax"):
+        gk.load(foreign)     # a class only imported into a gkl-jax module is refused too
     with pytest.raises(ValueError, match=re.escape(str(good)) + " holds a Result, not a BayesianRegression"):
         gk.load(good, "BayesianRegression")
     with pytest.raises(ValueError, match="cannot read .*missing.gkl"):
