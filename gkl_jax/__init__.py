@@ -18,7 +18,8 @@ _SUBPACKAGES = ("baselines", "datasets", "design", "distributed", "factors", "gp
                 "operators", "potentials", "priors", "solvers", "stochastic")
 _NAMES = {"ais": ".baselines", "double_loop": ".baselines", "ep": ".baselines", "laplace": ".baselines",
           "local": ".baselines", "bound": "._bound", "fit": "._fit", "Gaussian": "._gaussian", "Model": "._model",
-          "Sites": "._model", "Result": "._result", "predict": "._predict"}
+          "Sites": "._model", "Result": "._result", "predict": "._predict", "Float32Warning": "._traps",
+          "RecompilationWarning": "._traps", "save": "._io", "load": "._io", "to_inference_data": "._arviz"}
 
 
 def __getattr__(name):
@@ -45,4 +46,7 @@ if TYPE_CHECKING:  # what the names are, for type checkers and IDEs
     from ._model import Model, Sites  # noqa: F401
     from ._predict import predict  # noqa: F401
     from ._result import Result  # noqa: F401
+    from ._traps import Float32Warning, RecompilationWarning  # noqa: F401
+    from ._io import load, save  # noqa: F401
+    from ._arviz import to_inference_data  # noqa: F401
     from .baselines import ais, double_loop, ep, laplace, local  # noqa: F401

@@ -21,6 +21,12 @@ MAX_COUNT = 1e9
 """The largest Poisson count accepted. The bound's terms y m and log y! are then up to ~2e10 nats each and
 cancel to the bound; float64 keeps that to ~1e-5 nats a site, where counts of 1e15 would lose whole nats (and
 counts above 2^53 are not even exact integers)."""
+INPUT_SD_HINT = 100.0
+"""A logistic or probit input column whose sd is above this gets a note suggesting --standardize: under the
+N(0, V I) prior a weight for a column of that scale is barely shrunk and the posterior is badly scaled."""
+DELIMITERS = {",": ("commas", "','"), ";": ("semicolons", "';'"), "\t": ("tabs", "$'\\t'"), "|": ("bars", "'|'")}
+"""The delimiters `read_table` tries on a header that yields one column, for its hint (their name, how to type
+each in a shell)."""
 SCALE_HINT = 10.0
 """A continuous target whose sd is more than this factor above or below the noise scale (or whose mean is more
 than this factor of prior sds from 0) gets a warning suggesting --standardize-target."""
@@ -63,6 +69,8 @@ def prepare(args) -> Problem:
     columns = [names[j] for j in inputs]
     check_magnitude(X, columns, "values in column")
     problem = Problem(X, y, columns, names[t], options, mapping)
+    if args.likelihood in BINARY and not args.standardize:
+        _scale_note(problem)
     if args.likelihood in CONTINUOUS:
         check_magnitude(y[:, None], [names[t]], "target values in column")
     if args.standardize:
@@ -75,6 +83,17 @@ def prepare(args) -> Problem:
         problem.X = np.hstack([problem.X, np.ones((X.shape[0], 1))])
         problem.columns.append("bias")
     return problem
+
+
+def _scale_note(problem):
+    """A one-line note naming the input columns of a binary likelihood whose sd is above `INPUT_SD_HINT`."""
+    sd = problem.X.std(axis=0)
+    big = np.flatnonzero(sd > INPUT_SD_HINT)
+    if big.size:
+        shown = ", ".join(f"{problem.columns[j]!r} (sd {sd[j]:.3g})" for j in big[:3]) + (
+            f" and {big.size - 3} more" if big.size > 3 else "")
+        problem.warnings.append(f"input columns with sd above {INPUT_SD_HINT:g}: {shown}; the prior N(0, V I) hardly "
+                                "constrains their weights and the fit is badly scaled: pass --standardize")
 
 
 def _target_scale(problem, args):
@@ -109,8 +128,9 @@ def _target_scale(problem, args):
 # ----------------------------------------------------------------------------------------------- reading
 
 
-def read_table(path: str, *, header: bool = True, delimiter: str = ","):
-    """(column names, list of (line number, fields)) of a CSV file; CLIError on unreadable or ragged input."""
+def read_table(path: str, *, header: bool = True, delimiter: str = ",", min_columns: int = 2):
+    """(column names, list of (line number, fields)) of a CSV file; CLIError on unreadable or ragged input, or
+    fewer than `min_columns` columns (2 for a fit: inputs and a target)."""
     check_data_path(path)
     if len(delimiter) != 1:
         raise CLIError(f"--delimiter must be one character, got {delimiter!r}")
@@ -137,9 +157,27 @@ def read_table(path: str, *, header: bool = True, delimiter: str = ","):
     for line, fields in rows:
         if len(fields) != len(names):
             raise CLIError(f"{path} line {line}: {len(fields)} fields, expected {len(names)}")
-    if len(names) < 2:
-        raise CLIError(f"{path} needs at least two columns (inputs and a target), found {len(names)}")
+    if len(names) < min_columns:
+        raise CLIError(f"{path} needs at least two columns (inputs and a target), found {len(names)}"
+                       + delimiter_hint(path, delimiter))
     return names, rows
+
+
+def delimiter_hint(path, delimiter):
+    """For a file whose first row is one column under `delimiter`: '; ... pass --delimiter X' where another of
+    `DELIMITERS` splits it into several columns, else ''."""
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            first = next((line for line in f if line.strip()), "")
+    except (OSError, UnicodeDecodeError):
+        return ""
+    for candidate, (name, typed) in DELIMITERS.items():
+        if candidate == delimiter:
+            continue
+        fields = next(csv.reader([first], delimiter=candidate), [])
+        if len(fields) > 1:
+            return f"; its first row splits into {len(fields)} columns at {name}: pass --delimiter {typed}"
+    return ""
 
 
 def resolve_target(names, target) -> int:

@@ -35,6 +35,7 @@ from ._model import Model, check_fittable, separated
 from ._optim import default_tol, stationary
 from ._result import Result
 from ._start import initial_q, model_dtype, start_error
+from ._traps import warn_float32
 from ._validate import check_max_steps, check_tol, debug_check, is_concrete
 from ._whiten import check_whiten, whitened_structure, whitening
 from ._xla import program
@@ -131,6 +132,7 @@ def fit(model: Model, factor: AbstractFactor | None = None, *, solver=None, q0: 
     whiten = default_whiten(model, factor, solver) if auto else check_whiten(whiten, model, "fit")
     solver = resolve_solver(solver, model, factor, whiten, auto)
     dtype = model_dtype(model)
+    warn_float32(dtype)
     if reduced_matmul_precision(dtype):
         warnings.warn(f"gkl_jax.fit: {reduced_precision_hint()}; the float32 tolerance 1e-3 may be out of reach",
                       stacklevel=3)

@@ -1,15 +1,17 @@
 """The `gkl-jax` command line (also `python -m gkl_jax`).
 
     gkl-jax [--no-cache] demo [--output-dir DIR] [--seed N] [--quiet]
-    gkl-jax [--no-cache] fit DATA.csv [--target COL] [--likelihood logistic] [--factor full] [--rank K] ...
+    gkl-jax [--no-cache] fit DATA.csv [--target COL] [--likelihood logistic] [--factor full] [--rank K]
+                                [--save MODEL] ...
+    gkl-jax [--no-cache] predict MODEL DATA.csv [--output FILE.csv]
     gkl-jax --version
 
 `demo` compares the Full and Diagonal G-KL factors on Bayesian logistic regression of the bundled ionosphere
 data (see `gkl_jax._demo`). `fit` runs a Bayesian GLM with an isotropic Gaussian prior on the columns of a CSV file
-plus a bias. Usage and data errors print one line, `gkl-jax: error: ...`, on stderr and exit with status 2; a
-reader that closes stdout early (`gkl-jax fit ... | head -1`) ends the command quietly with status 141. The data
-are read and checked (`gkl_jax._cli_input`) before JAX is imported, and `--version`, `--help` and argument errors
-never import it.
+plus a bias; `fit --save` keeps the fit for `predict` (`gkl_jax._cli_predict`). Usage and data errors print one
+line, `gkl-jax: error: ...`, on stderr and exit with status 2; a reader that closes stdout early
+(`gkl-jax fit ... | head -1`) ends the command quietly with status 141. The data are read and checked
+(`gkl_jax._cli_input`) before JAX is imported, and `--version`, `--help` and argument errors never import it.
 
 Each run is a new process, so every compiled program would be compiled again; the command keeps them in JAX's
 persistent compilation cache (`cache_dir`: $GKL_JAX_CACHE_DIR, else $XDG_CACHE_HOME/gkl-jax/xla, else
@@ -29,6 +31,8 @@ from ._cli_common import DEMO_DIR as DEMO_DIR
 from ._cli_common import CLIError as CLIError
 from ._cli_common import check_data_path as check_data_path
 from ._cli_common import prepare_output_dir as prepare_output_dir
+from ._cli_predict import add_parser as add_predict_parser
+from ._cli_predict import check_writable, run_predict, save_model
 from ._progress import Progress as Progress
 
 LIKELIHOODS = ("logistic", "probit", "gaussian", "laplace", "student-t", "poisson")
@@ -83,7 +87,7 @@ def _build_parser():
     parser.add_argument("--no-cache", action="store_true",
                         help="do not keep compiled programs between runs (default: in $GKL_JAX_CACHE_DIR or "
                              "~/.cache/gkl-jax/xla)")
-    sub = parser.add_subparsers(dest="command", metavar="{demo,fit}")
+    sub = parser.add_subparsers(dest="command", metavar="{demo,fit,predict}")
 
     demo = sub.add_parser("demo", help="Full vs Diagonal G-KL on Bayesian logistic regression (ionosphere)",
                           description="Bayesian logistic regression on the bundled UCI ionosphere data: "
@@ -131,7 +135,9 @@ def _build_parser():
     fit.add_argument("--no-header", action="store_true", help="the first row is data, not column names")
     fit.add_argument("--delimiter", default=",", help="field delimiter (default: ',')")
     fit.add_argument("--output", default=None, metavar="FILE.json", help="write the result as JSON")
+    fit.add_argument("--save", default=None, metavar="MODEL", help="save the fit for 'gkl-jax predict MODEL ...'")
     fit.add_argument("--quiet", action="store_true", help="no progress line on stderr")
+    add_predict_parser(sub)
     return parser
 
 
@@ -150,6 +156,8 @@ def main(argv=None) -> int:
 
             run_demo(output_dir=args.output_dir, seed=args.seed, progress=not args.quiet)
             status = 0
+        elif args.command == "predict":
+            status = run_predict(args, _start_jax, _potential)
         else:
             status = _run_fit(args)
         sys.stdout.flush()  # a closed pipe shows here, inside the handler, not at interpreter exit
@@ -293,6 +301,7 @@ def _run_fit(args) -> int:
     from . import _cli_input
 
     problem = _cli_input.prepare(args)  # every check on the data, before JAX is imported
+    check_writable(args.save, "--save")
     X, y, options = problem.X, problem.y, problem.options
     _check_rank(args.factor, args.rank, X.shape[1])
     for message in problem.warnings:
@@ -319,6 +328,8 @@ def _run_fit(args) -> int:
         progress.done()
         raise CLIError(f"the fit failed: {str(err).splitlines()[0]}") from None
     fit_time = progress.done()
+    if args.save:
+        save_model(args.save, result, problem, args)
     scaling = problem.target_standardization
     if scaling is not None:  # back to the target's units: y = c + s y', so w = s w', bias = c + s b', Z = Z' / s^N
         mean, sd = scaling["sd"] * mean, scaling["sd"] * sd

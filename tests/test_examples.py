@@ -7,7 +7,7 @@ import pytest
 import gkl_jax as gk
 
 MAIN_VERBS = {
-    "fit": gk.fit, "bound": gk.bound, "predict": gk.predict,
+    "fit": gk.fit, "bound": gk.bound, "predict": gk.predict, "save": gk.save,
     "laplace": gk.laplace, "ep": gk.ep, "local": gk.local, "double_loop": gk.double_loop, "ais": gk.ais,
     "gp.predict": gk.gp.predict, "gp.fit_hyperparameters": gk.gp.fit_hyperparameters,
     "multiclass.GPClassifier": gk.multiclass.GPClassifier,

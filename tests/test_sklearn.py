@@ -174,9 +174,10 @@ def test_gaussian_regression_evidence_and_predictive_are_closed_form():
 
 
 def test_gaussian_regression_plug_in_intercept_is_bayesian_ridge():
-    """The default Gaussian regression centres X and y and plugs in the intercept mean(y) - mean(x)^T w: its
-    evidence, coefficients and predictive are the closed forms on the centred data, its intercept's sd that of
-    mean(x)^T w, and with ML-II it is scikit-learn's BayesianRidge (the same noise and prior variance)."""
+    """The default Gaussian regression centres X and y, its intercept's mean is mean(y) - mean(x)^T E[w]: its
+    evidence and coefficients are the closed forms on the centred data, its intercept's sd that of mean(x)^T w
+    and the intercept's own noise / n (flat prior), and with ML-II it is scikit-learn's BayesianRidge (the same
+    noise and prior variance; the predictive variance larger by noise / n)."""
     rng = np.random.default_rng(2)
     X = rng.normal(size=(30, 2)) + np.array([1.5, -2.0])
     y = 3.0 + X @ np.array([2.0, -1.0]) + 0.5 * rng.normal(size=30)
@@ -188,12 +189,12 @@ def test_gaussian_regression_plug_in_intercept_is_bayesian_ridge():
     m = S @ Xc.T @ z / 0.2
     np.testing.assert_allclose(reg.coef_, m * scale, rtol=1e-8)
     assert abs(reg.intercept_ - (shift - x_mean @ m * scale)) < 1e-8
-    assert abs(reg.intercept_std_ - np.sqrt(x_mean @ S @ x_mean) * scale) < 1e-8
+    assert abs(reg.intercept_std_ - np.sqrt(x_mean @ S @ x_mean + 0.2 / 30) * scale) < 1e-8
     Xt = rng.normal(size=(4, 2))
     mean, sd = reg.predict(Xt, return_std=True)
     np.testing.assert_allclose(mean, reg.intercept_ + Xt @ reg.coef_, rtol=1e-8)
-    np.testing.assert_allclose(sd, np.sqrt(np.einsum("nd,de,ne->n", Xt - x_mean, S, Xt - x_mean) + 0.2) * scale,
-                               rtol=1e-8)
+    np.testing.assert_allclose(
+        sd, np.sqrt(np.einsum("nd,de,ne->n", Xt - x_mean, S, Xt - x_mean) + 0.2 + 0.2 / 30) * scale, rtol=1e-8)
     # ML-II: a stationary point of the centred closed-form evidence, and BayesianRidge's optimum
     learned = BayesianRegression(tol=1e-8).fit(X, y)
     assert learned.log_evidence_ > reg.log_evidence_ and learned.converged_
@@ -207,7 +208,43 @@ def test_gaussian_regression_plug_in_intercept_is_bayesian_ridge():
     np.testing.assert_allclose(learned.coef_, ridge.coef_, rtol=1e-4)
     assert abs(learned.intercept_ - ridge.intercept_) < 1e-4
     np.testing.assert_allclose(learned.noise_ * scale**2, 1 / ridge.alpha_, rtol=1e-4)
-    np.testing.assert_allclose(learned.predict(Xt, return_std=True), ridge.predict(Xt, return_std=True), rtol=1e-4)
+    ridge_mean, ridge_sd = ridge.predict(Xt, return_std=True)
+    mean, sd = learned.predict(Xt, return_std=True)
+    np.testing.assert_allclose(mean, ridge_mean, rtol=1e-4)
+    np.testing.assert_allclose(sd**2, ridge_sd**2 + learned.noise_ * scale**2 / 30, rtol=1e-4)
+
+
+@pytest.mark.parametrize("centred", [True, False])
+def test_gaussian_regression_intercept_sd_is_the_flat_prior_closed_form(centred):
+    """Issue 64: `intercept_std_` (and coef_, covariance_, the predictive and its log density) are those of the
+    conjugate Gaussian linear regression with a flat prior on the intercept, computed on the uncentred design
+    [X, 1] with zero prior precision on the intercept: on centred inputs the intercept's sd is sqrt(noise / n),
+    not 0."""
+    rng = np.random.default_rng(7)
+    n, v, noise = 25, 0.7, 0.3
+    X = rng.normal(size=(n, 3)) * np.array([1.0, 2.0, 0.5]) + np.array([3.0, -1.0, 10.0])
+    X = X - X.mean(0) if centred else X
+    y = 5.0 + X @ np.array([1.0, -0.5, 2.0]) + 0.4 * rng.normal(size=n)
+    reg = BayesianRegression(prior_variance=v, noise=noise, learn_prior_variance=False, learn_noise=False).fit(X, y)
+    s2 = np.std(y) ** 2       # prior and noise are in standardised units: in y's units they scale by sd(y)^2
+    H = np.hstack([X, np.ones((n, 1))])
+    precision = H.T @ H / (noise * s2) + np.diag([1 / (v * s2)] * 3 + [0.0])
+    cov = np.linalg.inv(precision)
+    mean = cov @ H.T @ y / (noise * s2)
+    np.testing.assert_allclose(reg.coef_, mean[:3], rtol=1e-8, atol=1e-10)
+    assert abs(reg.intercept_ - mean[3]) < 1e-8 * max(1.0, abs(mean[3]))
+    assert abs(reg.intercept_std_ - np.sqrt(cov[3, 3])) < 1e-8 * np.sqrt(cov[3, 3])
+    np.testing.assert_allclose(reg.covariance_, cov, rtol=1e-7, atol=1e-12)
+    if centred:
+        assert abs(reg.intercept_std_ - np.sqrt(noise * s2 / n)) < 1e-8
+    Ht = np.hstack([rng.normal(size=(4, 3)) + X.mean(0), np.ones((4, 1))])
+    pred_mean, pred_sd = reg.predict(Ht[:, :3], return_std=True)
+    pred_var = np.einsum("nd,de,ne->n", Ht, cov, Ht) + noise * s2
+    np.testing.assert_allclose(pred_mean, Ht @ mean, rtol=1e-8)
+    np.testing.assert_allclose(pred_sd, np.sqrt(pred_var), rtol=1e-8)
+    yt = Ht @ mean + 0.3
+    np.testing.assert_allclose(reg.log_predictive_density(Ht[:, :3], yt),
+                               -0.5 * np.log(2 * np.pi * pred_var) - 0.5 * (yt - Ht @ mean) ** 2 / pred_var, rtol=1e-8)
 
 
 @pytest.mark.slow

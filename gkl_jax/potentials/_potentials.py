@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import gammaln, ndtr
 
+from .._traps import CodeKey, note_trace
 from .._validate import as_float_array, check_finite, check_positive, host_view, is_concrete, site_count, site_vector
 from ._base import (
     DEFAULT_NUM_POINTS,
@@ -329,7 +330,7 @@ class Custom(AbstractQuadraturePotential):
             raise ValueError("log_phi must be a callable mapping projections to log potentials")
         if (center is None) != (width is None):
             raise ValueError("center and width must be given together (or neither)")
-        self.fn = log_phi
+        self.fn = CodeKey(log_phi)     # compared by code and captured values: one compilation per code object
         self.concave = bool(log_concave)
         self.num_points = check_num_points(num_points, adapted=center is not None)
         if center is not None:
@@ -352,6 +353,8 @@ class Custom(AbstractQuadraturePotential):
 
     def log_phi(self, x):
         """log_phi(x), checked (at trace time) to be a JAX function returning an array shaped like x."""
+        if isinstance(x, jax.core.Tracer):
+            note_trace(self.fn)
         try:
             out = self.fn(x)
         except (TypeError, jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError) as err:

@@ -8,8 +8,9 @@
   predict(X, return_std=True) gives the predictive mean and sd including the noise.
 
 The intercept is a weight on a constant column with prior N(0, intercept_variance) (not shrunk like the others
-with the default 100), except in the Gaussian regression, whose default is BayesianRidge's plug-in
-mean(y) - mean(x)^T w (the evidence's maximiser over the intercept once X and y are centred).
+with the default 100), except in the Gaussian regression, whose default intercept has a flat prior, integrated in
+closed form on the centred data (the mean mean(y) - mean(x)^T w of BayesianRidge's plug-in, and its own noise / n
+variance beside that of mean(x)^T w).
 `learn_prior_variance` (and `learn_noise`) maximise the bound log Z >= B over the log-variances (ML-II): for the
 Student-t and logistic models with the Full factor jointly with q, one Newton-CG over (hyperparameters, m, C)
 (`_joint`); otherwise, or where that does not settle, by the outer loop of `gkl_jax.gp.fit_hyperparameters`
@@ -17,6 +18,7 @@ Student-t and logistic models with the Full factor jointly with q, one Newton-CG
 optimised bound, a lower bound on log p(y | X) (for the regression models: of the original, unstandardised targets).
 """
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -44,7 +46,7 @@ from ._common import (
 )
 from ._joint import JOINT, JOINT_MAX_STEPS, joint_fit
 from ._linear_model import _Build, _factor, _Finish, _fit_fixed, _method
-from ._outputs import ProbabilisticClassifierMixin, StandardisedRegressorMixin
+from ._outputs import ProbabilisticClassifierMixin, StandardisedRegressorMixin, noise_family
 
 LIKELIHOODS = ("gaussian", "student-t", "laplace")
 
@@ -252,11 +254,13 @@ class BayesianRegression(StandardisedRegressorMixin, RegressorMixin, _BayesianLi
         dof: Student-t degrees of freedom (fixed).
         factor, fit_intercept, max_steps, tol: as `BayesianLogisticRegression` (with the Gaussian likelihood the
             posterior is Gaussian and computed exactly, whatever `factor`).
-        intercept_variance: None (default): with the Gaussian likelihood the intercept is BayesianRidge's plug-in,
-            the ML-II value b = mean(y) - mean(x)^T w (X and y centred by their means, the evidence maximised over
-            b: `intercept_std_` is the sd of mean(x)^T w); with the robust likelihoods, whose centre is not the
-            mean, a weight with prior N(0, 100) in standardised units, integrated. A float: that prior variance,
-            the intercept integrated, for every likelihood.
+        intercept_variance: None (default): with the Gaussian likelihood the intercept has a flat prior and is
+            integrated in closed form, as BayesianRidge centres the data: X and y are centred by their means, w's
+            posterior is that of the centred data, and b | w ~ N(mean(y) - mean(x)^T w, noise / n), so b's
+            posterior mean is mean(y) - mean(x)^T E[w] and `intercept_std_` is sqrt(mean(x)^T Cov(w) mean(x) +
+            noise / n) (the predictive variance includes noise / n too); with the robust likelihoods, whose
+            centre is not the mean, a weight with prior N(0, 100) in standardised units, integrated. A float:
+            that prior variance, the intercept integrated, for every likelihood.
         learn_prior_variance, learn_noise: ML-II on the bound over each (default both, as BayesianRidge).
 
     Attributes (after `fit`): coef_ (d,), coef_std_ (d,), intercept_, intercept_std_, covariance_ (d + 1, d + 1),
@@ -308,8 +312,9 @@ class BayesianRegression(StandardisedRegressorMixin, RegressorMixin, _BayesianLi
         result, v, s, log_z, converged, (mean, cov) = self._fit_each(H, [z], self.likelihood, noise,
                                                                       self.learn_noise, dof, v0)[0]
         self._results = [result]
+        self._intercept_noise = s / len(y) if plug_in else None     # Var(b | w), standardised units
         if plug_in:
-            mean, cov = _plug_in_intercept(mean, cov, self._x_mean)
+            mean, cov = _plug_in_intercept(mean, cov, self._x_mean, self._intercept_noise)
         self._set_coefficients([(mean * self._y_scale, cov * self._y_scale**2)])
         self.coef_, self.coef_std_ = self.coef_[0], self.coef_std_[0]
         self.intercept_ = float(self.intercept_[0]) + self._y_shift
@@ -323,7 +328,13 @@ class BayesianRegression(StandardisedRegressorMixin, RegressorMixin, _BayesianLi
         return self
 
     def _predictive(self, X, family, z):
-        return self._latent(self._results[0], X, family, z)
+        extra = getattr(self, "_intercept_noise", None)
+        if extra is None:
+            return self._latent(self._results[0], X, family, z)
+        # the flat-prior intercept: f = (x - mean(x))^T w + b', b' ~ N(0, noise / n) independent of w, so its
+        # variance joins the latent's, and the Gaussian family's noise for y_variance and log_density
+        pred = self._latent(self._results[0], X, noise_family("gaussian", self.noise_ + extra, self.dof), z)
+        return eqx.tree_at(lambda p: p.variance, pred, pred.variance + extra)
 
     def _intercept_prior_variance(self):
         if self.intercept_variance is None:
@@ -331,15 +342,18 @@ class BayesianRegression(StandardisedRegressorMixin, RegressorMixin, _BayesianLi
         return check_positive_float(self.intercept_variance, "intercept_variance")
 
 
-def _plug_in_intercept(mean, cov, x_mean):
-    """The moments of (w, b) for the plug-in intercept b = -x_mean^T w of centred targets: b is a function of w, so
-    Cov(w, b) = -cov x_mean and Var(b) = x_mean^T cov x_mean.
+def _plug_in_intercept(mean, cov, x_mean, noise_over_n):
+    """The moments of (w, b) for the flat-prior intercept of centred targets: b | w ~ N(-x_mean^T w, noise / n)
+    (the Gaussian likelihood integrated over b, the conjugate closed form), so Cov(w, b) = -cov x_mean and
+    Var(b) = x_mean^T cov x_mean + noise / n.
 
     Args:
-        mean: (d,) posterior mean of w; cov: (d, d) its covariance; x_mean: (d,) the training inputs' mean.
+        mean: (d,) posterior mean of w; cov: (d, d) its covariance; x_mean: (d,) the training inputs' mean;
+        noise_over_n: the noise variance over the number of training rows.
 
     Returns:
         ((d + 1,) mean, (d + 1, d + 1) covariance).
     """
     c = -cov @ x_mean
-    return np.append(mean, -x_mean @ mean), np.block([[cov, c[:, None]], [c[None, :], np.array([[x_mean @ -c]])]])
+    var_b = np.array([[x_mean @ -c + noise_over_n]])
+    return np.append(mean, -x_mean @ mean), np.block([[cov, c[:, None]], [c[None, :], var_b]])
