@@ -40,6 +40,7 @@ from .._model import Model, Sites
 from .._validate import as_list
 from ..operators import AbstractOperator, Dense, Identity
 from ..stochastic import SelectRows
+from ._processes import check_processes
 
 SITE_AXIS = "sites"
 
@@ -87,6 +88,12 @@ def _mesh_size(mesh, axis):
         raise ValueError(f"mesh has axes {tuple(mesh.axis_names)} but no site axis {axis!r}; pass axis=... or "
                          f"build the mesh with gkl_jax.distributed.site_mesh(axis={axis!r})")
     return int(mesh.shape[axis])
+
+
+def _local_positions(mesh, axis) -> int:
+    """How many positions along `axis` this process's devices occupy (the blocks of rows it supplies)."""
+    mine = np.vectorize(lambda d: d.process_index == jax.process_index(), otypes=[bool])(mesh.devices)
+    return len(set(np.argwhere(mine)[:, list(mesh.axis_names).index(axis)].tolist()))
 
 
 class _Placer:
@@ -160,16 +167,14 @@ def shard_sites(model: Model, mesh: Mesh | None = None, *, axis: str = SITE_AXIS
         raise ValueError(f"model must be a gkl_jax.Model, got {type(model).__name__}")
     mesh = site_mesh(axis=axis) if mesh is None else mesh
     num = _mesh_size(mesh, axis)
+    if process_local:
+        check_processes(model, mesh, axis, _local_positions(mesh, axis))
     placer = _Placer(mesh, axis, process_local)
     prior = None if model.prior is None else jax.tree.map(placer.put_replicated, model.prior)
     groups = []
-    for g, sites in enumerate(model.sites):
+    for sites in model.sites:
         n = sites.operator(model.dim).shape[0]
         if process_local:
-            local = num // jax.process_count()
-            if n % local:
-                raise ValueError(f"process_local=True: sites group {g} has {n} local rows, not a multiple of the "
-                                 f"{local} local devices on axis {axis!r}")
             groups.append(_site_rows(sites, model.dim, 0, n, placer.put_rows, placer.put_replicated))
             continue
         main = (n // num) * num
