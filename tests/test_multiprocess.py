@@ -103,6 +103,7 @@ def _check_core(outs, ref, num):
         np.testing.assert_allclose(out["bound"], float(ref["res"].log_z), rtol=1e-12)
         np.testing.assert_allclose(out["mean"], np.asarray(ref["res"].q.mean), rtol=1e-8, atol=1e-10)
         np.testing.assert_allclose(out["d"], np.asarray(ref["res"].q.factor.d), rtol=1e-8, atol=1e-10)
+        np.testing.assert_allclose(out["whole_bound"], float(ref["res"].log_z), rtol=1e-12)
         np.testing.assert_allclose(out["d_log_z_d_variance"], ref["d_log_z_d_variance"], rtol=1e-8)
         np.testing.assert_allclose(out["sparse_log_z"], float(ref["sparse"].log_z), rtol=1e-12)
         np.testing.assert_allclose(out["sparse_mean"], np.asarray(ref["sparse"].q.mean), rtol=1e-8, atol=1e-10)
@@ -110,6 +111,7 @@ def _check_core(outs, ref, num):
         assert "different numbers of rows" in out["errors"]["rows"]
         assert "differ in width between processes" in out["errors"]["width"]
         assert "does not hold every device of jax.devices()" in out["errors"]["mesh"]
+        assert "or in value" in out["errors"]["whole"]
     assert all(out["errors"] == outs[0]["errors"] for out in outs)
 
 

@@ -1,8 +1,8 @@
-"""The agreement check of `shard_sites(..., process_local=True)`: every process must pass a model of the same
-structure, the same number of rows of the same width in each site group, and the same mesh, or the global arrays
-assembled from their rows are wrong (rows of different widths, a misplaced row) or the first collective waits
-forever. Each process's facts are exchanged in two small all-gathers (a few integers per process), and the same
-ValueError is raised on every process when they disagree."""
+"""The agreement check of `shard_sites` in a multi-process run: every process must pass a model of the same
+structure, the same number of rows of the same width in each site group (with `process_local=False`, the same
+data), and the same mesh, or the global arrays assembled from their rows are wrong (rows of different widths, a
+misplaced row) or the first collective waits forever. Each process's facts are exchanged in two small
+all-gathers (a few integers per process), and the same ValueError is raised on every process when they disagree."""
 
 import zlib
 
@@ -29,7 +29,9 @@ def _values_crc(tree) -> int:
     leaves, treedef = jax.tree.flatten(tree)
     crc = zlib.crc32(str(treedef).encode())
     for leaf in leaves:
-        if eqx.is_array(leaf):
+        if spans_processes(leaf):    # not readable here (flagged as _GLOBAL_INPUT)
+            crc = zlib.crc32(f"{leaf.shape}{leaf.dtype}".encode(), crc)
+        elif eqx.is_array(leaf):
             a = np.ascontiguousarray(np.asarray(leaf))
             crc = zlib.crc32(f"{a.shape}{a.dtype}".encode(), crc)
             crc = zlib.crc32(a.tobytes(), crc)
@@ -38,24 +40,27 @@ def _values_crc(tree) -> int:
     return crc & 0x7FFFFFFF
 
 
-def _group_facts(sites, dim: int) -> tuple[int, int, int]:
+def _group_facts(sites, dim: int, values: bool) -> tuple[int, int, int]:
     """(rows, width of a row of H, checksum of the group's structure: potential type, per-site array shapes past
-    the first axis and dtypes)."""
+    the first axis and dtypes, and with `values` the data themselves)."""
     op = sites.operator(dim)
     leaves, treedef = jax.tree.flatten(sites)
     shapes = [(tuple(x.shape[1:]), str(x.dtype)) if eqx.is_array(x) else type(x).__name__ for x in leaves]
-    return int(op.shape[0]), int(op.shape[1]), _crc(f"{type(op).__name__}{treedef}{shapes}")
+    crc = _crc(f"{type(op).__name__}{treedef}{shapes}")
+    return int(op.shape[0]), int(op.shape[1]), _values_crc([crc, sites]) if values else crc
 
 
-def check_processes(model: Model, mesh, axis: str, local_devices: int) -> None:
+def check_processes(model: Model, mesh, axis: str, local_devices: int, process_local: bool = True) -> None:
     """Raise the same ValueError on every process unless all processes agree on `model`'s structure, its groups'
-    row counts and widths, the prior, and `mesh` (which must span `jax.devices()`).
+    row counts and widths, the prior, and `mesh` (which must span `jax.devices()`); without `process_local`
+    (every process passes the whole model), on the site data too.
 
     Args:
-        model: this process's `gkl_jax.Model` (its own rows).
+        model: this process's `gkl_jax.Model` (its own rows, or all of them without `process_local`).
         mesh: the `jax.sharding.Mesh` given to `shard_sites`.
         axis: the site axis of `mesh`.
         local_devices: this process's devices on the site axis.
+        process_local: whether each process passes only its own rows (default True).
 
     Raises:
         ValueError: any disagreement or bad argument found by any process (the message names the processes).
@@ -66,10 +71,10 @@ def check_processes(model: Model, mesh, axis: str, local_devices: int) -> None:
         problems |= _FOREIGN_DEVICES
     elif set(mesh_devices) != set(jax.devices()):
         problems |= _PARTIAL_MESH
-    if any(spans_processes(x) for x in jax.tree.leaves(model.sites)):
+    if process_local and any(spans_processes(x) for x in jax.tree.leaves(model.sites)):
         problems |= _GLOBAL_INPUT
-    groups = [_group_facts(s, model.dim) for s in model.sites]
-    if local_devices == 0 or any(rows % max(local_devices, 1) for rows, _, _ in groups):
+    groups = [_group_facts(s, model.dim, not process_local) for s in model.sites]
+    if process_local and (local_devices == 0 or any(rows % max(local_devices, 1) for rows, _, _ in groups)):
         problems |= _NOT_MULTIPLE
     mesh_crc = _crc(f"{axis}{[d.id for d in mesh_devices]}{mesh.axis_names}")
     header = gather_small([problems, len(groups), model.dim, mesh_crc, _values_crc(model.prior), local_devices])
@@ -105,11 +110,12 @@ def check_processes(model: Model, mesh, axis: str, local_devices: int) -> None:
                                 f"{dict(zip(procs, width.tolist()))}")
             elif len(set(crc)) > 1:
                 messages.append(f"sites group {g}: the potential or per-site data differ in type, shape or dtype "
-                                f"between processes")
-            if len(set(rows)) > 1:
+                                f"between processes" + ("" if process_local else " (or in value: with "
+                                                        "process_local=False every process passes the same data)"))
+            if len(set(rows)) > 1 and process_local:
                 messages.append(f"sites group {g}: the processes hold different numbers of rows "
                                 f"{dict(zip(procs, rows.tolist()))}; each must pass the same number (the "
                                 f"global group is process_count x that, in process order), so split N sites "
                                 f"into equal blocks")
     if messages:
-        raise ValueError("shard_sites(process_local=True): " + "; ".join(messages))
+        raise ValueError(f"shard_sites(process_local={process_local}): " + "; ".join(messages))
