@@ -21,6 +21,7 @@ jax.config.update("jax_enable_x64", True)
 import numpy as np  # noqa: E402
 
 import gkl_jax as gk  # noqa: E402
+from gkl_jax._processes import host_copy, local_values, spans_processes  # noqa: E402
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from _multiprocess_data import (  # noqa: E402
@@ -55,7 +56,10 @@ def main(pid: int, num: int, port: int, everything: bool) -> None:
     mesh = gk.distributed.site_mesh()
     local = logistic_model(block(X, pid, num), block(y, pid, num))
     model = gk.distributed.shard_sites(local, mesh, process_local=True)
-    out["spans_processes"] = not model.sites[0].H.matrix.is_fully_addressable
+    H = model.sites[0].H.matrix
+    out["spans_processes"] = spans_processes(H) and not H.is_fully_addressable
+    out["local_values"] = bool(np.array_equal(local_values(H), block(X, pid, num).ravel()))   # this process's rows
+    out["host_copy"] = bool(np.array_equal(host_copy(H), X))                                  # all rows, gathered
     factor = gk.factors.Diagonal()
     res = gk.fit(model, factor, tol=1e-9)
     out["replicated"] = bool(res.q.mean.is_fully_replicated and res.log_z.is_fully_replicated)

@@ -98,6 +98,7 @@ def _check_core(outs, ref, num):
     for out in outs:
         assert out["process_count"] == num and out["devices"] >= num
         assert out["spans_processes"] and out["replicated"]          # rows split over processes, q replicated
+        assert out["local_values"] and out["host_copy"]
         assert out["converged"] and out["sparse_converged"]
         np.testing.assert_allclose(out["log_z"], float(ref["res"].log_z), rtol=1e-12)
         np.testing.assert_allclose(out["bound"], float(ref["res"].log_z), rtol=1e-12)
