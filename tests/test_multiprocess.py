@@ -1,5 +1,5 @@
-"""Multi-process G-KL on JAX's multi-controller runtime: 2 (and, extended, 4) processes on localhost, each holding
-its own rows, give the one-process fit, gradient and sparse GP fit to round-off, and reject bad input with the same
+"""Multi-process G-KL on JAX's multi-controller runtime: 2 processes on localhost (extended: 4 processes, and 2
+processes of 2 virtual devices each), each holding its own rows, give the one-process fit, gradient and sparse GP fit to round-off, and reject bad input with the same
 ValueError on every process. The workers are tests/_multiprocess_check.py; they compile while the references run
 here."""
 
@@ -41,9 +41,9 @@ def _free_port() -> int:
 class _Run:
     """`num` worker processes started at once; `results()` waits (bounded) and parses their RESULT lines."""
 
-    def __init__(self, num, everything, tmp):
+    def __init__(self, num, everything, tmp, devices=1):
         port, self.tmp, self.start = _free_port(), tmp, time.monotonic()
-        env = dict(os.environ, JAX_PLATFORMS="cpu",
+        env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
                    PYTHONPATH=os.pathsep.join(filter(None, [os.path.dirname(HERE), os.environ.get("PYTHONPATH")])))
         self.procs = []
         for pid in range(num):
@@ -94,9 +94,9 @@ def references():
                 d_log_z_d_variance=float(jax.jit(jax.grad(variance_log_z, argnums=1))(model, model.prior.variance)))
 
 
-def _check_core(outs, ref, num):
+def _check_core(outs, ref, num, devices=1):
     for out in outs:
-        assert out["process_count"] == num and out["devices"] >= num
+        assert out["process_count"] == num and out["devices"] == num * devices
         assert out["spans_processes"] and out["replicated"]          # rows split over processes, q replicated
         assert out["local_values"] and out["host_copy"]
         assert out["converged"] and out["sparse_converged"]
@@ -139,3 +139,13 @@ def test_four_processes_match_one_in_every_verb(tmp_path, references):
         np.testing.assert_allclose(out["minibatch_log_z"], float(mb.log_z), rtol=1e-10)
         np.testing.assert_allclose(out["minibatch_mean"], np.asarray(mb.q.mean), rtol=1e-8, atol=1e-10)
         np.testing.assert_allclose(out["prior_free_log_z"], float(free.log_z), rtol=1e-12)
+
+
+@pytest.mark.extended
+def test_two_processes_of_two_devices_each(tmp_path, references):
+    run = _Run(2, False, tmp_path, devices=2)
+    try:
+        outs = run.results()
+    finally:
+        run.kill()
+    _check_core(outs, references, 2, devices=2)
