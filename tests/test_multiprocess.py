@@ -1,7 +1,7 @@
 """Multi-process G-KL on JAX's multi-controller runtime: 2 processes on localhost (extended: 4 processes, and 2
-processes of 2 virtual devices each), each holding its own rows, give the one-process fit, gradient and sparse GP fit to round-off, and reject bad input with the same
-ValueError on every process. The workers are tests/_multiprocess_check.py; they compile while the references run
-here."""
+processes of 2 virtual devices each), each holding its own rows, give the one-process fit, gradient and sparse GP
+fit to round-off, and reject bad input with the same ValueError on every process. The workers are
+tests/_multiprocess_check.py; they compile while the references run here."""
 
 import json
 import os
