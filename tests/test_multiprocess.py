@@ -47,10 +47,10 @@ class _Run:
                    PYTHONPATH=os.pathsep.join(filter(None, [os.path.dirname(HERE), os.environ.get("PYTHONPATH")])))
         self.procs = []
         for pid in range(num):
-            out, err = (open(tmp / f"{pid}.{kind}", "w") for kind in ("out", "err"))
             args = [sys.executable, os.path.join(HERE, "_multiprocess_check.py"), str(pid), str(num), str(port)]
-            self.procs.append(subprocess.Popen(args + (["all"] if everything else []), stdout=out, stderr=err,
-                                               env=env, cwd=os.path.dirname(HERE)))
+            with open(tmp / f"{pid}.out", "w") as out, open(tmp / f"{pid}.err", "w") as err:
+                self.procs.append(subprocess.Popen(args + (["all"] if everything else []), stdout=out, stderr=err,
+                                                   env=env, cwd=os.path.dirname(HERE)))
 
     def kill(self):
         for proc in self.procs:
