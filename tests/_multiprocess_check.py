@@ -81,6 +81,8 @@ def main(pid: int, num: int, port: int, everything: bool) -> None:
         out.update(minibatch_log_z=float(mb.log_z), minibatch_mean=np.asarray(mb.q.mean).tolist())
         grad_q = jax.jit(jax.grad(gk.bound, argnums=1))(model, mb.q)    # away from the optimum: not ~0
         out["grad_mean"] = np.asarray(grad_q.mean).tolist()
+        hlo = gk.distributed.compiled_text(jax.value_and_grad(gk.bound, argnums=1), model, mb.q)
+        out["all_reduce_ops"] = hlo.count("all-reduce(") + hlo.count("all-reduce-start(")
         Xr, tr = regression_data()
         free = gk.fit(gk.distributed.shard_sites(regression_model(block(Xr, pid, num), block(tr, pid, num)), mesh,
                                                  process_local=True), gk.factors.Full(), tol=1e-9)

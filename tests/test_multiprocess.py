@@ -136,6 +136,7 @@ def test_four_processes_match_one_in_every_verb(tmp_path, references):
     _check_core(outs, references, 4)
     for out in outs:
         np.testing.assert_allclose(out["grad_mean"], np.asarray(grad_mean), rtol=1e-9, atol=1e-9)
+        assert out["all_reduce_ops"] == 1       # one cross-process sum per bound and gradient (XLA inserts it)
         np.testing.assert_allclose(out["minibatch_log_z"], float(mb.log_z), rtol=1e-10)
         np.testing.assert_allclose(out["minibatch_mean"], np.asarray(mb.q.mean), rtol=1e-8, atol=1e-10)
         np.testing.assert_allclose(out["prior_free_log_z"], float(free.log_z), rtol=1e-12)
