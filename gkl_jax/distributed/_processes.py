@@ -81,12 +81,13 @@ def check_processes(model: Model, mesh, axis: str, local_devices: int, process_l
     procs = range(header.shape[0])
     messages = []
     for bit, text in ((_FOREIGN_DEVICES, "the mesh holds devices that jax.devices() does not list"),
-                      (_PARTIAL_MESH, "the mesh does not hold every device of jax.devices() (process_local=True "
-                                      "needs one over all processes' devices: gkl_jax.distributed.site_mesh())"),
+                      (_PARTIAL_MESH, "the mesh does not hold every device of jax.devices() (sharding over "
+                                      "several processes needs one over all their devices: "
+                                      "gkl_jax.distributed.site_mesh())"),
                       (_GLOBAL_INPUT, "the model's site arrays already span several processes (pass each "
                                       "process's own rows as host or local arrays)"),
                       (_NOT_MULTIPLE, f"a sites group's local row count is not a multiple of the process's "
-                                      f"{local_devices} local devices on axis {axis!r}")):
+                                      f"devices on axis {axis!r} ({dict(zip(procs, header[:, 5].tolist()))})")):
         bad = [p for p in procs if header[p, 0] & bit]
         if bad:
             messages.append(f"{text} (process {', '.join(map(str, bad))})")
