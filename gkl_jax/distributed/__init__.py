@@ -59,9 +59,8 @@ ValueError while building its local model) leaves them waiting inside it. JAX's 
 every process (they abort with a non-zero exit status): a process that exits with an error first waits at JAX's
 shutdown barrier for `shutdown_timeout_seconds` (default 300 s) and one that dies abruptly (killed, out of
 memory) is noticed after `heartbeat_timeout_seconds` (default 100 s); if process 0 (the coordinator) dies the
-others stop at once. Pass smaller values to `jax.distributed.initialize` to fail faster: on localhost with 10 s,
-every process had ended 11-16 s after one failed. Give `initialization_timeout` (default 300 s) too, for a
-process that never starts.
+others stop at once. Pass smaller values to `jax.distributed.initialize` to fail faster (the scaling guide has
+a measurement), and `initialization_timeout` (default 300 s) for a process that never starts.
 """
 
 from ._batched import TRACE_COUNT as TRACE_COUNT
