@@ -17,8 +17,9 @@ import numpy as np
 
 def spans_processes(x) -> bool:
     """True for a `jax.Array` whose entries are split over devices of other processes (not fully addressable, not
-    replicated): reading it on the host needs a collective."""
-    return isinstance(x, jax.Array) and not (x.is_fully_addressable or x.is_fully_replicated)
+    replicated): reading it on the host needs a collective. False for tracers and host values."""
+    return (isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
+            and not (x.is_fully_addressable or x.is_fully_replicated))
 
 
 def local_values(x) -> np.ndarray:
