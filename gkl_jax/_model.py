@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._processes import host_copy
 from ._validate import is_concrete, site_vector
 from .operators import AbstractOperator, Identity, as_operator
 from .potentials import AbstractPotential
@@ -200,7 +201,7 @@ def check_fittable(model, method: str) -> Model:
             return model
         matrices = [getattr(op, "matrix", None) for op in ops]
         if all(isinstance(H, (jax.Array, np.ndarray)) and is_concrete(H) for H in matrices):
-            H = np.concatenate([np.asarray(H, np.float64) for H in matrices])
+            H = np.concatenate([host_copy(H).astype(np.float64) for H in matrices])  # gathers rows of other hosts
             sv = np.linalg.svd(H, compute_uv=False)
             rank = int(np.sum(sv > max(H.shape) * np.finfo(np.float64).eps * sv[0])) if sv[0] > 0 else 0
             if rank < model.dim:

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import checkify
 
+from ._processes import local_values, spans_processes
 from ._xla import checks_traced
 
 
@@ -93,7 +94,10 @@ def host_arrays(tree):
 def host_view(x):
     """A concrete `x` where it is cheapest to check: a numpy array for numpy data and arrays on the CPU (no program to
     compile for each new shape), `x` itself for arrays on an accelerator (no copy). Both have `.all()`, `.round()`
-    and the comparison operators."""
+    and the comparison operators. An array that spans other processes' devices gives this process's entries,
+    flattened (`local_values`): each process checks its own rows."""
+    if spans_processes(x):
+        return local_values(x)
     if isinstance(x, jax.Array) and any(d.platform != "cpu" for d in x.devices()):
         return x
     return np.asarray(x)
@@ -126,7 +130,7 @@ def check_positive(x, name: str) -> None:
         debug_check(jnp.all(x > 0), f"{name} must be positive")
         return
     if not bool((host_view(x) > 0).all()):
-        raise ValueError(f"{name} must be positive, got {np.asarray(x).ravel()[:5]}")
+        raise ValueError(f"{name} must be positive, got {np.ravel(host_view(x))[:5]}")
 
 
 def as_int(value):

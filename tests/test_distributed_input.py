@@ -89,3 +89,19 @@ def test_fit_batched_refuses_an_unstacked_q0():
     with pytest.raises(ValueError, match=r"q0 must be a gkl_jax.Gaussian with a leading batch axis: q0.mean has "
                                          r"shape \(2,\)"):
         fit_batched([model, model], q0=q)
+
+
+def test_host_read_helpers_in_one_process():
+    """The multi-process helpers' one-process branches (tests/test_multiprocess.py runs the others): nothing spans
+    processes, tracers included, and a gather is this process's row."""
+    from gkl_jax._processes import gather_small, host_copy, local_values, spans_processes
+
+    x = jnp.arange(6.0).reshape(2, 3)
+    assert not spans_processes(x) and not spans_processes(np.ones(2))
+    seen = []
+    jax.jit(lambda t: seen.append(spans_processes(t)) or t)(x)
+    assert seen == [False]
+    np.testing.assert_array_equal(local_values(x), np.arange(6.0))
+    np.testing.assert_array_equal(host_copy(x), np.asarray(x))
+    np.testing.assert_array_equal(gather_small([3, 4, 5]), [[3, 4, 5]])
+

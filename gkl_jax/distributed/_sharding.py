@@ -4,27 +4,16 @@ The bound (Challis & Barber 2013, eq. 7) is a sum over sites of terms that touch
 with H and the per-site arrays sharded by rows and q replicated, every device computes its sites' projections
 m_n = h_n^T m and s_n^2 = ||C h_n||^2, their expectations and the matching pieces of the gradient locally;
 the sums over sites (the bound, grad_m = H^T alpha, grad_C, and the same sums in every Hessian-vector product)
-become one all-reduce each. Nothing here is hand-written collective code: `shard_sites` only places the
+become one all-reduce each. The fits hold no hand-written collective code: `shard_sites` only places the
 arrays (`jax.sharding.NamedSharding`) and XLA's SPMD partitioner inserts the all-reduces when `gkl_jax.fit`
-(or `gkl_jax.bound`, `jax.grad`, the minibatch fit) compiles the program for sharded inputs. The compiled HLO
-of the bound and its gradient holds `all-reduce` ops, and the sharded fit agrees with the single-device fit to
-floating-point round-off (tests/test_scale.py).
+(or `gkl_jax.bound`, `jax.grad`, the minibatch fit) compiles the program for sharded inputs (the one explicit
+collective, with `process_local=True`, all-gathers a few integers per process to check that they agree). The
+compiled HLO of the bound and its gradient holds `all-reduce` ops, and the sharded fit agrees with the
+single-device fit to floating-point round-off, on virtual devices of one process (tests/test_scale.py) and on
+several processes (tests/test_multiprocess.py).
 
-Running on several GPUs (one host)::
-
-    import gkl_jax as gk
-    mesh = gk.distributed.site_mesh()                 # all local GPUs along the axis "sites"
-    model = gk.distributed.shard_sites(model, mesh)   # H rows and per-site data split, the rest replicated
-    res = gk.fit(model, factor=gk.factors.Diagonal())
-
-Running on several hosts (one process per host, e.g. under SLURM or Kubernetes)::
-
-    import jax
-    jax.distributed.initialize()                      # coordinator address etc. from the environment
-    mesh = gk.distributed.site_mesh()                 # jax.devices(): every device of every process
-    local = gk.Model(prior, gk.Sites(X_local, gk.potentials.Logistic(y_local)))  # this host's rows only
-    model = gk.distributed.shard_sites(local, mesh, process_local=True)
-    res = gk.fit(model, factor=gk.factors.Diagonal())  # every process runs the same program
+The steps for one process with several devices and for several processes (`jax.distributed`), what is
+replicated and what is sharded, and what happens when a process fails: the `gkl_jax.distributed` docstring.
 
 Groups whose N is not a multiple of the number of devices are split into a sharded part (the largest
 multiple) and a small replicated remainder (a second `Sites` group): the bound is the same sum.
@@ -40,6 +29,7 @@ from .._model import Model, Sites
 from .._validate import as_list
 from ..operators import AbstractOperator, Dense, Identity
 from ..stochastic import SelectRows
+from ._processes import check_processes
 
 SITE_AXIS = "sites"
 
@@ -87,6 +77,12 @@ def _mesh_size(mesh, axis):
         raise ValueError(f"mesh has axes {tuple(mesh.axis_names)} but no site axis {axis!r}; pass axis=... or "
                          f"build the mesh with gkl_jax.distributed.site_mesh(axis={axis!r})")
     return int(mesh.shape[axis])
+
+
+def _local_positions(mesh, axis) -> int:
+    """How many positions along `axis` this process's devices occupy (the blocks of rows it supplies)."""
+    mine = np.vectorize(lambda d: d.process_index == jax.process_index(), otypes=[bool])(mesh.devices)
+    return len(set(np.argwhere(mine)[:, list(mesh.axis_names).index(axis)].tolist()))
 
 
 class _Placer:
@@ -138,9 +134,15 @@ def shard_sites(model: Model, mesh: Mesh | None = None, *, axis: str = SITE_AXIS
 
     `mesh` defaults to `site_mesh()` (all devices). A group of N sites on P devices becomes a sharded group of
     P * floor(N / P) rows and, when N mod P != 0, a replicated group of the remaining rows (same bound).
-    With `process_local=True` (multi-host, after `jax.distributed.initialize()`), each process passes a model
-    holding only its own rows, N_local a multiple of its local device count on the axis; the global arrays
-    are assembled with `jax.make_array_from_process_local_data` in process order.
+    With `process_local=True` (several processes, after `jax.distributed.initialize()`), each process passes a
+    model holding only its own rows, the same number n in every process and a multiple of its devices on the
+    axis; the global arrays are assembled with `jax.make_array_from_process_local_data` in process order (process
+    p's rows are global rows p n, ..., (p + 1) n - 1). Two small all-gathers first check that every process
+    agrees on the row counts, the rows' widths, the model's structure, the prior and the mesh (which must hold
+    all of `jax.devices()`), so that a disagreement raises the same ValueError on every process instead of a
+    wrong model or a hang. Without `process_local`, on a mesh over several processes, every process passes
+    the whole model (the same data, compared by checksum: a ValueError on every process if not) and its devices
+    keep their rows.
     H must be dense (or None, the identity); sparse and matrix-free operators raise ValueError.
 
     Args:
@@ -153,23 +155,24 @@ def shard_sites(model: Model, mesh: Mesh | None = None, *, axis: str = SITE_AXIS
         `gkl_jax.Model` with the same bound, its site arrays sharded over `axis`.
 
     Raises:
-        ValueError: model not a Model, mesh without `axis`, a sparse or matrix-free H, or (process_local) a
-            local row count that is not a multiple of the local devices.
+        ValueError: model not a Model, mesh without `axis`, a sparse or matrix-free H, or (process_local, on
+            every process) a local row count that is not a multiple of the local devices, row counts, widths,
+            structure or prior that differ between processes, a mesh that differs between processes or does not
+            hold every device of `jax.devices()`, or site arrays that already span several processes; (a mesh
+            over several processes, without process_local) models that differ between processes.
     """
     if not isinstance(model, Model):
         raise ValueError(f"model must be a gkl_jax.Model, got {type(model).__name__}")
     mesh = site_mesh(axis=axis) if mesh is None else mesh
     num = _mesh_size(mesh, axis)
+    if process_local or any(d.process_index != jax.process_index() for d in mesh.devices.flat):
+        check_processes(model, mesh, axis, _local_positions(mesh, axis), process_local)
     placer = _Placer(mesh, axis, process_local)
     prior = None if model.prior is None else jax.tree.map(placer.put_replicated, model.prior)
     groups = []
-    for g, sites in enumerate(model.sites):
+    for sites in model.sites:
         n = sites.operator(model.dim).shape[0]
         if process_local:
-            local = num // jax.process_count()
-            if n % local:
-                raise ValueError(f"process_local=True: sites group {g} has {n} local rows, not a multiple of the "
-                                 f"{local} local devices on axis {axis!r}")
             groups.append(_site_rows(sites, model.dim, 0, n, placer.put_rows, placer.put_replicated))
             continue
         main = (n // num) * num

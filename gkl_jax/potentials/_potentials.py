@@ -32,7 +32,8 @@ def _labels(y, name="y"):
     y = site_vector(y, name)
     h = host_view(y) if is_concrete(y) else None
     if h is not None and not bool(((h == 1) | (h == -1)).all()):
-        bad = np.unique(np.asarray(y)[(np.asarray(y) != 1) & (np.asarray(y) != -1)])[:5]
+        a = np.asarray(h)   # this process's rows when y spans several processes
+        bad = np.unique(a[(a != 1) & (a != -1)])[:5]
         raise ValueError(f"{name} must contain labels in {{-1, +1}}, got {bad.tolist()}")
     return y
 
