@@ -49,7 +49,7 @@ from ._common import (
     validate_predict,
     warn_not_converged,
 )
-from ._gp_model import DEFAULT_INDUCING, DENSE_MAX, GPBuild, inducing_inputs, pad_rows, rows_bucket
+from ._gp_model import DEFAULT_INDUCING, DENSE_MAX, INDUCING_INITS, GPBuild, inducing_inputs, pad_rows, rows_bucket
 from ._gp_start import ScaledBuild, fisher_factor, robust_scale, scaled_start
 from ._outputs import ProbabilisticClassifierMixin, StandardisedRegressorMixin
 
@@ -73,6 +73,8 @@ def _inducing(est, X):
     inducing inputs above; num_inducing="all" the dense GP at every size."""
     M, n = est.num_inducing, X.shape[0]
     given = not isinstance(est.inducing, str)
+    if not given:
+        check_choice(est.inducing, "inducing", INDUCING_INITS)
     if isinstance(M, str) and M == "all" and not given:
         return None
     if M is None and not given:
