@@ -28,6 +28,7 @@ import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
 
 from .._fit import fit as gk_fit
+from .._inducing import INITS as INDUCING_INITS
 from ..gp import exact as gp_exact
 from ..gp import predict as gp_predict
 from ..gp._predict import with_targets
@@ -49,7 +50,7 @@ from ._common import (
     validate_predict,
     warn_not_converged,
 )
-from ._gp_model import DEFAULT_INDUCING, DENSE_MAX, INDUCING_INITS, GPBuild, inducing_inputs, pad_rows, rows_bucket
+from ._gp_model import DEFAULT_INDUCING, DENSE_MAX, GPBuild, inducing_inputs, pad_rows, rows_bucket
 from ._gp_start import ScaledBuild, fisher_factor, robust_scale, scaled_start
 from ._outputs import ProbabilisticClassifierMixin, StandardisedRegressorMixin
 
@@ -167,10 +168,10 @@ class _Combine(eqx.Module):
 _SPARSE_ARGS = """num_inducing: None (default): the dense GP up to 2000 training rows (cost O(n^3) per inner fit),
             above that the sparse GP with 500 inducing inputs; an int M in [1, n]: the sparse GP over u = f(Z)
             with M inducing inputs (Titsias 2009; cost O(n M^2)); "all": the dense GP at every size.
-        inducing: the starting inducing inputs: "kmeans++" (default; k-means centres from k-means++ seeding),
-            "random" (M distinct training rows), or an (M, d) array.
+        inducing: the starting inducing inputs: "kmeans++" (default; M training rows by k-means++ seeding, spread
+            over the data), "random" (M distinct training rows), or an (M, d) array.
         learn_inducing: learn the inducing inputs in ML-II with the kernel (default False; M d more parameters).
-        random_state: None, an int or a numpy RandomState, the seed of the inducing-input initialisation."""
+        random_state: None or an int, the seed of the inducing-input initialisation."""
 
 
 class GPClassifier(ProbabilisticClassifierMixin, ClassifierMixin, HostState, BaseEstimator):

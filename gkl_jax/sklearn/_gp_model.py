@@ -13,8 +13,8 @@ compiled fit. A masked site contributes exactly nothing:
 - Sparse GP (`sparse_model`'s inducing-point model, Titsias 2009): the padded rows' projections h_n and extra
   variances k_nn - q_nn are zero and their sites masked (Gaussian: N(0 | 0, 1), the constant log N(0 | 0, 1)).
 
-Inducing inputs (`inducing_inputs`): the k-means cluster centres from k-means++ seeding (scikit-learn's KMeans,
-the initialisation GPflow users know) or a random subset of the rows, both seeded.
+Inducing inputs (`inducing_inputs`): rows of X by k-means++ seeding or a random subset of the rows, both seeded
+(`gkl_jax._inducing`), or the user's array.
 """
 
 from typing import ClassVar
@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import potentials as P
+from .._inducing import inducing_rows
 from .._model import Model, Sites
 from .._xla import bucket
 from ..gp import sparse_projection
@@ -43,7 +44,6 @@ ML-II at n = 2000 on a 2-core machine); above it the sparse GP with `DEFAULT_IND
 DEFAULT_INDUCING = 500
 """The number of inducing inputs where num_inducing=None switches to the sparse GP (n > DENSE_MAX)."""
 
-INDUCING_INITS = ("kmeans++", "random")
 
 
 def rows_bucket(n: int) -> int:
@@ -193,32 +193,20 @@ def inducing_inputs(X, num_inducing, inducing, random_state):
     Args:
         X: (n, d) training inputs.
         num_inducing: M, 1 <= M <= n.
-        inducing: "kmeans++" (the k-means centres from k-means++ seeding), "random" (M distinct rows of X), or an
-            (M, d) array-like of inducing inputs.
-        random_state: None, an int or a numpy RandomState (the seed of both initialisations).
+        inducing: "kmeans++" (M rows of X by k-means++ seeding), "random" (M distinct rows of X), or an (M, d)
+            array-like of inducing inputs (then num_inducing is not used).
+        random_state: None or an int, the seed of both initialisations (`gkl_jax._inducing`).
 
     Returns:
         (M, d) float64 numpy array; ValueError naming `num_inducing` or `inducing` for a bad value.
     """
-    n, d = X.shape
-    if not isinstance(inducing, str):
-        Z = np.asarray(inducing, np.float64)
-        if Z.ndim != 2 or Z.shape[1] != d or Z.shape[0] < 1:
-            raise ValueError(f"inducing must be 'kmeans++', 'random' or an (M, {d}) array of inducing inputs "
-                             f"(the width of X), got shape {Z.shape}")
-        if not np.all(np.isfinite(Z)):
-            raise ValueError("inducing contains NaN or inf")
-        return Z
-    if inducing not in INDUCING_INITS:
-        raise ValueError(f"inducing must be one of {INDUCING_INITS} or an (M, d) array, got {inducing!r}")
-    if isinstance(num_inducing, bool) or not isinstance(num_inducing, (int, np.integer)) or not 1 <= num_inducing <= n:
-        raise ValueError(f"num_inducing must be an integer in [1, n] = [1, {n}] (the number of training rows), "
-                         f"got {num_inducing!r}")
-    from sklearn.cluster import KMeans
-    from sklearn.utils import check_random_state
-
-    seed = check_random_state(random_state)
-    if inducing == "random" or num_inducing == n:
-        return X[np.sort(seed.permutation(n)[:num_inducing])].copy()
-    return KMeans(int(num_inducing), init="k-means++", n_init=1,
-                  random_state=seed.randint(2 ** 31 - 1)).fit(X).cluster_centers_
+    d = X.shape[1]
+    if isinstance(inducing, str):
+        return np.asarray(X, np.float64)[inducing_rows(X, num_inducing, inducing, random_state)]
+    Z = np.asarray(inducing, np.float64)
+    if Z.ndim != 2 or Z.shape[1] != d or Z.shape[0] < 1:
+        raise ValueError(f"inducing must be 'kmeans++', 'random' or an (M, {d}) array of inducing inputs (the width "
+                         f"of X), got shape {Z.shape}")
+    if not np.all(np.isfinite(Z)):
+        raise ValueError("inducing contains NaN or inf")
+    return Z
