@@ -55,6 +55,7 @@ def case_binary(n):
     t = time.perf_counter()
     out["ours_cv_acc"] = float(np.mean(cross_val_score(GPClassifier(), X[:n], y[:n], cv=5)))
     out["ours_cv5_s"] = time.perf_counter() - t
+    print("PARTIAL " + json.dumps(out), flush=True)
     t = time.perf_counter()
     sk = GaussianProcessClassifier(1.0 * RBF(1.0)).fit(X[:n], y[:n])
     out["sklearn_s"] = time.perf_counter() - t
@@ -84,6 +85,7 @@ def case_digits():
     out["ours_s"] = time.perf_counter() - t
     out["ours_acc"] = float(np.mean(clf.predict(Xte) == yte))
     out["ours_converged"] = bool(clf.converged_)
+    print("PARTIAL " + json.dumps(out), flush=True)
     for name, est in (("sklearn_default", GaussianProcessClassifier()),
                       ("sklearn_ml2", GaussianProcessClassifier(1.0 * RBF(1.0)))):
         t = time.perf_counter()
@@ -108,11 +110,11 @@ def main():
     cases = [["binary", str(n)] for n in args.binary] + ([["digits"]] if args.digits else [])
     for case in cases:
         run = subprocess.run([sys.executable, __file__, "--case", *case], capture_output=True, text=True)
-        lines = [ln for ln in run.stdout.splitlines() if ln.startswith("RESULT ")]
+        lines = [ln for ln in run.stdout.splitlines() if ln.startswith(("RESULT ", "PARTIAL "))]
         if not lines:
             print(run.stderr[-2000:])
             continue
-        out = json.loads(lines[-1][7:])
+        out = json.loads(lines[-1].split(" ", 1)[1])
         print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in out.items()}), flush=True)
 
 

@@ -141,3 +141,42 @@ def test_bad_sparse_settings_name_the_argument(kwargs, name):
 def test_pad_rows_refuses_a_bucket_too_small():
     with pytest.raises(ValueError, match="bucket"):
         pad_rows(np.zeros((5, 2)), 4)
+
+
+def test_kmeans_plus_plus_rows_spread_over_the_clusters():
+    """k-means++ seeding picks one row in each of three far-apart clusters (D^2 sampling: a second row from an
+    already chosen cluster has probability ~1e-8 here); "random" rows are distinct; both seeded."""
+    from gkl_jax._inducing import inducing_rows
+
+    rng = np.random.default_rng(3)
+    X = np.concatenate([rng.normal(c, 0.01, size=(50, 2)) for c in (-10.0, 0.0, 10.0)])
+    for seed in range(5):
+        rows = inducing_rows(X, 3, "kmeans++", seed)
+        assert sorted(rows // 50) == [0, 1, 2]
+        np.testing.assert_array_equal(rows, inducing_rows(X, 3, "kmeans++", seed))
+    random_rows = inducing_rows(X, 40, "random", 0)
+    assert len(np.unique(random_rows)) == 40
+    with pytest.raises(ValueError, match="num_inducing"):
+        inducing_rows(X, 151, "random", 0)
+
+
+def test_multiclass_default_switches_to_the_sparse_bound(monkeypatch):
+    """gkl_jax.multiclass.GPClassifier: the full bound up to DENSE_MAX_LATENTS latents n C, the sparse bound with
+    DEFAULT_INDUCING_LATENTS inducing latents above (limits lowered here); "kmeans++" takes all C latents at
+    k-means++ rows; "all" keeps the full bound; a bad `inducing` is refused."""
+    from gkl_jax.multiclass import _classifier as mc
+
+    X, _, _ = _data(12)
+    clf = gk.multiclass.GPClassifier()
+    assert clf._inducing_latents(X, 3) is None
+    monkeypatch.setattr(mc, "DENSE_MAX_LATENTS", 20)
+    monkeypatch.setattr(mc, "DEFAULT_INDUCING_LATENTS", 9)
+    latents = clf._inducing_latents(X, 3)
+    assert latents.shape == (9,) and len(np.unique(latents)) == 9 and latents.max() < 36
+    rows = gk.multiclass.GPClassifier(inducing="kmeans++")._inducing_latents(X, 3)
+    assert rows.shape == (9,) and len(np.unique(rows // 3)) == 3 and sorted(rows % 3) == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert gk.multiclass.GPClassifier(num_inducing="all")._inducing_latents(X, 3) is None
+    with pytest.raises(ValueError, match="inducing"):
+        gk.multiclass.GPClassifier(inducing="grid")
+    with pytest.raises(ValueError, match="num_inducing"):
+        gk.multiclass.GPClassifier(num_inducing=0)

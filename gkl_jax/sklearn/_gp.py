@@ -33,7 +33,6 @@ from ..gp import exact as gp_exact
 from ..gp import predict as gp_predict
 from ..gp._predict import with_targets
 from ..kernels import AbstractKernel, SquaredExponential, median_distance
-from ..multiclass import GPClassifier as _MulticlassGP
 from . import _ml2 as ml2
 from ._common import (
     HostState,
@@ -45,7 +44,6 @@ from ._common import (
     fit_hyperparameters_or_once,
     float64,
     per_problem,
-    quiet_convergence,
     validate_fit,
     validate_predict,
     warn_not_converged,
@@ -322,94 +320,3 @@ class GPRegressor(StandardisedRegressorMixin, RegressorMixin, HostState, BaseEst
     def _predictive(self, X, family, z):
         result, prior = self._fit
         return _predict_padded(result, prior, X, family, z)
-
-
-class MulticlassGPClassifier(ClassifierMixin, HostState, BaseEstimator):
-    """The multinomial-logit GP classifier of `gkl_jax.multiclass.GPClassifier` (Chai 2012) as a scikit-learn
-    estimator: one joint posterior over the C latent functions (not one-vs-rest).
-
-    Args:
-        kernel: a `gkl_jax.kernels` kernel, or None (default) for `gkl_jax.multiclass.GPClassifier`'s default,
-            SquaredExponential(1, median distance between the training inputs).
-        learn_hyperparameters: maximise the bound over the kernel parameters (default True).
-        jitter, max_steps, tol: passed on.
-        num_inducing: None (the full bound, cost (n C)^3) or the number of random inducing latents of the sparse
-            bound (cost n C s^2 per sweep; for n C in the thousands), drawn with `random_state`.
-        random_state: the integer seed of that draw.
-
-    Attributes (after `fit`): classes_, kernel_, log_evidence_ (the bound on log p(y | X)), converged_, estimator_
-    (the underlying `gkl_jax.multiclass.GPClassifier`).
-    """
-
-    def __init__(self, kernel=None, *, learn_hyperparameters=True, jitter=1e-6, max_steps=50, tol=1e-8,
-                 num_inducing=None, random_state=0):
-        self.kernel = kernel
-        self.learn_hyperparameters = learn_hyperparameters
-        self.jitter = jitter
-        self.max_steps = max_steps
-        self.tol = tol
-        self.num_inducing = num_inducing
-        self.random_state = random_state
-
-    @float64
-    def fit(self, X, y):
-        """Fit the joint posterior and (by default) the kernel.
-
-        Args:
-            X: (n, d) array-like of finite inputs.
-            y: (n,) labels of any type, at least two classes.
-
-        Returns:
-            self.
-        """
-        X, y = validate_fit(self, X, y, classifier=True)
-        classes, codes = encode_labels(y)
-        with quiet_convergence():
-            est = _MulticlassGP(self.kernel, learn_hyperparameters=bool(self.learn_hyperparameters),
-                                classes=np.arange(len(classes)), jitter=float(self.jitter),
-                                max_steps=check_steps(self.max_steps), tol=float(self.tol),
-                                num_inducing=None if self.num_inducing is None else check_steps(self.num_inducing,
-                                                                                               "num_inducing"),
-                                random_state=self.random_state).fit(X, codes)
-        self.estimator_, self.classes_ = est, classes
-        self.kernel_, self.log_evidence_, self.converged_ = est.kernel_, float(est.log_z_), bool(est.converged_)
-        if not self.converged_:
-            warn_not_converged(self)
-        return self
-
-    @float64
-    def predict_proba(self, X):
-        """Class probabilities, the re-normalised predictive of Chai (2012, eq. 25).
-
-        Args:
-            X: (n, n_features_in_) array-like.
-
-        Returns:
-            (n, C) float64, columns in `classes_` order.
-        """
-        X = validate_predict(self, X, "estimator_")
-        return np.asarray(self.estimator_.predict_proba(X), dtype=np.float64)
-
-    def predict_log_proba(self, X):
-        """The log of `predict_proba(X)`.
-
-        Args:
-            X: (n, d) array-like of inputs.
-
-        Returns:
-            (n, C) float numpy array.
-        """
-        return np.log(self.predict_proba(X))
-
-    def predict(self, X):
-        """The most probable class of each row of X.
-
-        Args:
-            X: (n, d) array-like of inputs.
-
-        Returns:
-            (n,) numpy array of labels from `classes_`.
-        """
-        proba = self.predict_proba(X)
-        return self.classes_[np.argmax(proba, axis=1)]
-
