@@ -163,17 +163,8 @@ class _Combine(eqx.Module):
         return eqx.combine(dyn, self.static)
 
 
-_SPARSE_ARGS = """num_inducing: None (default): the dense GP up to 2000 training rows (cost O(n^3) per inner fit),
-            above that the sparse GP with 500 inducing inputs; an int M in [1, n]: the sparse GP over u = f(Z)
-            with M inducing inputs (Titsias 2009; cost O(n M^2)); "all": the dense GP at every size.
-        inducing: the starting inducing inputs: "kmeans++" (default; M training rows by k-means++ seeding, spread
-            over the data), "random" (M distinct training rows), or an (M, d) array.
-        learn_inducing: learn the inducing inputs in ML-II with the kernel (default False; M d more parameters).
-        random_state: None or an int, the seed of the inducing-input initialisation."""
-
-
 class GPClassifier(ProbabilisticClassifierMixin, ClassifierMixin, HostState, BaseEstimator):
-    __doc__ = """Binary GP classifier by G-KL inference (one-vs-rest for more classes), dense or sparse.
+    """Binary GP classifier by G-KL inference (one-vs-rest for more classes), dense or sparse.
 
     Args:
         kernel: a `gkl_jax.kernels` kernel (default SquaredExponential(1, 1)); the starting point of ML-II.
@@ -181,14 +172,20 @@ class GPClassifier(ProbabilisticClassifierMixin, ClassifierMixin, HostState, Bas
         learn_hyperparameters: ML-II on the bound over the kernel parameters (default True).
         jitter: added to the Gram matrix's diagonal.
         max_steps: outer ML-II steps.
-        """ + _SPARSE_ARGS + """
+        num_inducing: None (default): the dense GP up to 2000 training rows (cost O(n^3) per inner fit),
+            above that the sparse GP with 500 inducing inputs; an int M in [1, n]: the sparse GP over u = f(Z)
+            with M inducing inputs (Titsias 2009; cost O(n M^2)); "all": the dense GP at every size.
+        inducing: the starting inducing inputs: "kmeans++" (default; M training rows by k-means++ seeding, spread
+            over the data), "random" (M distinct training rows), or an (M, d) array.
+        learn_inducing: learn the inducing inputs in ML-II with the kernel (default False; M d more parameters).
+        random_state: None or an int, the seed of the inducing-input initialisation.
 
     Attributes (after `fit`): classes_, kernel_ (learned; a list one-vs-rest), log_evidence_ (the bound on
     log p(y | X); an array one-vs-rest), converged_, inducing_inputs_ (the (M, d) inducing inputs, a list
     one-vs-rest, or None for the dense GP).
 
     Compilation: the fit compiles once per bucket of training-set sizes (eighth octaves from 32 rows: 1000 and
-    1050 rows share one), the predictions once per bucket of test-set sizes.
+    1020 rows share the 1024-row fit), the predictions once per bucket of test-set sizes.
     """
 
     def __init__(self, kernel=None, *, likelihood="logistic", learn_hyperparameters=True, jitter=1e-6,
@@ -239,7 +236,7 @@ class GPClassifier(ProbabilisticClassifierMixin, ClassifierMixin, HostState, Bas
 
 
 class GPRegressor(StandardisedRegressorMixin, RegressorMixin, HostState, BaseEstimator):
-    __doc__ = """GP regression with a Gaussian (exact), Student-t or Laplace (G-KL) likelihood, dense or sparse.
+    """GP regression with a Gaussian (exact), Student-t or Laplace (G-KL) likelihood, dense or sparse.
 
     Args:
         kernel: a `gkl_jax.kernels` kernel, the starting point of ML-II (default SquaredExponential(1, l) with
@@ -253,7 +250,13 @@ class GPRegressor(StandardisedRegressorMixin, RegressorMixin, HostState, BaseEst
         dof: Student-t degrees of freedom (fixed).
         learn_hyperparameters: ML-II over the kernel and the noise (default True).
         jitter, max_steps: as `GPClassifier`.
-        """ + _SPARSE_ARGS + """
+        num_inducing: None (default): the dense GP up to 2000 training rows (cost O(n^3) per inner fit),
+            above that the sparse GP with 500 inducing inputs; an int M in [1, n]: the sparse GP over u = f(Z)
+            with M inducing inputs (Titsias 2009; cost O(n M^2)); "all": the dense GP at every size.
+        inducing: the starting inducing inputs: "kmeans++" (default; M training rows by k-means++ seeding, spread
+            over the data), "random" (M distinct training rows), or an (M, d) array.
+        learn_inducing: learn the inducing inputs in ML-II with the kernel (default False; M d more parameters).
+        random_state: None or an int, the seed of the inducing-input initialisation.
 
     Attributes (after `fit`): kernel_, noise_ (standardised units), log_evidence_ (log p(y | X) for the Gaussian
     likelihood, Titsias' collapsed bound sparse, else the bound; original units), converged_, inducing_inputs_
