@@ -92,6 +92,7 @@ def case_digits():
         est.fit(Xtr, ytr)
         out[name + "_s"] = time.perf_counter() - t
         out[name + "_acc"] = float(est.score(Xte, yte))
+        print("PARTIAL " + json.dumps(out), flush=True)
     return out
 
 
