@@ -16,6 +16,8 @@ import warnings
 import jax
 import numpy as np
 
+from .._inducing import INITS as INDUCING_INITS
+from .._inducing import inducing_rows
 from .._linalg import in_float64
 from .._validate import check_int, check_max_steps, check_nonnegative, check_tol, device_array, host_arrays
 from .._xla import bucket
@@ -30,6 +32,15 @@ OUTER_FTOL = 1e-5
 """The estimator's ML-II settling tolerance (relative gain per outer step; `fit_hyperparameters` defaults to 1e-7 for
 the paper's tables): the last outer steps at 1e-7 gain too little to change the predictions (the
 experiment is on the design-decisions page)."""
+
+DENSE_MAX_LATENTS = 2000
+"""With num_inducing=None, the most latents n C fitted with the full bound (cost (n C)^3 per sweep: glass, 214 x 7,
+stays dense); above, the sparse bound with `DEFAULT_INDUCING_LATENTS` inducing latents (500 digits, 5000 latents:
+the full bound had not returned after 30 minutes)."""
+
+DEFAULT_INDUCING_LATENTS = 200
+"""The inducing latents s where num_inducing=None switches to the sparse bound (1000 digits: ML-II in about 30 s,
+test accuracy 0.875-0.910; benchmarks/README.md)."""
 
 PREDICT_BUCKET_MIN = 16
 """The smallest padded number of test points in `GPClassifier.predictive` (quarter-octave buckets above it)."""
@@ -68,9 +79,13 @@ class GPClassifier:
         jitter: non-negative float added to the prior's diagonal.
         max_steps: the most outer (ML-II) steps.
         tol: the inner fit's tolerance on the bound.
-        num_inducing: None (default) for the full bound, whose cost grows as (n C)^3; an int s for the sparse bound
-            of Chai (2012, Section 4) on s latents f^c(x_i) drawn at random (`random_state`), at O(n C s^2) per
-            sweep (ML-II through `fit_hyperparameters(inducing=...)`); s >= n C uses the full bound.
+        num_inducing: None (default): the full bound, whose cost grows as (n C)^3, up to `DENSE_MAX_LATENTS`
+            latents (n C), above that the sparse bound with `DEFAULT_INDUCING_LATENTS` inducing latents; an int s
+            for the sparse bound of Chai (2012, Section 4) on s latents f^c(x_i), at O(n C s^2) per sweep (ML-II
+            through `fit_hyperparameters(inducing=...)`); s >= n C uses the full bound; "all": the full bound at
+            every size.
+        inducing: how the inducing latents are chosen: "random" (default; s latents f^c(x_i) uniformly) or
+            "kmeans++" (rows x_i by k-means++ seeding, all C latents at each, s in all), seeded by `random_state`.
         random_state: the integer seed of that draw.
 
     Attributes:
@@ -95,7 +110,8 @@ class GPClassifier:
     """
 
     def __init__(self, kernel=None, *, fixed=(), learn_hyperparameters=True, classes=None, site="theorem6",
-                 covariance="full", jitter=1e-6, max_steps=50, tol=1e-8, num_inducing=None, random_state=0):
+                 covariance="full", jitter=1e-6, max_steps=50, tol=1e-8, num_inducing=None, inducing="random",
+                 random_state=0):
         if site not in SITES:
             raise ValueError(f"site must be one of {SITES}, got {site!r}")
         if covariance not in COVARIANCES:
@@ -115,7 +131,12 @@ class GPClassifier:
         self.jitter = check_nonnegative(jitter, "jitter")
         self.max_steps = check_max_steps(max_steps)
         self.tol = check_tol(tol)
-        self.num_inducing = None if num_inducing is None else check_int(num_inducing, "num_inducing", 1)
+        if not (num_inducing is None or (isinstance(num_inducing, str) and num_inducing == "all")):
+            num_inducing = check_int(num_inducing, "num_inducing", 1)
+        self.num_inducing = num_inducing
+        if inducing not in INDUCING_INITS:
+            raise ValueError(f"inducing must be one of {INDUCING_INITS}, got {inducing!r}")
+        self.inducing = inducing
         self.random_state = check_int(random_state, "random_state", 0)
 
     def _encode(self, y, n):
@@ -172,11 +193,7 @@ class GPClassifier:
         """
         X = _as_inputs(X, "X")
         self.classes_, Y = self._encode(y, X.shape[0])
-        latents = Y.size
-        inducing = None
-        if self.num_inducing is not None and self.num_inducing < latents:
-            inducing = np.sort(np.random.default_rng(self.random_state).choice(latents, self.num_inducing,
-                                                                               replace=False))
+        inducing = self._inducing_latents(X, Y.shape[1])
         # one compiled program serves both cases: without learning, the outer loop takes no step
         kernel = SquaredExponential(1.0, median_distance(X)) if self.kernel is None else self.kernel
         res = fit_hyperparameters(kernel, X, Y, fixed=self.fixed, jitter=self.jitter, site=self.site,
@@ -194,6 +211,23 @@ class GPClassifier:
         self._alpha = None if inducing is not None else post.alpha
         self._T = res.t_matrix
         return self
+
+    def _inducing_latents(self, X, C):
+        """The sorted indices i C + c of the inducing latents f^c(x_i), or None for the full bound (`num_inducing`,
+        `inducing`)."""
+        n = X.shape[0]
+        s = self.num_inducing
+        if s is None:
+            if n * C <= DENSE_MAX_LATENTS:
+                return None
+            s = DEFAULT_INDUCING_LATENTS
+        if s == "all" or s >= n * C:
+            return None
+        rng = np.random.default_rng(self.random_state)
+        if self.inducing == "random":
+            return np.sort(rng.choice(n * C, s, replace=False))
+        rows = inducing_rows(X, min(-(-s // C), n), "kmeans++", rng)
+        return np.sort((rows[:, None] * C + np.arange(C)[None, :]).ravel()[:s])
 
     def _check_fitted(self):
         if not hasattr(self, "posterior_"):

@@ -22,7 +22,7 @@ except ImportError as _err:  # pragma: no cover - exercised without scikit-learn
 
 from ._gp import GPClassifier as GPClassifier
 from ._gp import GPRegressor as GPRegressor
-from ._gp import MulticlassGPClassifier as MulticlassGPClassifier
+from ._gp_multiclass import MulticlassGPClassifier as MulticlassGPClassifier
 from ._linear import BayesianLogisticRegression as BayesianLogisticRegression
 from ._linear import BayesianRegression as BayesianRegression
 

@@ -12,8 +12,13 @@ GP classifier of `gkl_jax.multiclass` (Chai 2012) behind one import.
   scale of the Gaussian fit, in Fisher-scaled coordinates, `_gp_start`); the targets are standardised inside
   `fit` (as scikit-learn's normalize_y=True) and every output is in the original units.
 
-Each distinct training-set size compiles its own fit (seconds on a small CPU); the compiled fit is reused for
-every later fit of that size (cross-validation folds of equal size, refits).
+Dense or sparse (`num_inducing`): the dense GP costs O(n^3) per inner fit; the sparse GP over M inducing values
+u = f(Z) (Titsias 2009; `gkl_jax.gp.sparse_model`) O(n M^2). By default the dense GP up to `DENSE_MAX` training
+rows and the sparse GP with `DEFAULT_INDUCING` inducing inputs above, never an O(n^3) fit of half an hour.
+
+Compilation: the training rows (and the test rows of a prediction) are padded to a bucket size with masked sites
+(`_gp_model`), so every data set of a bucket (cross-validation folds, grid-search points, refits) reuses one
+compiled fit; a masked site contributes exactly nothing.
 """
 
 import equinox as eqx
@@ -22,14 +27,12 @@ import jax.numpy as jnp
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
 
-from .. import potentials as P
 from .._fit import fit as gk_fit
+from .._inducing import INITS as INDUCING_INITS
 from ..gp import exact as gp_exact
-from ..gp import model as gp_model
 from ..gp import predict as gp_predict
 from ..gp._predict import with_targets
 from ..kernels import AbstractKernel, SquaredExponential, median_distance
-from ..multiclass import GPClassifier as _MulticlassGP
 from . import _ml2 as ml2
 from ._common import (
     HostState,
@@ -41,34 +44,16 @@ from ._common import (
     fit_hyperparameters_or_once,
     float64,
     per_problem,
-    quiet_convergence,
     validate_fit,
     validate_predict,
     warn_not_converged,
 )
+from ._gp_model import DEFAULT_INDUCING, DENSE_MAX, GPBuild, inducing_inputs, pad_rows, rows_bucket
 from ._gp_start import ScaledBuild, fisher_factor, robust_scale, scaled_start
 from ._outputs import ProbabilisticClassifierMixin, StandardisedRegressorMixin
 
 _LIKELIHOODS = ("logistic", "probit")
 _REGRESSION_LIKELIHOODS = ("gaussian", "student-t", "laplace")
-
-
-class _GPBuild(eqx.Module):
-    """params {"kernel", "log_noise"} -> the full GP model (a module, so ML-II reuses its compiled loop)."""
-
-    X: jnp.ndarray
-    y: jnp.ndarray
-    dof: jnp.ndarray
-    likelihood: str = eqx.field(static=True)
-    jitter: float = eqx.field(static=True)
-
-    def __call__(self, params):
-        """The GP model at `params` (a kernel, a log noise variance or scale)."""
-        noise = jnp.exp(params["log_noise"])
-        lik = {"logistic": lambda: P.Logistic(self.y), "probit": lambda: P.Probit(self.y),
-               "gaussian": lambda: P.Gaussian(self.y, noise), "laplace": lambda: P.Laplace(self.y, noise),
-               "student-t": lambda: P.StudentT(self.y, self.dof, noise)}[self.likelihood]()
-        return gp_model(params["kernel"], self.X, lik, jitter=self.jitter)
 
 
 def _kernel(kernel, X=None):
@@ -81,39 +66,87 @@ def _kernel(kernel, X=None):
     return kernel
 
 
-def _fit_gp(est, X, y, likelihood, noise, learn_noise, dof=1.0, kernel=None, R=None):
-    """One GP fit of `est`'s settings on inputs X (n, d) and targets y (n,), ML-II from `kernel` (default
-    `est.kernel`); given `R` (`_gp_start.fisher_factor`), ML-II of the kernel and the noise in u = R theta.
+def _inducing(est, X):
+    """The starting inducing inputs Z (M, d) of `est`'s fit on X, or None for the dense GP (module doc): with
+    num_inducing=None the dense GP up to DENSE_MAX rows (unless `inducing` is an array), `DEFAULT_INDUCING`
+    inducing inputs above; num_inducing="all" the dense GP at every size."""
+    M, n = est.num_inducing, X.shape[0]
+    given = not isinstance(est.inducing, str)
+    if not given:
+        check_choice(est.inducing, "inducing", INDUCING_INITS)
+    if isinstance(M, str) and M == "all" and not given:
+        return None
+    if M is None and not given:
+        if n <= DENSE_MAX:
+            return None
+        M = min(DEFAULT_INDUCING, n)
+    if M is not None and (isinstance(M, bool) or not isinstance(M, (int, np.integer)) or not 1 <= M <= n):
+        raise ValueError(f"num_inducing must be None, 'all' or an integer in [1, n] = [1, {n}] (the number of "
+                         f"training rows), got {M!r}")
+    Z = inducing_inputs(X, M, est.inducing, est.random_state)
+    if given and M is not None and Z.shape[0] != M:
+        raise ValueError(f"num_inducing={M} but inducing holds {Z.shape[0]} inducing inputs")
+    return Z
+
+
+def _padded_inputs(X):
+    """(X padded to `rows_bucket(n)` rows, (n_pad,) mask True on the real rows)."""
+    n_pad = rows_bucket(X.shape[0])
+    return pad_rows(X, n_pad), np.arange(n_pad) < X.shape[0]
+
+
+def _fit_gp(est, data, y, likelihood, noise, learn_noise, dof=1.0, kernel=None, Z=None, R=None):
+    """One GP fit of `est`'s settings on the padded inputs `data` = (X (n_pad, d), mask) and targets y (n,), ML-II
+    from `kernel` (default `est.kernel`) over the kernel, the noise (`learn_noise`) and, sparse (Z (M, d) the
+    starting inducing inputs), Z where `est.learn_inducing`; given `R` (`_gp_start.fisher_factor`, dense only),
+    ML-II of the kernel and the noise in u = R theta.
 
     Returns:
-        (Result, GP prior at the fitted parameters, params, converged).
+        (Result, GP prior at the fitted parameters, params, converged, log Z of the unpadded problem).
     """
-    build = _GPBuild(jnp.asarray(X), jnp.asarray(y), jnp.asarray(float(dof)), likelihood,
-                     check_positive_float(est.jitter, "jitter"))
+    Xp, mask = data
+    yp = pad_rows(y, len(mask), 1.0 if likelihood in _LIKELIHOODS else 0.0)
+    build = GPBuild(jnp.asarray(Xp), jnp.asarray(yp), jnp.asarray(mask), jnp.asarray(float(dof)), likelihood,
+                    check_positive_float(est.jitter, "jitter"), Z is not None)
     params = {"kernel": _kernel(est.kernel) if kernel is None else kernel,
               "log_noise": np.asarray(np.log(noise))}
     learn = bool(est.learn_hyperparameters)
+    flags = {"kernel": learn, "log_noise": learn and bool(learn_noise)}
+    if Z is not None:
+        params["Z"], flags["Z"] = jnp.asarray(Z), bool(est.learn_inducing)
     method = gp_exact if likelihood == "gaussian" else gk_fit
-    if likelihood == "gaussian" and learn:
+    if likelihood == "gaussian" and learn and Z is None:
         # the closed-form evidence and gradient in one compiled program (`_ml2`); the posterior once, at the end
         params = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64) if eqx.is_inexact_array(a) else a, params)
-        dyn, static = eqx.partition(params, {"kernel": True, "log_noise": bool(learn_noise)})
-        objective = ml2.GPEvidence(build.X, build.y, static, build.jitter)
+        dyn, static = eqx.partition(params, flags)
+        objective = ml2.GPEvidence(build.X, build.y, static, build.jitter, mask=build.mask)
         params, converged, _ = ml2.run(objective, ml2.settings(check_steps(est.max_steps), GP_MAX_STEP), dyn, {},
                                        _Combine(static))
         result = gp_exact(build(params))
-        return result, build(params).prior, params, bool(converged) and bool(result.converged)
-    if R is not None and learn and learn_noise:   # Student-t: ML-II in u = R theta (`_gp_start`)
+        converged = bool(converged) and bool(result.converged)
+    elif R is not None and learn and learn_noise:   # Student-t: ML-II in u = R theta (`_gp_start`)
         # the inner fits: ML-II's default there, the site-precision solver from the last optimum (`_gp_start`)
         scaled = ScaledBuild(build, jnp.asarray(np.linalg.inv(R)), params["kernel"])
         result, u, converged = fit_hyperparameters_or_once(scaled, scaled_start(params["kernel"], float(
             params["log_noise"]), R), {"u": True}, method, check_steps(est.max_steps))
         params = scaled.params(u["u"])
     else:
-        result, params, converged = fit_hyperparameters_or_once(
-            build, params, {"kernel": learn, "log_noise": learn and bool(learn_noise)}, method,
-            check_steps(est.max_steps))
-    return result, build(params).prior, params, converged
+        result, params, converged = fit_hyperparameters_or_once(build, params, flags, method,
+                                                                 check_steps(est.max_steps))
+    return result, build(params).prior, params, converged, float(result.log_z) - build.padding_log_z()
+
+
+def _predict_padded(result, prior, X, family, z=None):
+    """`gkl_jax.gp.predict` at the rows of X padded to a bucket size (`rows_bucket`; test points do not interact,
+    so one compiled prediction serves every size of a bucket), cut back to X's rows; z: targets for the
+    predictive densities, or None."""
+    n = X.shape[0]
+    Xp = pad_rows(X, rows_bucket(n))
+    if z is not None:
+        family = with_targets(family, jnp.asarray(pad_rows(z, Xp.shape[0])), Xp.shape[0])
+    pred = gp_predict(result, prior, jnp.asarray(Xp), family=family) if z is None else \
+        gp_predict(result, prior, jnp.asarray(Xp), family)
+    return jax.tree.map(lambda a: np.asarray(a)[:n] if np.ndim(a) >= 1 else a, pred)
 
 
 GP_MAX_STEP = 1.0
@@ -131,7 +164,7 @@ class _Combine(eqx.Module):
 
 
 class GPClassifier(ProbabilisticClassifierMixin, ClassifierMixin, HostState, BaseEstimator):
-    """Binary GP classifier by G-KL inference (one-vs-rest for more classes).
+    """Binary GP classifier by G-KL inference (one-vs-rest for more classes), dense or sparse.
 
     Args:
         kernel: a `gkl_jax.kernels` kernel (default SquaredExponential(1, 1)); the starting point of ML-II.
@@ -139,18 +172,33 @@ class GPClassifier(ProbabilisticClassifierMixin, ClassifierMixin, HostState, Bas
         learn_hyperparameters: ML-II on the bound over the kernel parameters (default True).
         jitter: added to the Gram matrix's diagonal.
         max_steps: outer ML-II steps.
+        num_inducing: None (default): the dense GP up to 2000 training rows (cost O(n^3) per inner fit),
+            above that the sparse GP with 500 inducing inputs; an int M in [1, n]: the sparse GP over u = f(Z)
+            with M inducing inputs (Titsias 2009; cost O(n M^2)); "all": the dense GP at every size.
+        inducing: the starting inducing inputs: "kmeans++" (default; M training rows by k-means++ seeding, spread
+            over the data), "random" (M distinct training rows), or an (M, d) array.
+        learn_inducing: learn the inducing inputs in ML-II with the kernel (default False; M d more parameters).
+        random_state: None or an int, the seed of the inducing-input initialisation.
 
     Attributes (after `fit`): classes_, kernel_ (learned; a list one-vs-rest), log_evidence_ (the bound on
-    log p(y | X); an array one-vs-rest), converged_.
+    log p(y | X); an array one-vs-rest), converged_, inducing_inputs_ (the (M, d) inducing inputs, a list
+    one-vs-rest, or None for the dense GP).
+
+    Compilation: the fit compiles once per bucket of training-set sizes (eighth octaves from 32 rows: 1000 and
+    1020 rows share the 1024-row fit), the predictions once per bucket of test-set sizes.
     """
 
     def __init__(self, kernel=None, *, likelihood="logistic", learn_hyperparameters=True, jitter=1e-6,
-                 max_steps=100):
+                 max_steps=100, num_inducing=None, inducing="kmeans++", learn_inducing=False, random_state=0):
         self.kernel = kernel
         self.likelihood = likelihood
         self.learn_hyperparameters = learn_hyperparameters
         self.jitter = jitter
         self.max_steps = max_steps
+        self.num_inducing = num_inducing
+        self.inducing = inducing
+        self.learn_inducing = learn_inducing
+        self.random_state = random_state
 
     @float64
     def fit(self, X, y):
@@ -166,12 +214,16 @@ class GPClassifier(ProbabilisticClassifierMixin, ClassifierMixin, HostState, Bas
         check_choice(self.likelihood, "likelihood", _LIKELIHOODS)
         X, y = validate_fit(self, X, y, classifier=True)
         self.classes_, codes = encode_labels(y)
-        fits = [_fit_gp(self, X, t, self.likelihood, 1.0, False) for t in binary_targets(codes, len(self.classes_))]
-        self._fits = [(result, prior) for result, prior, _, _ in fits]
-        kernels = [params["kernel"] for _, _, params, _ in fits]
+        Z, data = _inducing(self, X), _padded_inputs(X)
+        fits = [_fit_gp(self, data, t, self.likelihood, 1.0, False, Z=Z)
+                for t in binary_targets(codes, len(self.classes_))]
+        self._fits = [(result, prior) for result, prior, _, _, _ in fits]
+        kernels = [params["kernel"] for _, _, params, _, _ in fits]
         self.kernel_ = kernels[0] if len(kernels) == 1 else kernels
-        self.log_evidence_ = per_problem([float(result.log_z) for result, _, _, _ in fits])
-        self.converged_ = all(converged for _, _, _, converged in fits)
+        inducing = [np.asarray(params["Z"]) for _, _, params, _, _ in fits] if Z is not None else [None]
+        self.inducing_inputs_ = inducing[0] if len(inducing) == 1 else inducing
+        self.log_evidence_ = per_problem([log_z for _, _, _, _, log_z in fits])
+        self.converged_ = all(converged for _, _, _, converged, _ in fits)
         if not self.converged_:
             warn_not_converged(self)
         return self
@@ -179,12 +231,12 @@ class GPClassifier(ProbabilisticClassifierMixin, ClassifierMixin, HostState, Bas
     @float64
     def _positive_probabilities(self, X):
         X = validate_predict(self, X, "_fits")
-        return np.stack([np.asarray(gp_predict(r, prior, X, family=self.likelihood).probability)
-                         for r, prior in self._fits], axis=1)
+        return np.stack([_predict_padded(r, prior, X, self.likelihood).probability for r, prior in self._fits],
+                        axis=1)
 
 
 class GPRegressor(StandardisedRegressorMixin, RegressorMixin, HostState, BaseEstimator):
-    """GP regression with a Gaussian (exact), Student-t or Laplace (G-KL) likelihood.
+    """GP regression with a Gaussian (exact), Student-t or Laplace (G-KL) likelihood, dense or sparse.
 
     Args:
         kernel: a `gkl_jax.kernels` kernel, the starting point of ML-II (default SquaredExponential(1, l) with
@@ -194,19 +246,30 @@ class GPRegressor(StandardisedRegressorMixin, RegressorMixin, HostState, BaseEst
             None (default): 1 for the Gaussian likelihood (all of the targets' variance; on diabetes with outliers
             ML-II from 0.1 stopped on one split of ten at log p = -449.90 where scikit-learn's optimum is -449.87,
             from 1 it found -449.87); for the Student-t likelihood with ML-II 1.4826 times the median absolute
-            deviation of the Gaussian fit's leave-one-out residuals; 0.1 otherwise.
+            deviation of the Gaussian fit's leave-one-out residuals (dense GP; 0.1 sparse); 0.1 otherwise.
         dof: Student-t degrees of freedom (fixed).
         learn_hyperparameters: ML-II over the kernel and the noise (default True).
         jitter, max_steps: as `GPClassifier`.
+        num_inducing: None (default): the dense GP up to 2000 training rows (cost O(n^3) per inner fit),
+            above that the sparse GP with 500 inducing inputs; an int M in [1, n]: the sparse GP over u = f(Z)
+            with M inducing inputs (Titsias 2009; cost O(n M^2)); "all": the dense GP at every size.
+        inducing: the starting inducing inputs: "kmeans++" (default; M training rows by k-means++ seeding, spread
+            over the data), "random" (M distinct training rows), or an (M, d) array.
+        learn_inducing: learn the inducing inputs in ML-II with the kernel (default False; M d more parameters).
+        random_state: None or an int, the seed of the inducing-input initialisation.
 
     Attributes (after `fit`): kernel_, noise_ (standardised units), log_evidence_ (log p(y | X) for the Gaussian
-    likelihood, else the bound; original units), converged_.
+    likelihood, Titsias' collapsed bound sparse, else the bound; original units), converged_, inducing_inputs_
+    ((M, d), or None for the dense GP).
+
+    Compilation: as `GPClassifier`, once per bucket of training-set sizes and of test-set sizes.
     """
 
     _fitted_attribute = "_fit"
 
     def __init__(self, kernel=None, *, likelihood="gaussian", noise=None, dof=4.0, learn_hyperparameters=True,
-                 jitter=1e-6, max_steps=100):
+                 jitter=1e-6, max_steps=100, num_inducing=None, inducing="kmeans++", learn_inducing=False,
+                 random_state=0):
         self.kernel = kernel
         self.likelihood = likelihood
         self.noise = noise
@@ -214,6 +277,10 @@ class GPRegressor(StandardisedRegressorMixin, RegressorMixin, HostState, BaseEst
         self.learn_hyperparameters = learn_hyperparameters
         self.jitter = jitter
         self.max_steps = max_steps
+        self.num_inducing = num_inducing
+        self.inducing = inducing
+        self.learn_inducing = learn_inducing
+        self.random_state = random_state
 
     @float64
     def fit(self, X, y):
@@ -234,17 +301,20 @@ class GPRegressor(StandardisedRegressorMixin, RegressorMixin, HostState, BaseEst
         X, y = validate_fit(self, X, y, classifier=False)
         z = self._standardise(y, np.mean)
         kernel, R = _kernel(self.kernel, X), None
-        if self.likelihood == "student-t" and self.learn_hyperparameters:   # from the data, scaled (`_gp_start`)
+        Z, data = _inducing(self, X), _padded_inputs(X)
+        if self.likelihood == "student-t" and self.learn_hyperparameters and Z is None:   # from the data, scaled
             jitter = check_positive_float(self.jitter, "jitter")
             if self.noise is None:
-                gaussian = _fit_gp(self, X, z, "gaussian", 1.0, True, kernel=kernel)[2]
+                gaussian = _fit_gp(self, data, z, "gaussian", 1.0, True, kernel=kernel)[2]
                 noise = robust_scale(gaussian, X, z, jitter)
-            R = fisher_factor(kernel, X, noise ** 2, jitter, dof)
-        result, prior, params, converged = _fit_gp(self, X, z, self.likelihood, noise, True, dof, kernel, R)
+            R = fisher_factor(kernel, data[0], noise ** 2, jitter, dof, data[1])
+        result, prior, params, converged, log_z = _fit_gp(self, data, z, self.likelihood, noise, True, dof, kernel,
+                                                          Z, R)
         self._fit = (result, prior)
         self.kernel_ = params["kernel"]
+        self.inducing_inputs_ = None if Z is None else np.asarray(params["Z"])
         self.noise_ = float(jnp.exp(params["log_noise"]))
-        self.log_evidence_ = float(result.log_z) - len(y) * np.log(self._y_scale)
+        self.log_evidence_ = log_z - len(y) * np.log(self._y_scale)
         self.converged_ = converged
         if not converged:
             warn_not_converged(self)
@@ -252,97 +322,4 @@ class GPRegressor(StandardisedRegressorMixin, RegressorMixin, HostState, BaseEst
 
     def _predictive(self, X, family, z):
         result, prior = self._fit
-        if z is None:
-            return gp_predict(result, prior, X, family=family)
-        return gp_predict(result, prior, X, with_targets(family, jnp.asarray(z), X.shape[0]))
-
-
-class MulticlassGPClassifier(ClassifierMixin, HostState, BaseEstimator):
-    """The multinomial-logit GP classifier of `gkl_jax.multiclass.GPClassifier` (Chai 2012) as a scikit-learn
-    estimator: one joint posterior over the C latent functions (not one-vs-rest).
-
-    Args:
-        kernel: a `gkl_jax.kernels` kernel, or None (default) for `gkl_jax.multiclass.GPClassifier`'s default,
-            SquaredExponential(1, median distance between the training inputs).
-        learn_hyperparameters: maximise the bound over the kernel parameters (default True).
-        jitter, max_steps, tol: passed on.
-        num_inducing: None (the full bound, cost (n C)^3) or the number of random inducing latents of the sparse
-            bound (cost n C s^2 per sweep; for n C in the thousands), drawn with `random_state`.
-        random_state: the integer seed of that draw.
-
-    Attributes (after `fit`): classes_, kernel_, log_evidence_ (the bound on log p(y | X)), converged_, estimator_
-    (the underlying `gkl_jax.multiclass.GPClassifier`).
-    """
-
-    def __init__(self, kernel=None, *, learn_hyperparameters=True, jitter=1e-6, max_steps=50, tol=1e-8,
-                 num_inducing=None, random_state=0):
-        self.kernel = kernel
-        self.learn_hyperparameters = learn_hyperparameters
-        self.jitter = jitter
-        self.max_steps = max_steps
-        self.tol = tol
-        self.num_inducing = num_inducing
-        self.random_state = random_state
-
-    @float64
-    def fit(self, X, y):
-        """Fit the joint posterior and (by default) the kernel.
-
-        Args:
-            X: (n, d) array-like of finite inputs.
-            y: (n,) labels of any type, at least two classes.
-
-        Returns:
-            self.
-        """
-        X, y = validate_fit(self, X, y, classifier=True)
-        classes, codes = encode_labels(y)
-        with quiet_convergence():
-            est = _MulticlassGP(self.kernel, learn_hyperparameters=bool(self.learn_hyperparameters),
-                                classes=np.arange(len(classes)), jitter=float(self.jitter),
-                                max_steps=check_steps(self.max_steps), tol=float(self.tol),
-                                num_inducing=None if self.num_inducing is None else check_steps(self.num_inducing,
-                                                                                               "num_inducing"),
-                                random_state=self.random_state).fit(X, codes)
-        self.estimator_, self.classes_ = est, classes
-        self.kernel_, self.log_evidence_, self.converged_ = est.kernel_, float(est.log_z_), bool(est.converged_)
-        if not self.converged_:
-            warn_not_converged(self)
-        return self
-
-    @float64
-    def predict_proba(self, X):
-        """Class probabilities, the re-normalised predictive of Chai (2012, eq. 25).
-
-        Args:
-            X: (n, n_features_in_) array-like.
-
-        Returns:
-            (n, C) float64, columns in `classes_` order.
-        """
-        X = validate_predict(self, X, "estimator_")
-        return np.asarray(self.estimator_.predict_proba(X), dtype=np.float64)
-
-    def predict_log_proba(self, X):
-        """The log of `predict_proba(X)`.
-
-        Args:
-            X: (n, d) array-like of inputs.
-
-        Returns:
-            (n, C) float numpy array.
-        """
-        return np.log(self.predict_proba(X))
-
-    def predict(self, X):
-        """The most probable class of each row of X.
-
-        Args:
-            X: (n, d) array-like of inputs.
-
-        Returns:
-            (n,) numpy array of labels from `classes_`.
-        """
-        proba = self.predict_proba(X)
-        return self.classes_[np.argmax(proba, axis=1)]
-
+        return _predict_padded(result, prior, X, family, z)

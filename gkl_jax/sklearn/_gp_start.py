@@ -58,21 +58,24 @@ def robust_scale(params, X, z, jitter):
 
 
 @program
-def _kernel_information(kernel, X, noise_variance, jitter):
-    """1/2 tr(K_y^{-1} dK/dtheta_i K_y^{-1} dK/dtheta_j) over the kernel's inexact leaves theta (one program)."""
+def _kernel_information(kernel, X, mask, noise_variance, jitter):
+    """1/2 tr(K_y^{-1} dK/dtheta_i K_y^{-1} dK/dtheta_j) over the kernel's inexact leaves theta (one program); the
+    rows where `mask` is False are padding (`_gp_model`): an identity block of K_y, zero in dK."""
     dyn, static = eqx.partition(kernel, eqx.is_inexact_array)
     flat, unravel = ravel_pytree(dyn)
-    gram = lambda f: eqx.combine(unravel(f), static).gram(X)
-    Ky = gram(flat) + (noise_variance + jitter) * jnp.eye(X.shape[0], dtype=flat.dtype)
+    real = mask[:, None] & mask[None, :]
+    gram = lambda f: jnp.where(real, eqx.combine(unravel(f), static).gram(X), 0.0)
+    Ky = gram(flat) + jnp.diag(jnp.where(mask, noise_variance + jitter, 1.0).astype(flat.dtype))
     A = jnp.linalg.solve(Ky, jnp.moveaxis(jax.jacfwd(gram)(flat), -1, 0))       # (P, n, n): K_y^{-1} dK_i
     return 0.5 * jnp.einsum("iab,jba->ij", A, A)
 
 
-def fisher_factor(kernel, X, noise_variance, jitter, dof):
+def fisher_factor(kernel, X, noise_variance, jitter, dof, mask=None):
     """R with R^T R the Fisher information of theta = (the kernel's inexact leaves, log scale) (module doc).
 
     Args:
         kernel: a `gkl_jax.kernels` kernel; X: (n, d) float64 inputs.
+        mask: None, or (n,) bool, False on padded rows (`_gp_model`; compiled once per bucket).
         noise_variance: the Gaussian noise variance at which the kernel's block is taken.
         jitter: added to the Gram matrix's diagonal.
         dof: the Student-t degrees of freedom.
@@ -80,11 +83,13 @@ def fisher_factor(kernel, X, noise_variance, jitter, dof):
     Returns:
         (P + 1, P + 1) upper-triangular numpy array (P the kernel's parameters).
     """
-    block = np.asarray(_kernel_information(kernel, jnp.asarray(X), np.asarray(noise_variance), np.asarray(jitter)))
+    mask = np.ones(X.shape[0], bool) if mask is None else np.asarray(mask, bool)
+    block = np.asarray(_kernel_information(kernel, jnp.asarray(X), jnp.asarray(mask), np.asarray(noise_variance),
+                                           np.asarray(jitter)))
     P = block.shape[0]
     info = np.zeros((P + 1, P + 1))
     info[:P, :P] = block + 1e-6 * np.trace(block) * np.eye(P)      # a flat direction stays invertible
-    info[P, P] = scales(X.shape[0], 0, "student-t", dof)[1] ** 2
+    info[P, P] = scales(int(mask.sum()), 0, "student-t", dof)[1] ** 2
     return np.linalg.cholesky(info).T
 
 

@@ -206,13 +206,15 @@ class _Evidence(eqx.Module):
 class GPEvidence(eqx.Module):
     """The ML-II objective of GP regression with a Gaussian likelihood: params {"kernel", "log_noise"} ->
     -log N(z | 0, K(X, X) + (exp(log_noise) + jitter) I), the log marginal likelihood of `gkl_jax.gp.exact` on
-    `gkl_jax.gp.model(kernel, X, Gaussian(z, noise), jitter=jitter)`, and its gradient (see the module doc)."""
+    `gkl_jax.gp.model(kernel, X, Gaussian(z, noise), jitter=jitter)`, and its gradient (see the module doc). With
+    `mask`, the rows where it is False are padding (`_gp_model`) and contribute nothing."""
 
     X: jax.Array
     z: jax.Array
     static: object
     jitter: float = eqx.field(static=True)
     jit: bool = eqx.field(static=True, default=True)
+    mask: object = None     # (n,) bool, True on real rows; padded rows (z = 0) are independent N(0, 1) values
 
     def start(self, dyn):
         """No inner warm start (the evidence is closed form)."""
@@ -223,7 +225,12 @@ class GPEvidence(eqx.Module):
         p = eqx.combine(dyn, self.static)
         K = p["kernel"].gram(self.X)
         K = K + (jnp.exp(p["log_noise"]) + self.jitter) * jnp.eye(K.shape[0], dtype=K.dtype)
-        return gaussian_log_density(K, self.z)
+        if self.mask is None:
+            return gaussian_log_density(K, self.z)
+        real = self.mask[:, None] & self.mask[None, :]         # padded rows: the identity, log N(0 | 0, 1) each
+        K = jnp.where(real, K, 0.0) + jnp.diag(jnp.where(self.mask, 0.0, 1.0).astype(K.dtype))
+        padding = -0.5 * jnp.sum(~self.mask) * jnp.log(2 * jnp.pi)
+        return gaussian_log_density(K, jnp.where(self.mask, self.z, 0.0)) - padding
 
     def __call__(self, dyn, q, dynamic_kwargs):
         """(-log p(z | X), its gradient in dyn, a result holding log_z and whether it is finite)."""
