@@ -202,23 +202,46 @@ def _cold_one(name):
 
 LINEAR = {
     "default": lambda m: gk.fit(m),
+    "lbfgs": lambda m: gk.fit(m, solver=gk.solvers.LBFGS()),     # the default before 2026-12-07
     "newton": lambda m: gk.fit(m, solver=gk.solvers.Newton()),
-    "lbfgs+newton": lambda m: gk.fit(m, solver=gk.solvers.Newton(), q0=gk.fit(m, tol=1e-3).q),
+    "lbfgs+newton": lambda m: gk.fit(m, solver=gk.solvers.Newton(),
+                                     q0=gk.fit(m, solver=gk.solvers.LBFGS(), tol=1e-3).q),
 }
 
 
 def linear_cases():
-    """Non-log-concave sites under a non-dense prior: robust linear regression, Isotropic(1) prior, dense H."""
+    """Non-log-concave sites under a non-dense prior: robust linear regression, Isotropic(1) prior, dense H; and
+    issue 60's regression without a prior (`build_regression`), the case and 10 more seeds."""
     out = []
     for i, (sites, N, D, s, o) in enumerate((("studentt", 50, 10, 0.1, 0.1), ("cauchy", 50, 10, 0.01, 0.2),
                                              ("studentt", 200, 50, 1.0, 0.05), ("cauchy", 200, 50, 0.1, 0.1),
                                              ("studentt", 200, 10, 0.01, 0.2), ("cauchy", 50, 50, 0.1, 0.0))):
         out.append(dict(id=f"lin{i}", sites=sites, N=N, D=D, scale=s, lengthscale=0.0, outliers=o, seed=60 + i,
                         kind="linear"))
+    for i in range(11):     # issue 60 item 4: Gaussian sites, one Student-t site on the intercept, no prior
+        out.append(dict(id=f"reg{i}", sites="gauss+t", N=200, D=26, scale=0.5, lengthscale=0.0, outliers=0.0,
+                        seed=70 + i, kind="noprior"))
     return out
 
 
+def build_regression(case, cond=5e5):
+    """Issue 60's posterior: N x D design with an intercept column and singular values spread so that
+    cond(X^T X) is about `cond` (3e5-5e5), Gaussian sites N(y; Xw, scale^2), one StudentT(0, 3, 1) site on the
+    intercept, prior None."""
+    rng = np.random.default_rng(case["seed"])
+    N, D = case["N"], case["D"]
+    U, _ = np.linalg.qr(rng.standard_normal((N, D)))
+    V, _ = np.linalg.qr(rng.standard_normal((D, D)))
+    X = U @ np.diag(np.sqrt(np.logspace(np.log10(cond), 0, D))) @ V.T
+    X[:, 0] = 1.0
+    y = X @ rng.standard_normal(D) + case["scale"] * rng.standard_normal(N)
+    return gk.Model(None, [gk.Sites(X, gk.potentials.Gaussian(y, case["scale"] ** 2)),
+                           gk.Sites(np.eye(D)[:1], gk.potentials.StudentT(np.zeros(1), 3.0, 1.0))])
+
+
 def build_linear(case):
+    if case["kind"] == "noprior":
+        return build_regression(case)
     rng = np.random.default_rng(case["seed"])
     N, D, s = case["N"], case["D"], case["scale"]
     H = rng.standard_normal((N, D)) / np.sqrt(D)
