@@ -5,6 +5,8 @@ The `extended` tier runs the issue's budgets: 200 rotated quasi-separable sets u
 convergences), and the estimators on inputs scaled by 1e-300..1e300 and string or object targets.
 """
 
+import json
+import os
 import warnings
 
 import jax
@@ -178,3 +180,89 @@ def test_float32_default_converges_where_lbfgs_does_on_separable_sets_with_a_vag
         assert abs(float(res.log_z) - float(ref.log_z)) <= 1e-3 * abs(float(ref.log_z)), seed
         both += 1
     assert both >= 3
+
+
+# ------------------------------------------------------------------------------------------ the nightly budget
+# GKL_RELIABILITY_CASES (default 1000) cases, cycling through the issue's generators; GKL_PROPERTY_TALLY=path
+# appends one JSON line per case (kind and the invariants it checked), as test_properties' extended tier does.
+
+RELIABILITY_CASES = int(os.environ.get("GKL_RELIABILITY_CASES", "1000"))
+KINDS = ("improper", "poisson_prior_mean", "estimator_scale", "estimator_targets", "gaussian_evidence")
+
+
+def _estimator_scale_case(rng, tally):
+    """An estimator on X or y scaled by 10^[-300, 300]: a ValueError naming the scaled argument, or finite outputs."""
+    from gkl_jax.sklearn import BayesianLogisticRegression, BayesianRegression, GPRegressor
+
+    _, X, y, labels = _estimator_data(int(rng.integers(1 << 30)), n=int(rng.integers(8, 40)))
+    which, scale = str(rng.choice(["X", "y"])), 10.0 ** rng.uniform(-300, 300)
+    name = str(rng.choice(["logistic", "regression", "gp"]))
+    est = {"logistic": BayesianLogisticRegression, "regression": BayesianRegression, "gp": GPRegressor}[name]()
+    target = labels if name == "logistic" else y
+    if which == "y" and name == "logistic":
+        which = "X"
+    Xs, ts = (X * scale, target) if which == "X" else (X, target * scale)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fitted = est.fit(Xs, ts)
+            out = fitted.predict_proba(Xs) if name == "logistic" else fitted.predict(Xs)
+    except ValueError as err:
+        assert str(err).startswith(which), (name, which, scale, str(err))
+        tally.update(value_error_names_argument=1)
+        return
+    assert np.all(np.isfinite(out)), (name, which, scale)
+    tally.update(finite_outputs=1)
+
+
+def _reliability_case(index, tally):
+    rng = np.random.default_rng(63_000_000 + index)
+    kind = KINDS[index % len(KINDS)]
+    tally.update(kind=kind)
+    if kind == "improper":
+        factor = FACTORS[(index // len(KINDS)) % len(FACTORS)]
+        res = _quiet(gk.fit, rotated_quasi_separable(int(rng.integers(1 << 30)))[0], factor_of(factor, QUASI_DIM))
+        assert not bool(res.converged), (index, factor)
+        tally.update(factor=factor, improper_not_converged=1)
+    elif kind == "poisson_prior_mean":
+        model = poisson_with_a_prior_mean(int(rng.integers(1 << 30)))
+        full, diag = _quiet(gk.fit, model), _quiet(gk.fit, model, gk.factors.Diagonal())
+        for res in (full, diag):
+            assert bool(res.converged) and np.isfinite(float(res.log_z)), index
+            assert abs(float(gk.bound(model, res.q)) - float(res.log_z)) <= 1e-9 * abs(float(res.log_z)), index
+        assert float(full.log_z) >= float(diag.log_z) - 1e-8 * abs(float(full.log_z)), index
+        tally.update(finite=1, converged=1, bound_matches=1, full_ge_diagonal=1)
+    elif kind == "estimator_scale":
+        _estimator_scale_case(rng, tally)
+    elif kind == "estimator_targets":
+        from gkl_jax.sklearn import BayesianRegression, GPRegressor
+
+        _, X, y, _ = _estimator_data(int(rng.integers(1 << 30)))
+        target = [y.astype(str), y.astype(str).astype(object), rng.choice(["a", "b"], len(y))][index % 3]
+        est = [BayesianRegression(likelihood=str(rng.choice(["gaussian", "student-t", "laplace"]))),
+               GPRegressor()][index % 2]
+        with pytest.raises(ValueError, match="^y must hold numbers"):
+            est.fit(X, target)
+        tally.update(value_error_names_argument=1)
+    else:
+        from tests.test_properties import Case, exact_gaussian_evidence
+
+        case = Case(int(rng.integers(1 << 30)), 3, 12, "gaussian", str(rng.choice(["isotropic", "diagonal", "dense"])))
+        res = _quiet(gk.fit, case.model())
+        if bool(res.converged):
+            exact = exact_gaussian_evidence(case)
+            assert abs(float(res.log_z) - exact) <= 1e-8 * max(1.0, abs(exact)), (index, float(res.log_z), exact)
+            tally.update(exact_evidence=1)
+        else:
+            tally.update(gaussian_not_converged=1)
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize("index", range(RELIABILITY_CASES))
+def test_extended_reliability_case(index):
+    tally = {"index": index}
+    _reliability_case(index, tally)
+    path = os.environ.get("GKL_PROPERTY_TALLY")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(tally) + "\n")

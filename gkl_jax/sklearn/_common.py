@@ -73,14 +73,18 @@ def validate_fit(estimator, X, y, *, classifier: bool):
 
 
 def numeric_targets(y):
-    """y as a float64 array, or a ValueError naming y where its entries are not numbers (strings, objects)."""
+    """y as a float64 array, or a ValueError naming y where its entries are not numbers (strings, also numeric
+    ones such as "1.5", in a str or object array; objects that do not convert to float)."""
+    raw = np.asarray(y)
     try:
         out = np.asarray(y, dtype=np.float64)
     except (TypeError, ValueError):
         out = None
-    if out is None or np.asarray(y).dtype.kind in "USa":
+    strings = raw.dtype.kind in "USa" or (raw.dtype.kind == "O" and any(isinstance(v, (str, bytes))
+                                                                         for v in raw.ravel()))
+    if out is None or strings:
         sample = np.ravel(np.asarray(y, dtype=object))[:1]
-        raise ValueError(f"y must hold numbers for a regressor, got {np.asarray(y).dtype} values such as "
+        raise ValueError(f"y must hold numbers for a regressor, got {raw.dtype} values such as "
                          f"{sample[0] if sample.size else None!r}; encode the targets as floats")
     return out
 
