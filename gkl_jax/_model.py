@@ -212,7 +212,8 @@ def check_fittable(model, method: str) -> Model:
 
 
 SEPARATION_ROUNDS = 4
-"""Rounds of `separated`'s refinement of the direction (each adds the rows the direction does not yet clear)."""
+"""The most rounds of `separated`'s refinement of the direction (each adds the rows the direction does not yet
+clear; a round runs only where the last one changed the rows)."""
 
 
 def separated(model, mean):
@@ -259,13 +260,31 @@ def separated(model, mean):
         def normal(v):
             out = sum((op.rmv(op.mv(v)) for op in gaussian), jnp.zeros_like(v))
             return out + sum(op.rmv(jnp.where(mask, op.mv(v), 0.0)) for (op, _), mask in zip(binary, masks))
-        return mean - _row_space_part(normal, mean)
+        # CG converges within rank + 1 iterations: few where few rows are pinned (an improper target)
+        rank = model.dim if gaussian else jnp.minimum(sum(jnp.sum(mask) for mask in masks), model.dim)
+        return mean - _row_space_part(normal, mean, 2 * rank + 2)
 
-    def refine(_, masks):
-        return tuple(a | b for a, b in zip(masks, uncleared(direction(masks))))
+    def collapsed(d):
+        return jnp.linalg.norm(d) <= jnp.finfo(mean.dtype).eps ** 0.25 * jnp.linalg.norm(mean)
 
-    masks = lax.fori_loop(0, SEPARATION_ROUNDS, refine, uncleared(mean))
-    d = direction(masks)
+    def grown(masks, d):
+        return tuple(a | b for a, b in zip(masks, uncleared(d)))
+
+    def unsettled(state):
+        i, masks, d, after = state
+        changed = jnp.any(jnp.stack([jnp.any(a != b) for a, b in zip(masks, after)]))
+        first = (i == 0) & bool(gaussian)     # d = m less its Gaussian row-space part, at least
+        return first | ((i <= SEPARATION_ROUNDS) & changed & ~collapsed(d))
+
+    def refine(state):
+        i, _, _, masks = state
+        d = direction(masks)
+        return i + 1, masks, d, grown(masks, d)
+
+    # from d = m and no rows pinned: a round wherever d leaves rows uncleared that are not yet pinned and has not
+    # collapsed (a proper target: one round, a complete separation by m: none)
+    nothing = tuple(jnp.zeros(op.shape[0], bool) for op, _ in binary)
+    d = lax.while_loop(unsettled, refine, (0, nothing, mean, uncleared(mean)))[2]
     nonnegative = jnp.array(True)
     for op in gaussian:       # d is flat for the Gaussian sites (to the projection's accuracy)
         nonnegative = nonnegative & jnp.all(jnp.abs(op.mv(d)) <= slack * jnp.sqrt(op.sq_mv(ones)))
@@ -274,16 +293,15 @@ def separated(model, mean):
         margins = pot.margins(op.mv(d))
         nonnegative = nonnegative & jnp.all(margins >= -tol)
         positive = positive | jnp.any(margins > tol)
-    # d must be the divergence, not the projection's round-off at a finite optimum
-    positive = positive & (jnp.linalg.norm(d) > jnp.finfo(mean.dtype).eps ** 0.25 * jnp.linalg.norm(mean))
+    positive = positive & ~collapsed(d)    # d must be the divergence, not the projection's round-off
     return nonnegative & positive
 
 
-def _row_space_part(normal, m):
+def _row_space_part(normal, m, max_iters):
     """The orthogonal projection of m onto the row space of a stacked operator A, given normal(v) = A^T A v: the
     minimum-norm solution of A^T A x = A^T A m by conjugate gradients from 0 (its Krylov space lies in the row
-    space)."""
+    space), in at most `max_iters` iterations."""
     from ._optim import conjugate_gradient
 
-    return conjugate_gradient(normal, normal(m), max_iters=2 * m.shape[0],
+    return conjugate_gradient(normal, normal(m), max_iters=max_iters,
                               rtol=jnp.finfo(m.dtype).eps * m.shape[0])
