@@ -55,6 +55,7 @@ def _quiet(fn, *args, **kwargs):
         return fn(*args, **kwargs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("factor", ["full", "diagonal"])
 def test_no_factor_calls_a_rotated_quasi_separable_target_converged(factor):
     for seed in range(63100, 63104):
@@ -65,7 +66,7 @@ def test_no_factor_calls_a_rotated_quasi_separable_target_converged(factor):
         m = np.asarray(res.q.mean)
         assert m @ d > 0.5 * np.linalg.norm(m)      # the fit did run off along d
     model, _ = rotated_quasi_separable(63199, control=True)     # proper: converges, no separation claimed
-    res = _quiet(gk.fit, model, factor_of(factor, QUASI_DIM + 0))
+    res = _quiet(gk.fit, model, factor_of(factor, QUASI_DIM))
     assert bool(res.converged)
 
 
@@ -92,6 +93,7 @@ def test_poisson_with_a_huge_prior_mean_starts_at_a_finite_bound():
         np.testing.assert_allclose(float(res.log_z), float(gk.bound(model, res.q)), rtol=1e-10)
 
 
+@pytest.mark.slow
 def test_gradient_of_a_non_finite_fit_is_nan_also_under_jit():
     rng = np.random.default_rng(6304)
     H = rng.standard_normal((3, 2))
