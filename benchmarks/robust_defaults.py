@@ -23,6 +23,8 @@ case, each strategy's first call in a fresh process (the cold compile a user wai
 Run:  python benchmarks/robust_defaults.py                 (all 27 cases; over an hour on the loaded 2-core machine)
       python benchmarks/robust_defaults.py --quick         (the issue's case and 3 small ones)
       python benchmarks/robust_defaults.py --cold          (cold first-call time per strategy, fresh processes)
+      python benchmarks/robust_defaults.py --linear        (non-dense priors and issue 60's regression)
+      python benchmarks/robust_defaults.py --hard 40       (issue 63's hard robust-GP tier)
 Writes benchmarks/out/robust_defaults.json (or --out).
 """
 
@@ -200,55 +202,6 @@ def _cold_one(name):
     return _timed(lambda: fn(model, q))[1]
 
 
-LINEAR = {
-    "default": lambda m: gk.fit(m),
-    "newton": lambda m: gk.fit(m, solver=gk.solvers.Newton()),
-    "lbfgs+newton": lambda m: gk.fit(m, solver=gk.solvers.Newton(), q0=gk.fit(m, tol=1e-3).q),
-}
-
-
-def linear_cases():
-    """Non-log-concave sites under a non-dense prior: robust linear regression, Isotropic(1) prior, dense H."""
-    out = []
-    for i, (sites, N, D, s, o) in enumerate((("studentt", 50, 10, 0.1, 0.1), ("cauchy", 50, 10, 0.01, 0.2),
-                                             ("studentt", 200, 50, 1.0, 0.05), ("cauchy", 200, 50, 0.1, 0.1),
-                                             ("studentt", 200, 10, 0.01, 0.2), ("cauchy", 50, 50, 0.1, 0.0))):
-        out.append(dict(id=f"lin{i}", sites=sites, N=N, D=D, scale=s, lengthscale=0.0, outliers=o, seed=60 + i,
-                        kind="linear"))
-    return out
-
-
-def build_linear(case):
-    rng = np.random.default_rng(case["seed"])
-    N, D, s = case["N"], case["D"], case["scale"]
-    H = rng.standard_normal((N, D)) / np.sqrt(D)
-    y = H @ rng.standard_normal(D) + s * rng.standard_normal(N)
-    k = int(round(case["outliers"] * N))
-    if k:
-        y[rng.choice(N, k, replace=False)] += rng.choice([-4.0, 4.0], k)
-    lik = gk.potentials.StudentT(y, 3.0, s) if case["sites"] == "studentt" else gk.potentials.Cauchy(y, s)
-    return gk.Model(gk.priors.Isotropic(D, 1.0), gk.Sites(H, lik))
-
-
-def run_linear():
-    """Every LINEAR method on every linear case (first call and a second, warm one)."""
-    results = []
-    for case in linear_cases():
-        model = build_linear(case)
-        rows = {}
-        for name, fn in LINEAR.items():
-            r, first = _timed(lambda: fn(model))
-            r, warm = _timed(lambda: fn(model))
-            rows[name] = dict(log_z=float(r.log_z), converged=bool(r.converged), steps=int(r.num_steps),
-                              first=first, warm=warm)
-        best = max(row["log_z"] for row in rows.values())
-        for row in rows.values():
-            row["gap"] = best - row["log_z"]
-        results.append(dict(case=case, best=best, methods=rows))
-        print(table([results[-1]]).split("\n", 1)[1], flush=True)
-    return results
-
-
 def table(results):
     lines = [f"{'case':9s} {'sites':8s} {'N':>4s} {'s':>5s} {'ls':>5s} {'out':>4s}  {'method':17s} "
              f"{'gap':>10s} {'conv':>4s} {'steps':>5s} {'warm s':>7s}"]
@@ -285,6 +238,7 @@ def main():
     p.add_argument("--only", default="", help="comma-separated case ids")
     p.add_argument("--show", action="store_true", help="print the table and summary of --out, run nothing")
     p.add_argument("--linear", action="store_true", help="only the robust linear regressions (Isotropic prior)")
+    p.add_argument("--hard", type=int, default=0, help="only the first HARD robust-GP cases (issue 63; 40 in all)")
     p.add_argument("--append", action="store_true", help="keep the results in --out, run only the cases not there")
     p.add_argument("--big-methods", default="newton-w,lbfgs-w,lbfgs-w+newton-w,local>newton-w,local>lbfgs-w",
                    help="the methods run at N >= 200 (unwhitened Newton takes 200 steps of up to 100 CG products "
@@ -303,6 +257,16 @@ def main():
             old = json.load(f)
         print(table(old["results"]) + "\n\n" + summary(old["results"]))
         print("\ncold first call (s):", old.get("cold_first_call_s"))
+        return
+    from robust_tiers import run_hard, run_linear  # benchmarks/ is on the path when run as a script
+
+    if args.hard:
+        results = run_hard(args.hard)
+        print(summary(results))
+        path = args.out.replace(".json", "_hard.json")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(dict(machine="shared 2-core CPU (timings noisy)", results=results), f, indent=1)
         return
     if args.linear:
         results = run_linear()

@@ -91,6 +91,27 @@ def _envelope_bound_at_jvp(primals, tangents):
     return out, filtered_jvp(lambda model: bound(model, q), (model,), tangents[:1])[1]
 
 
+@jax.custom_jvp
+def flag_nonfinite(value):
+    """`value`, with a NaN derivative wherever `value` is not finite: a fit that ends at a NaN or infinite bound has
+    no derivative, and the envelope rule's derivative at its q (a finite number) must not pass for one, also
+    under `jit`, where no warning is raised.
+
+    Args:
+        value: a float array (the bound of a fit).
+
+    Returns:
+        `value`.
+    """
+    return value
+
+
+@flag_nonfinite.defjvp
+def _flag_nonfinite_jvp(primals, tangents):
+    (value,), (tangent,) = primals, tangents
+    return flag_nonfinite(value), tangent * jnp.where(jnp.isfinite(value), 1.0, jnp.nan)   # linear in the tangent
+
+
 @eqx.filter_custom_jvp
 def _solver_value(value, model, q, *, recompute):
     """`value`, which the solver computed at its optimum q = q*(model), with the derivative of

@@ -22,6 +22,7 @@ from . import _start
 from ._adjoint import (
     envelope_bound,
     envelope_bound_at,
+    flag_nonfinite,
     frozen,
     implicit,
     site_precision_envelope,
@@ -231,6 +232,7 @@ def _fit_jit(model, factor, q0, solver, tol, max_steps, whiten):
     else:   # the closed-form covariance derivative from the site precisions; the value is q's own bound
         log_z = site_precision_envelope(model, q, extras[0], extras[1:])
         log_z = log_z + lax.stop_gradient(bound(stop_gradients(model), lax.stop_gradient(q)) - log_z)
+    log_z = flag_nonfinite(log_z)   # no finite derivative of a non-finite bound
     converged = solution_status == RESULTS.successful
     improper = separated(model, q.mean)
     if improper is not None:

@@ -6,6 +6,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from ._processes import host_copy
 from ._validate import is_concrete, site_vector
@@ -211,15 +212,25 @@ def check_fittable(model, method: str) -> Model:
     return model
 
 
+SEPARATION_ROUNDS = 4
+"""The most rounds of `separated`'s refinement of the direction (each adds the rows the direction does not yet
+clear; a round runs only where the last one changed the rows)."""
+
+
 def separated(model, mean):
     """Whether `mean` diverges along a direction in which a prior-free model's target does not decay, so that Z is
-    infinite. The direction d is the mean's component in the null space of the Gaussian sites' projections (d = m
-    where there are none; the rest is bounded, fixed by the Gaussian sites), and the test: every binary-
-    classification site (`margins` not None: Logistic, Probit) has y_n h_n^T d >= 0 and at least one > 0
-    (complete or quasi-complete separation), to a relative tolerance sqrt(eps) ||h_n|| ||m|| (offsets left out).
-    Along w = t d + u (t -> inf, u bounded) the likelihood then stays bounded below, on a cylinder of infinite
-    volume, and a fit's stationary point is an artefact of the tolerance (the Full factor's fits of such data
-    ended at ||m|| = 1e7-4e7 with finite `log_z`, also beside a Gaussian group that fixes the other directions).
+    infinite. The test: a direction d with y_n h_n^T d >= 0 for every binary-classification site (`margins` not
+    None: Logistic, Probit), > 0 for at least one (complete or quasi-complete separation), and h_n^T d = 0 for the
+    Gaussian sites, to a relative tolerance sqrt(eps) ||h_n|| ||m|| (offsets left out). Along w = t d + u (t -> inf,
+    u bounded) the likelihood then stays bounded below, on a cylinder of infinite volume, and a fit's stationary
+    point is an artefact of the tolerance (Full fits of such data ended at ||m|| = 1e7-4e7 with finite `log_z`).
+
+    d is found from the mean, which a fit moves along the divergence: d = m minus its projection onto the row space
+    of the Gaussian sites and of the binary rows that m does not clear (margin <= tolerance: the rows on the
+    separating hyperplane, which pin the bounded part u; a Diagonal factor's fit stopped with ||m|| = 30-140 and
+    those rows' margins of either sign), then, for `SEPARATION_ROUNDS` rounds, the rows d does not clear are added
+    and d recomputed. A d that passes is a certificate of impropriety whatever the fit; one that fails after the
+    rounds leaves the answer False. d must keep a fraction eps^(1/4) of ||m|| (not the projections' round-off).
 
     Args:
         model: the `Model`.
@@ -235,35 +246,63 @@ def separated(model, mean):
 
     kinds = [s.potential.margins(jnp.zeros(())) is not None or isinstance(s.potential, Gaussian)
              for s in model.sites]
-    binary = [s for s in model.sites if not isinstance(s.potential, Gaussian)]
-    if not all(kinds) or not binary:
+    if not all(kinds) or all(isinstance(s.potential, Gaussian) for s in model.sites):
         return None
     gaussian = [s.operator(model.dim) for s in model.sites if isinstance(s.potential, Gaussian)]
+    binary = [(s.operator(model.dim), s.potential) for s in model.sites if not isinstance(s.potential, Gaussian)]
     slack = jnp.sqrt(jnp.finfo(mean.dtype).eps) * jnp.linalg.norm(mean)
-    direction = mean - _row_space_part(gaussian, mean) if gaussian else mean
     ones = jnp.ones(model.dim, mean.dtype)
+    tolerances = [slack * jnp.sqrt(op.sq_mv(ones)) for op, _ in binary]
+
+    def uncleared(d):
+        return tuple(pot.margins(op.mv(d)) <= tol for (op, pot), tol in zip(binary, tolerances))
+
+    def direction(masks):
+        def normal(v):
+            out = sum((op.rmv(op.mv(v)) for op in gaussian), jnp.zeros_like(v))
+            return out + sum(op.rmv(jnp.where(mask, op.mv(v), 0.0)) for (op, _), mask in zip(binary, masks))
+        # CG converges within rank + 1 iterations: few where few rows are pinned (an improper target)
+        rank = model.dim if gaussian else jnp.minimum(sum(jnp.sum(mask) for mask in masks), model.dim)
+        return mean - _row_space_part(normal, mean, 2 * rank + 2)
+
+    def collapsed(d):
+        return jnp.linalg.norm(d) <= jnp.finfo(mean.dtype).eps ** 0.25 * jnp.linalg.norm(mean)
+
+    def grown(masks, d):
+        return tuple(a | b for a, b in zip(masks, uncleared(d)))
+
+    def unsettled(state):
+        i, masks, d, after = state
+        changed = jnp.any(jnp.stack([jnp.any(a != b) for a, b in zip(masks, after)]))
+        first = (i == 0) & bool(gaussian)     # d = m less its Gaussian row-space part, at least
+        return first | ((i <= SEPARATION_ROUNDS) & changed & ~collapsed(d))
+
+    def refine(state):
+        i, _, _, masks = state
+        d = direction(masks)
+        return i + 1, masks, d, grown(masks, d)
+
+    # from d = m and no rows pinned: a round wherever d leaves rows uncleared that are not yet pinned and has not
+    # collapsed (a proper target: one round, a complete separation by m: none)
+    nothing = tuple(jnp.zeros(op.shape[0], bool) for op, _ in binary)
+    d = lax.while_loop(unsettled, refine, (0, nothing, mean, uncleared(mean)))[2]
     nonnegative = jnp.array(True)
     for op in gaussian:       # d is flat for the Gaussian sites (to the projection's accuracy)
-        nonnegative = nonnegative & jnp.all(jnp.abs(op.mv(direction)) <= slack * jnp.sqrt(op.sq_mv(ones)))
+        nonnegative = nonnegative & jnp.all(jnp.abs(op.mv(d)) <= slack * jnp.sqrt(op.sq_mv(ones)))
     positive = jnp.array(False)
-    for s in binary:
-        op = s.operator(model.dim)
-        tolerance = slack * jnp.sqrt(op.sq_mv(ones))
-        margins = s.potential.margins(op.mv(direction))
-        nonnegative = nonnegative & jnp.all(margins >= -tolerance)
-        positive = positive | jnp.any(margins > tolerance)
-    if gaussian:     # d must be the divergence, not the projection's round-off at a finite optimum
-        positive = positive & (jnp.linalg.norm(direction) > jnp.finfo(mean.dtype).eps ** 0.25 * jnp.linalg.norm(mean))
+    for (op, pot), tol in zip(binary, tolerances):
+        margins = pot.margins(op.mv(d))
+        nonnegative = nonnegative & jnp.all(margins >= -tol)
+        positive = positive | jnp.any(margins > tol)
+    positive = positive & ~collapsed(d)    # d must be the divergence, not the projection's round-off
     return nonnegative & positive
 
 
-def _row_space_part(ops, m):
-    """The orthogonal projection of m onto the row space of the stacked operators A: the minimum-norm solution
-    of A^T A x = A^T A m by conjugate gradients from 0 (its Krylov space lies in the row space)."""
+def _row_space_part(normal, m, max_iters):
+    """The orthogonal projection of m onto the row space of a stacked operator A, given normal(v) = A^T A v: the
+    minimum-norm solution of A^T A x = A^T A m by conjugate gradients from 0 (its Krylov space lies in the row
+    space), in at most `max_iters` iterations."""
     from ._optim import conjugate_gradient
 
-    def normal(v):
-        return sum(op.rmv(op.mv(v)) for op in ops)
-
-    return conjugate_gradient(normal, normal(m), max_iters=2 * m.shape[0],
+    return conjugate_gradient(normal, normal(m), max_iters=max_iters,
                               rtol=jnp.finfo(m.dtype).eps * m.shape[0])

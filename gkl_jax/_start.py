@@ -1,7 +1,8 @@
 """Starting points of a fit.
 
 - `initial_q`: q0 as given (checked and cast to the model's dtype), or the prior mean with the factor template
-  initialised to an isotropic variance (`initial_variance`).
+  initialised to an isotropic variance (`initial_variance`); w = 0 instead where the prior mean's bound overflows
+  (`safe_start`).
 - The mean-field start, for factor templates whose `mean_field_start(model)` is true: `fit` solves the Diagonal
   factor first, and the template builds its start from that optimum (`from_mean_field`), where it needs one from
   the dense precision A = Sigma^{-1} + sum_groups H^T diag(Gamma) H at it (Challis & Barber 2013, eq. 10 at the
@@ -47,7 +48,21 @@ def initial_q(model, factor, q0):
     else:
         start = factor.initialise(model.dim, initial_variance(model))
     mean = model.prior.mean if model.prior is not None else jnp.zeros(model.dim, model_dtype(model))
-    return check_start(Gaussian(mean, start), "factor")
+    return check_start(safe_start(model, Gaussian(mean, start)), "factor")
+
+
+def safe_start(model, q):
+    """q, or q with mean 0 where that start's bound is larger, for a model with a prior and sites whose
+    expectations can overflow (`overflows`: Poisson). A prior mean that puts the projections at hundreds (inputs
+    of order 400, prior mean 0.5-1.5) gives rates exp(h_n^T mu) past float64's range: a bound of -inf or -1e231
+    at the start, where no solver moves; w = 0 gives rates of 1. Other models start at the prior mean unchanged
+    (and compile no second bound)."""
+    if model.prior is None or not any(s.potential.overflows for s in model.sites):
+        return q
+    zero = Gaussian(jnp.zeros_like(q.mean), q.factor)
+    at_mean, at_zero = bound(model, q), bound(model, zero)
+    better = jnp.isfinite(at_zero) & ~(at_mean >= at_zero)     # also where the bound at the prior mean is NaN
+    return jax.tree.map(lambda a, b: jnp.where(better, a, b), zero, q)
 
 
 def check_start(q, name):

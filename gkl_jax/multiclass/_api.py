@@ -59,7 +59,7 @@ def fit(kernel, X, y, *, num_classes=None, class_covariance=None, jitter=1e-6, s
     Args:
         kernel: a `gk.kernels` kernel on the inputs.
         X: (n, d) float inputs (an (n,) array is read as d = 1).
-        y: (n,) integer class indices 0..C-1 or (n, C) one-hot labels.
+        y: (n,) or (n, 1) integer class indices 0..C-1, or (n, C) one-hot labels.
         num_classes: C for integer labels (default max(y) + 1; more keeps classes without examples).
         class_covariance: (C, C) float K^c, or None for the identity.
         jitter: non-negative float added to the prior's diagonal.

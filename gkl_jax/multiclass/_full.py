@@ -224,7 +224,7 @@ def one_hot_labels(y, num_data, num_classes=None, dtype=None, name: str = "y"):
     """Labels as an (n, C) one-hot float array.
 
     Args:
-        y: (n,) integer class indices in 0..C-1, or (n, C) one-hot labels.
+        y: (n,) or (n, 1) integer class indices in 0..C-1, or (n, C) one-hot labels (C >= 2).
         num_data: n, the number of input rows the labels must match.
         num_classes: C for integer labels (default max(y) + 1); for one-hot labels it must equal y.shape[1].
         dtype: the float dtype of the result (default float64 where enabled).
@@ -239,6 +239,8 @@ def one_hot_labels(y, num_data, num_classes=None, dtype=None, name: str = "y"):
     """
     dtype = jnp.result_type(float) if dtype is None else dtype
     arr = np.asarray(y)
+    if arr.ndim == 2 and arr.shape[1] == 1:     # an (n, 1) column of class indices (one-hot needs C >= 2)
+        arr = arr[:, 0]
     if arr.ndim == 2:
         if arr.shape[0] != num_data:
             raise ValueError(f"{name} has {arr.shape[0]} rows but X has {num_data}")

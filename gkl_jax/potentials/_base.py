@@ -34,6 +34,9 @@ class AbstractPotential(eqx.Module):
     """
 
     log_concave: ClassVar[bool]
+    overflows: ClassVar[bool] = False
+    """Whether E[log phi] can reach -inf or a huge negative value at moderate projections (an exponential link:
+    Poisson), so that `fit` compares its start at the prior mean with one at w = 0."""
 
     @abc.abstractmethod
     def log_phi(self, x):

@@ -116,6 +116,7 @@ class Poisson(AbstractPotential):
 
     y: jax.Array
     log_concave: ClassVar[bool] = True
+    overflows: ClassVar[bool] = True
 
     def __init__(self, y):
         y = site_vector(y, "y")

@@ -55,14 +55,56 @@ def validate_fit(estimator, X, y, *, classifier: bool):
 
     Returns:
         (X float64 (n, d), y (n,) as given for a classifier, float64 otherwise); ValueError for NaN/inf,
-        complex data, empty or 1-D X, mismatched lengths, continuous classifier targets.
+        complex data, empty or 1-D X, mismatched lengths, continuous classifier targets, string or object
+        regression targets that are not numbers, and X or y whose squares overflow or underflow float64
+        (`check_magnitude`).
     """
+    if not classifier and y is not None:
+        y = numeric_targets(y)
     X, y = _validate_data(estimator, X, y, dtype=np.float64, y_numeric=not classifier, ensure_min_samples=2)
+    check_magnitude(X, "X")
     if classifier:
         check_classification_targets(y)
-    elif not np.all(np.isfinite(y)):
-        raise ValueError("Input y contains NaN or infinity.")
+    else:
+        if not np.all(np.isfinite(y)):
+            raise ValueError("Input y contains NaN or infinity.")
+        check_magnitude(np.reshape(y, (len(y), -1)), "y")
     return X, y
+
+
+def numeric_targets(y):
+    """y as a float64 array, or a ValueError naming y where its entries are not numbers (strings, also numeric
+    ones such as "1.5", in a str or object array; objects that do not convert to float)."""
+    raw = np.asarray(y)
+    try:
+        out = np.asarray(y, dtype=np.float64)
+    except (TypeError, ValueError):
+        out = None
+    strings = raw.dtype.kind in "USa" or (raw.dtype.kind == "O" and any(isinstance(v, (str, bytes))
+                                                                         for v in raw.ravel()))
+    if out is None or strings:
+        sample = np.ravel(np.asarray(y, dtype=object))[:1]
+        raise ValueError(f"y must hold numbers for a regressor, got {raw.dtype} values such as "
+                         f"{sample[0] if sample.size else None!r}; encode the targets as floats")
+    return out
+
+
+def check_magnitude(A, name):
+    """Refuse (ValueError naming `name`) columns of A whose sum of squares overflows float64 (|values| above about
+    1e154) or underflows it (every non-zero |value| below about 1e-154): the fits square the inputs (the
+    designs' Gram products, kernels' distances, the default prior scale), so inf or 0 would give NaN results or
+    an error naming another argument."""
+    with np.errstate(over="ignore", under="ignore"):
+        squares = np.einsum("ij,ij->j", A, A)
+    peak = np.max(np.abs(A), axis=0)
+    big = np.flatnonzero(~np.isfinite(squares))
+    small = np.flatnonzero((peak > 0) & (squares < np.finfo(np.float64).tiny))
+    for bad, what in ((big, "large (their squares overflow float64)"),
+                      (small, "small (their squares underflow float64)")):
+        if bad.size:
+            column = f" column {bad[0]}" if A.shape[1] > 1 else ""
+            raise ValueError(f"{name}{column} has values too {what}: up to {peak[bad[0]]:.3g} in magnitude; "
+                             f"rescale {name}")
 
 
 def validate_predict(estimator, X, fitted_attribute):
@@ -77,7 +119,9 @@ def validate_predict(estimator, X, fitted_attribute):
         X as float64 (n, n_features_in_); ValueError for a wrong number of features or non-finite values.
     """
     check_is_fitted(estimator, fitted_attribute)
-    return _validate_data(estimator, X, dtype=np.float64, reset=False)
+    X = _validate_data(estimator, X, dtype=np.float64, reset=False)
+    check_magnitude(X, "X")
+    return X
 
 
 def encode_labels(y):
