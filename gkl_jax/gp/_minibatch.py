@@ -110,7 +110,7 @@ def _inducing(X, Z, num_inducing, key):
 def fit_sparse_minibatch(kernel, X, likelihood: AbstractPotential, *, batch_size: int, Z=None,
                          num_inducing: int | None = None, num_steps: int | None = None,
                          num_epochs: float | None = None, optimizer: optax.GradientTransformation | None = None,
-                         learning_rate: float = 1e-2, learn_kernel: bool = True, learn_inducing: bool = False,
+                         learning_rate: float = 3e-2, learn_kernel: bool = True, learn_inducing: bool = False,
                          learn_likelihood: bool = True, mean: float = 0.0, jitter: float = 1e-6, key=None,
                          chunk_size: int | None = None, tol: float | None = None) -> SparseGPFit:
     """Fit a sparse GP to N data rows by stochastic gradients of the G-KL bound on minibatches of B rows.
@@ -136,7 +136,7 @@ def fit_sparse_minibatch(kernel, X, likelihood: AbstractPotential, *, batch_size
         num_epochs: passes over the data (a positive float): round(num_epochs * N / B) steps.
         optimizer: any `optax.GradientTransformation` (it minimises -B_hat); default Adam with a cosine decay from
             `learning_rate` to `learning_rate / 100`. Pass the same object again to reuse the compiled program.
-        learning_rate: the default optimiser's initial step size (default 1e-2).
+        learning_rate: the default optimiser's initial step size (default 3e-2).
         learn_kernel: learn the kernel's (log-)parameters (default True).
         learn_inducing: learn Z (default False).
         learn_likelihood: learn the likelihood's positive scalar parameters on the log scale (default True;
@@ -145,7 +145,7 @@ def fit_sparse_minibatch(kernel, X, likelihood: AbstractPotential, *, batch_size
         jitter: added to K_zz's diagonal (default 1e-6).
         key: PRNG key for the inducing inputs and the batches (default `jax.random.key(0)`).
         chunk_size: rows per chunk of the final streamed pass (default 4096).
-        tol: per-datum gradient tolerance for `converged` (default 1e-3).
+        tol: per-datum gradient tolerance for `converged` (default 1e-2).
 
     Returns:
         `SparseGPFit`.
@@ -178,7 +178,7 @@ def fit_sparse_minibatch(kernel, X, likelihood: AbstractPotential, *, batch_size
     if any(is_concrete(x) and not bool(x > 0) for x in jax.tree.leaves(lik_dyn)):
         raise ValueError("learn_likelihood=True learns the likelihood's scalar parameters on the log scale; they "
                          "must be positive (or pass learn_likelihood=False)")
-    tol = 1e-3 if tol is None else check_tol(tol)
+    tol = 1e-2 if tol is None else check_tol(tol)
     mean = jnp.asarray(mean, X.dtype)
     kernel_spec = jax.tree.map(eqx.is_inexact_array if learn_kernel else (lambda _: False), kernel)
     spec = (kernel_spec, bool(learn_inducing), lik_spec)
