@@ -138,6 +138,7 @@ def test_unconverged_fit_says_so():
     (dict(batch_size=5), "num_inducing"),
     (dict(batch_size=5, num_inducing=M, num_epochs=1.0), "num_steps"),
     (dict(batch_size=5, num_inducing=M, optimizer="adam"), "optimizer"),
+    (dict(batch_size=5, num_inducing=M, mean=np.zeros(N)), "mean"),
 ])
 def test_bad_input_names_the_argument(kwargs, match):
     X, _, labels = _data()

@@ -153,7 +153,8 @@ def fit_sparse_minibatch(kernel, X, likelihood: AbstractPotential, *, batch_size
     Raises:
         ValueError: a bad kernel, X, likelihood or Z (wrong width, more rows than X), num_inducing < 1 or > N,
             batch_size < 1 or > N, both or neither of num_steps/num_epochs, optimizer not an optax
-            transformation, or learn_likelihood with a non-positive likelihood parameter.
+            transformation, a mean that is not a scalar, or learn_likelihood with a non-positive likelihood
+            parameter.
     """
     key = jax.random.key(0) if key is None else check_key(key)
     z_key, fit_key = jax.random.split(key)
@@ -179,6 +180,8 @@ def fit_sparse_minibatch(kernel, X, likelihood: AbstractPotential, *, batch_size
         raise ValueError("learn_likelihood=True learns the likelihood's scalar parameters on the log scale; they "
                          "must be positive (or pass learn_likelihood=False)")
     tol = 1e-2 if tol is None else check_tol(tol)
+    if jnp.ndim(mean) != 0:
+        raise ValueError(f"mean must be a scalar (the constant prior mean), got shape {jnp.shape(mean)}")
     mean = jnp.asarray(mean, X.dtype)
     kernel_spec = jax.tree.map(eqx.is_inexact_array if learn_kernel else (lambda _: False), kernel)
     spec = (kernel_spec, bool(learn_inducing), lik_spec)
