@@ -1,6 +1,7 @@
 """Minibatch sparse GP fits (`gk.gp.fit_sparse_minibatch`) and their streamed / minibatch bounds, against the
 sparse model's `gk.bound`, Titsias' collapsed bound and the exhaustive batch average."""
 
+import functools
 import warnings
 
 import jax
@@ -150,3 +151,43 @@ def test_bad_input_names_the_argument(kwargs, match):
     with pytest.raises(ValueError, match="indices"):
         gk.gp.sparse_minibatch_bound(KERNEL, X, _z(), gk.potentials.Logistic(labels), _random_q(),
                                      jnp.zeros(0, jnp.int32))
+
+
+def test_streamed_gradient_matches_unchunked_and_finite_differences():
+    X, _, labels = _data()
+    Z = _z()
+    lik = gk.potentials.Logistic(labels)
+    q = _random_q()
+
+    @functools.partial(jax.jit, static_argnums=2)
+    def value(log_lengthscale, Z, chunk):
+        kernel = K.SquaredExponential(0.9, jnp.exp(log_lengthscale))
+        return gk.gp.sparse_streamed_bound(kernel, X, Z, lik, q, chunk_size=chunk)
+
+    x0 = jnp.log(1.1)
+    grad = jax.jit(jax.grad(value, argnums=(0, 1)), static_argnums=2)
+    g_chunked, g_whole = grad(x0, jnp.asarray(Z), 16), grad(x0, jnp.asarray(Z), N)
+    np.testing.assert_allclose(g_chunked[0], g_whole[0], rtol=1e-9)
+    np.testing.assert_allclose(g_chunked[1], g_whole[1], rtol=1e-8, atol=1e-10)
+    eps = 1e-5
+    fd = (value(x0 + eps, Z, 16) - value(x0 - eps, Z, 16)) / (2 * eps)
+    np.testing.assert_allclose(g_chunked[0], fd, rtol=1e-6)
+    dZ = np.zeros_like(Z)
+    dZ[3, 1] = eps
+    fd_z = (value(x0, Z + dZ, 16) - value(x0, Z - dZ, 16)) / (2 * eps)
+    np.testing.assert_allclose(g_chunked[1][3, 1], fd_z, rtol=1e-6)
+
+
+@pytest.mark.slow
+def test_learned_inducing_inputs_move_and_the_bound_improves():
+    X, _, labels = _data()
+    lik = gk.potentials.Logistic(labels)
+    Z0 = _z()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fixed = gk.gp.fit_sparse_minibatch(KERNEL, X, lik, Z=Z0, batch_size=N, num_steps=300, learn_kernel=False)
+        moved = gk.gp.fit_sparse_minibatch(KERNEL, X, lik, Z=Z0, batch_size=N, num_steps=300, learn_kernel=False,
+                                           learn_inducing=True)
+    assert float(np.max(np.abs(np.asarray(moved.Z) - Z0))) > 1e-2
+    np.testing.assert_array_equal(np.asarray(fixed.Z), Z0)
+    assert float(moved.result.log_z) > float(fixed.result.log_z)
