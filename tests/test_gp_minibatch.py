@@ -86,6 +86,7 @@ def test_minibatch_estimate_is_unbiased_over_a_partition():
             assert values.std() > 1e-3 * abs(full)     # the batches do differ: the equality is not trivial
 
 
+@pytest.mark.slow   # a compiled fit or gradient program: over 2 s on an idle 2-core machine
 def test_fit_with_the_full_batch_reaches_titsias_optimum():
     X, y, _ = _data()
     Z = _z()
@@ -103,6 +104,7 @@ def test_fit_with_the_full_batch_reaches_titsias_optimum():
     np.testing.assert_allclose(pred.variance, dense.variance, atol=1e-3)
 
 
+@pytest.mark.slow   # a compiled fit or gradient program: over 2 s on an idle 2-core machine
 def test_fit_learns_hyperparameters_towards_ml2_and_compiles_once():
     X, y, _ = _data()
     lik = gk.potentials.Gaussian(y, 1.0)
@@ -121,6 +123,7 @@ def test_fit_learns_hyperparameters_towards_ml2_and_compiles_once():
     assert np.all(np.isin(np.asarray(fit.Z), X))                           # inducing inputs: rows of X
 
 
+@pytest.mark.slow   # a compiled fit or gradient program: over 2 s on an idle 2-core machine
 def test_unconverged_fit_says_so():
     X, _, labels = _data()
     with pytest.warns(UserWarning, match="fit_sparse_minibatch"):
@@ -153,6 +156,7 @@ def test_bad_input_names_the_argument(kwargs, match):
                                      jnp.zeros(0, jnp.int32))
 
 
+@pytest.mark.slow   # a compiled fit or gradient program: over 2 s on an idle 2-core machine
 def test_streamed_gradient_matches_unchunked_and_finite_differences():
     X, _, labels = _data()
     Z = _z()
