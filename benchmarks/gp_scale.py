@@ -243,12 +243,13 @@ def table(results):
             continue
         metric = "accuracy" if row["task"] == "classification" else "rmse"
         ttl = row.get("time_to_peer_ll_s")
+        ttl = "-" if "warm_s" not in o else "not reached" if ttl is None else f"{ttl:.1f}"
         if "warm_s" not in o:     # --fits first
             o, p = {**o, "warm_s": float("nan")}, {**p, "warm_s": float("nan"), "loop_s_estimate": float("nan")}
         lines.append(f"| {row['task']} | {row['data']} | {row['n_train']} | {row['M']} | {o['test_ll']:.4f} | "
                      f"{p['test_ll']:.4f} | {o[metric]:.4f} | {p[metric]:.4f} | {o['first_fit_s']:.1f} / "
                      f"{o['warm_s']:.1f} | {p['first_fit_s']:.1f} / {p['warm_s']:.1f} / {p['loop_s_estimate']:.1f} | "
-                     f"{'not reached' if ttl is None else f'{ttl:.1f}'} | {o['peak_rss_mb']:.0f} / "
+                     f"{ttl} | {o['peak_rss_mb']:.0f} / "
                      f"{p['peak_rss_mb']:.0f} |")
     return "\n".join(lines)
 
