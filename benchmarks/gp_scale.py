@@ -143,7 +143,7 @@ def run_gpjax(data, task, M, B, steps, fits="full"):
             ld = log_ndtr(yt * mean / np.sqrt(1 + var))
         else:
             sd = qf.model.likelihood.obs_stddev
-            noise = float(np.asarray(getattr(sd, "value", sd))) ** 2
+            noise = float(np.asarray(sd.unwrap() if hasattr(sd, "unwrap") else sd)) ** 2
             ld = -0.5 * (np.log(2 * np.pi * (var + noise)) + (yt - mean) ** 2 / (var + noise))
         out = _summary(task, mean, var, yt, ld)
         out.update(seconds=seconds, elbo_per_datum=-float(hist[-1]) / len(y))
