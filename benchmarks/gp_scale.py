@@ -7,15 +7,15 @@
 
 Each fit runs in its own subprocess (peak RSS from getrusage), ours with this interpreter and GPJax with
 `--peer-python` (a separate virtual environment: `python -m venv venv-peers && venv-peers/bin/pip install gpjax`).
-Both use the same data, M inducing inputs drawn from the training rows, minibatches of B rows, the same number of
-Adam steps and learn the kernel (squared exponential) and the likelihood's noise jointly. GPJax's binary
-likelihood is the probit (Bernoulli), so the synthetic labels are probit-generated (P(y = 1 | x) = Phi(2 f(x))):
-the peer's model is the true one; ours fits the logistic likelihood. Per fit: first fit (compilation included),
-warm fit (the same call again), test log-likelihood (mean log p(y_* | x_*)), accuracy or RMSE and peak RSS;
-for ours also the warm time of a fit with a quarter of the steps, and `time_to_peer_ll`: the warm time of the
-cheapest of our two budgets whose test LL is at least the peer's final one. `gpjax.fit` traces and compiles on
-every call, so its warm time includes compilation; its loop time is estimated from a second budget (a quarter of
-the steps) as (t(S) - t(S/4)) * S / (S - S/4).
+Both use the same data, M inducing inputs drawn at random from the training rows (each its own draw), minibatches
+of B rows, the same number of Adam steps and learn the kernel (squared exponential) and the likelihood's noise
+jointly. GPJax's binary likelihood is the probit (Bernoulli), so the synthetic labels are probit-generated (P(y = 1
+| x) = Phi(2 f(x))): the peer's model is the true one; ours fits the logistic likelihood. Per fit: first fit
+(compilation included), warm fit (the same call again), test log-likelihood (mean log p(y_* | x_*)), accuracy or
+RMSE and peak RSS; for ours also the warm time of a fit with a quarter of the steps, and `time_to_peer_ll`: the
+warm time of the cheapest of our two budgets whose test LL is at least the peer's final one. `gpjax.fit` traces and
+compiles on every call, so its warm time includes compilation; its loop time is estimated from a second budget (a
+quarter of the steps) as (t(S) - t(S/4)) * S / (S - S/4).
 Results: printed as a Markdown table and written to benchmarks/RESULTS_gp_scale.json.
 """
 
