@@ -6,6 +6,10 @@
 - `fit_hyperparameters(build, params, method=...)`: ML-II on any method's evidence (envelope gradients for G-KL).
 - `model(kernel, X, likelihood)`: the full GP as a `Model`.
 - `sparse_model(kernel, X, Z, likelihood)`: the inducing-point GP as an ordinary `Model`.
+- `fit_sparse_minibatch(kernel, X, likelihood, batch_size=..., num_inducing=...)`: the sparse GP fitted by
+  stochastic gradients on minibatches (N up to 10^6 in bounded memory), hyperparameters learned jointly;
+  `sparse_streamed_bound` / `sparse_minibatch_bound`: its full-data bound streamed in chunks and the unbiased
+  minibatch estimate.
 - `label_regression(model)`: the label-regression heuristic for GP classification (Nickisch 2010, Section 4.8).
 - `ppa(...)`: King & Lawrence's PPA for probit GP classification with the standard or the KL-corrected M-step.
 """
@@ -14,6 +18,8 @@ from ._exact import exact as exact
 from ._hyper import HyperResult as HyperResult
 from ._hyper import fit_hyperparameters as fit_hyperparameters
 from ._label_regression import label_regression as label_regression
+from ._minibatch import SparseGPFit as SparseGPFit
+from ._minibatch import fit_sparse_minibatch as fit_sparse_minibatch
 from ._models import model as model
 from ._models import sparse_model as sparse_model
 from ._models import sparse_projection as sparse_projection
@@ -28,3 +34,5 @@ from ._predict import class_probability as class_probability
 from ._predict import latent as latent
 from ._predict import log_predictive_density as log_predictive_density
 from ._predict import predict as predict
+from ._streamed import sparse_minibatch_bound as sparse_minibatch_bound
+from ._streamed import sparse_streamed_bound as sparse_streamed_bound

@@ -28,7 +28,8 @@ from ..potentials import AbstractPotential
 from ..priors import GP
 
 
-def _inputs(X, name):
+def inputs(X, name):
+    """X as a finite 2-D float array (an (n,) array read as one column); ValueError naming `name`."""
     X = as_float_array(X, name)
     if X.ndim == 1:
         X = X[:, None]
@@ -64,9 +65,26 @@ def model(kernel: AbstractKernel, X, likelihood: AbstractPotential, *, mean=None
         ValueError: X not finite or more than 2-D, a likelihood that is not a potential or has another number of
             sites, or a bad kernel, mean or jitter (see `gkl_jax.priors.GP`).
     """
-    X = _inputs(X, "X")
+    X = inputs(X, "X")
     check_likelihood(likelihood, X.shape[0])
     return Model(GP(kernel, X, mean=mean, jitter=jitter), Sites(None, likelihood))
+
+
+def whitened_projection(kernel: AbstractKernel, prior_u: GP, X):
+    """The sparse GP's whitened site projections a_n = L^{-1} k_zn (L L^T = K_zz + jitter I) and extra variances
+    k_nn - q_nn = k_nn - ||a_n||^2 (clipped at 0): with u = mu_Z + L v, f_n | v ~ N(mu_n + a_n^T v, k_nn - q_nn)
+    (Hensman et al. 2015, whitened inducing values).
+
+    Args:
+        kernel: the `gkl_jax.kernels` kernel.
+        prior_u: the `gkl_jax.priors.GP` over the M inducing values u = f(Z).
+        X: (N, d) float array of data inputs (validated by the caller).
+
+    Returns:
+        (A, extra): (M, N) float array L^{-1} K(Z, X) and (N,) float array.
+    """
+    A = prior_u.inv_chol @ kernel.gram(prior_u.X, X)
+    return A, jnp.maximum(kernel.diag(X) - jnp.sum(A * A, axis=0), 0.0)
 
 
 def sparse_projection(kernel: AbstractKernel, prior_u: GP, X):
@@ -88,11 +106,8 @@ def sparse_projection(kernel: AbstractKernel, prior_u: GP, X):
     if not isinstance(prior_u, GP):
         raise ValueError(f"prior_u must be the gkl_jax.priors.GP over the inducing values, got "
                          f"{type(prior_u).__name__}")
-    X = _inputs(X, "X")
-    K_zx = kernel.gram(prior_u.X, X)
-    A = prior_u.solve(K_zx)
-    extra = kernel.diag(X) - jnp.sum(K_zx * A, axis=0)
-    return A.T, jnp.maximum(extra, 0.0)
+    A, extra = whitened_projection(kernel, prior_u, inputs(X, "X"))
+    return (prior_u.inv_chol.T @ A).T, extra
 
 
 def sparse_model(kernel: AbstractKernel, X, Z, likelihood: AbstractPotential, *, mean=None,
@@ -120,8 +135,8 @@ def sparse_model(kernel: AbstractKernel, X, Z, likelihood: AbstractPotential, *,
     """
     if not isinstance(kernel, AbstractKernel):
         raise ValueError(f"kernel must be a gkl_jax.kernels kernel, got {type(kernel).__name__}")
-    X = _inputs(X, "X")
-    Z = _inputs(Z, "Z")
+    X = inputs(X, "X")
+    Z = inputs(Z, "Z")
     if Z.shape[1] != X.shape[1]:
         raise ValueError(f"Z must have {X.shape[1]} columns (the input dimension of X), got shape {Z.shape}")
     check_likelihood(likelihood, X.shape[0])
