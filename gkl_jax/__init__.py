@@ -18,7 +18,7 @@ _SUBPACKAGES = ("baselines", "datasets", "design", "distributed", "factors", "gp
                 "operators", "potentials", "priors", "solvers", "stochastic")
 _NAMES = {"ais": ".baselines", "double_loop": ".baselines", "ep": ".baselines", "laplace": ".baselines",
           "local": ".baselines", "bound": "._bound", "fit": "._fit", "Gaussian": "._gaussian", "Model": "._model",
-          "Sites": "._model", "Result": "._result", "predict": "._predict"}
+          "Sites": "._model", "Result": "._result", "predict": "._predict", "RESULTS": "._status"}
 
 
 def __getattr__(name):
@@ -45,4 +45,5 @@ if TYPE_CHECKING:  # what the names are, for type checkers and IDEs
     from ._model import Model, Sites  # noqa: F401
     from ._predict import predict  # noqa: F401
     from ._result import Result  # noqa: F401
+    from ._status import RESULTS  # noqa: F401
     from .baselines import ais, double_loop, ep, laplace, local  # noqa: F401

@@ -17,11 +17,11 @@ import optax
 from jax import lax
 
 from .._optim import MAX_HALVINGS, max_abs, scale_by_lbfgs, sufficient_increase
-from .._site_precision import initial_point as site_precision_start
 from .._start import initial_q as _initial_q
 from .._warm import WarmPoint, WarmStart, fit_warm
 from .._xla import program
 from ..factors import Full
+from ..solvers._site_precision_parts import initial_point as site_precision_start
 
 _LBFGS = scale_by_lbfgs(memory_size=10)
 _RUNNING, _CONVERGED, _STOPPED, _NOT_FINITE = 0, 1, 2, 3

@@ -1,7 +1,5 @@
 """The one place where the default solver is chosen, from what the model and the factor declare."""
 
-from .._site_precision import applies as site_precision_applies
-from .._site_precision import has_dense_prior
 from ..factors import Full
 from ._base import AbstractSolver
 from ._chain import Chain
@@ -9,6 +7,8 @@ from ._fixed_point import FixedPoint
 from ._newton import Newton
 from ._quasi_newton import LBFGS
 from ._site_precision import SitePrecision
+from ._site_precision_parts import applies as site_precision_applies
+from ._site_precision_parts import has_dense_prior
 
 ROBUST_HANDOFF = 1e-2
 """Where the robust default hands over from L-BFGS to Newton-CG (the L-BFGS stage's tolerance; `Chain`'s own rule
