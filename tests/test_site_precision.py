@@ -12,8 +12,8 @@ from helpers import central_difference, gaussian_log_evidence
 
 import gkl_jax as gk
 from gkl_jax import _fit, _warm
-from gkl_jax.solvers import _site_precision_parts as _site_precision
 from gkl_jax._linalg import invert_lower, lower_gram, solve_lower
+from gkl_jax.solvers import _site_precision_parts as _site_precision
 
 
 def _gp_problem(n=20, seed=0):

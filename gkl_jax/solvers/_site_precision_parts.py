@@ -162,7 +162,8 @@ def bound_value(W, logdet, s_diag, mean_value):
 def optimum_parts(model, q):
     """(W, (log det(Sigma^{-1} S), diag S, L, alpha, sum_n E[log phi_n])) at the solver's optimum q, recomputed from q
     and the model: W = Gamma(m, diag S) and alpha = Sigma^{-1} (m - mu) = dE[log phi]/dm, the two stationarity
-    conditions, so no solve with Sigma (`site_precision_envelope` differentiates it for second derivatives of `log_z`)."""
+    conditions, so no solve with Sigma (`site_precision_envelope` differentiates it for second derivatives of
+    `log_z`)."""
     m = q.mean
     rho, b = jax.grad(functools.partial(sites_value, model.sites), argnums=(0, 1))(m, q.factor.marginal_variances())
     signed = not model.log_concave
