@@ -160,3 +160,13 @@ def test_reprs_show_values():
     seen = []
     jax.jit(lambda m: seen.append(repr(gk.fit(m))) or 0.0)(_model())
     assert "log_z=f64[]" in seen[0] and "status=?" in seen[0]
+
+
+def test_baselines_report_a_status():
+    """The baselines' results carry a `RESULTS` code too: Laplace and EP converge (`successful`); EP held to one
+    iteration reports `max_steps_reached`."""
+    assert int(gk.laplace(_model()).status) == gk.RESULTS.successful
+    assert int(gk.ep(_model()).status) == gk.RESULTS.successful
+    with pytest.warns(UserWarning):
+        short = gk.ep(_model(), max_steps=1)
+    assert int(short.status) == gk.RESULTS.max_steps_reached and not bool(short.converged)

@@ -40,6 +40,7 @@ from .._adjoint import envelope_value
 from .._linalg import full_precision
 from .._optim import backtrack
 from .._result import Result
+from .._status import status_from
 from .._validate import check_max_steps, check_tol
 from .._xla import program
 from . import _common as C
@@ -221,5 +222,5 @@ def _ep_jit(model, power, damping, tol, max_steps):
     # program: under jax.grad without jit it is not run op by op), which makes jax.grad (reverse mode) of log_z
     # work; the loop's outputs q stay forward-differentiable only.
     log_z = envelope_value(ev.log_z, model, (taus, nus), lambda m, s: _evaluate(m, C.operators(m), *s, power).log_z)
-    return Result(q=q, log_z=log_z, converged=converged, num_steps=k - 1, history=hist, method="ep",
-                  is_bound=False)
+    code = status_from(converged, max_steps_reached=~done & ok, nonfinite=~jnp.isfinite(ev.log_z), breakdown=~ok)
+    return Result(q=q, log_z=log_z, status=code, num_steps=k - 1, history=hist, method="ep", is_bound=False)

@@ -26,6 +26,7 @@ from .. import potentials as P
 from .._adjoint import implicit_maximiser, stop_gradients
 from .._linalg import diagonal, full_precision
 from .._result import Result
+from .._status import status_from
 from .._validate import check_max_steps, check_tol
 from .._xla import program
 from ..solvers._newton import armijo_search
@@ -139,5 +140,8 @@ def _laplace_jit(model, tol, max_steps):
     log_z = fw + 0.5 * dim * jnp.log(2 * jnp.pi) - jnp.sum(jnp.log(diagonal(L)))
     converged = pd & done & jnp.isfinite(log_z)
     q = C.gaussian_of_precision(w, A)
-    return Result(q=q, log_z=log_z, converged=converged, num_steps=k - 1, history=lax.stop_gradient(hist),
+    # not done: the step limit (k - 1 = max_steps) or a failed line search; not positive definite: not a maximum
+    code = status_from(converged, max_steps_reached=~done & (k - 1 >= max_steps), nonfinite=~jnp.isfinite(log_z),
+                       breakdown=~pd)
+    return Result(q=q, log_z=log_z, status=code, num_steps=k - 1, history=lax.stop_gradient(hist),
                   method="laplace", is_bound=False)

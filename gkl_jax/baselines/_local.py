@@ -28,6 +28,7 @@ from .._adjoint import envelope_value
 from .._linalg import full_precision
 from .._optim import default_tol
 from .._result import Result
+from .._status import status_from
 from .._validate import check_max_steps, check_tol
 from .._xla import program
 from . import _common as C
@@ -175,6 +176,7 @@ def _local_jit(model, tol, max_steps):
     # envelope rule, first derivatives only), evaluated outside the loop; q has the loop's (forward mode only).
     value = envelope_value(value, model, params, lambda m, p: solve(m, C.operators(m), p)[1])
     q = C.gaussian_of_precision(sol.mean, sol.precision)
-    return Result(q=q, log_z=value, converged=done & ok & jnp.isfinite(value), num_steps=k - 1, history=hist,
-                  method="local", is_bound=True)
+    code = status_from(done & ok & jnp.isfinite(value), max_steps_reached=~done, nonfinite=~jnp.isfinite(value),
+                       breakdown=~ok)
+    return Result(q=q, log_z=value, status=code, num_steps=k - 1, history=hist, method="local", is_bound=True)
 
