@@ -163,9 +163,14 @@ def test_reprs_show_values():
 
 
 def test_baselines_report_a_status():
-    """The baselines' results carry a `RESULTS` code too: Laplace and EP converge (`successful`); EP held to one
-    iteration reports `max_steps_reached`."""
-    assert int(gk.laplace(_model()).status) == gk.RESULTS.successful
+    """The baselines' results carry a `RESULTS` code too: Laplace and EP converge (`successful`); held to one
+    iteration they report `max_steps_reached` (Laplace runs in `iterate`: its history is log p after each step)."""
+    lap = gk.laplace(_model())
+    assert int(lap.status) == gk.RESULTS.successful and bool(lap.converged)
+    with pytest.warns(UserWarning):
+        one = gk.laplace(_model(), max_steps=1)
+    assert int(one.status) == gk.RESULTS.max_steps_reached and int(one.num_steps) == 1
+    np.testing.assert_allclose(one.history, lap.history[:2], rtol=1e-14)
     assert int(gk.ep(_model()).status) == gk.RESULTS.successful
     with pytest.warns(UserWarning):
         short = gk.ep(_model(), max_steps=1)
