@@ -112,6 +112,8 @@ def iterate(solver, problem, tol, max_steps, *, init=None, progress=None, postpr
       x of `Solution` and the solver's quantities at the optimum.
     - `monotone` (class attribute): False for a solver whose iterates may lose ground (optax's); the driver then
       keeps the best point seen and returns it where the stopping test was not met.
+    - `stop_on_nonfinite` (class attribute, default True): False for an iteration that goes on through a
+      non-finite objective (EP, whose skipped sites may leave log Z_EP infinite for a while).
 
     Args:
         solver: an `AbstractSolver`.
@@ -139,9 +141,12 @@ def iterate(solver, problem, tol, max_steps, *, init=None, progress=None, postpr
     zero = jnp.zeros((), jnp.int32)
     name = type(solver).__name__
 
+    finite_only = getattr(solver, "stop_on_nonfinite", True)
+
     def done(c):
         converged, stop = solver.terminate(problem, c.state, tol)
-        return converged | stop | (c.num_steps >= max_steps) | ~jnp.isfinite(c.value)
+        stop = stop | (c.num_steps >= max_steps)
+        return converged | (stop | ~jnp.isfinite(c.value) if finite_only else stop)
 
     def cond(c):
         return (c.iteration == 0) | ~done(c) if forced else ~done(c)
