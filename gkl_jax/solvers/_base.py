@@ -243,7 +243,14 @@ class AbstractIterativeSolver(AbstractSolver):
 
     @abc.abstractmethod
     def point(self, state):
-        """The current point (a pytree; the best one seen is kept of it for a solver that is not `monotone`)."""
+        """The current point (the best one seen is kept of it for a solver that is not `monotone`).
+
+        Args:
+            state: the loop's state.
+
+        Returns:
+            A pytree of arrays.
+        """
 
     def postprocess(self, problem, state, point):
         """The flat solver leaves of the returned point, and the solver's quantities at the optimum.
