@@ -154,7 +154,7 @@ def iterate(solver, problem, tol, max_steps, *, init=None, progress=None, postpr
     def body(c):
         state, info = solver.step(problem, c.state, tol)
         k = c.num_steps + info.advance.astype(jnp.int32)
-        history = jnp.where(info.record, c.history.at[k].set(info.value.astype(dtype)), c.history)
+        history = c.history.at[k].set(jnp.where(info.record, info.value.astype(dtype), c.history[k]))
         value = jnp.where(info.record, info.value, c.value).astype(dtype)
         best_value, best_point = c.best_value, c.best_point
         if keep_best:
