@@ -19,10 +19,6 @@ line searches near round-off: on Kuss & Rasmussen's slump Student-t ML-II, 3 sta
 of tol 1e-6, 10 stalls none (same bounds, same time)."""
 
 
-def _history(max_steps, f0):
-    return jnp.full((max_steps + 1,), jnp.nan, dtype=f0.dtype).at[0].set(f0)
-
-
 def optax_solver(f, x0, optimizer, *, tol, max_steps, scale=1.0):
     """Maximise f with an `optax.GradientTransformation` minimising -f.
 
