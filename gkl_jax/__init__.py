@@ -19,7 +19,8 @@ _SUBPACKAGES = ("baselines", "datasets", "design", "distributed", "factors", "gp
 _NAMES = {"ais": ".baselines", "double_loop": ".baselines", "ep": ".baselines", "laplace": ".baselines",
           "local": ".baselines", "bound": "._bound", "fit": "._fit", "Gaussian": "._gaussian", "Model": "._model",
           "Sites": "._model", "Result": "._result", "predict": "._predict", "Float32Warning": "._traps",
-          "RecompilationWarning": "._traps", "save": "._io", "load": "._io", "to_inference_data": "._arviz"}
+          "RecompilationWarning": "._traps", "save": "._io", "load": "._io", "to_inference_data": "._arviz",
+          "RESULTS": "._status"}
 
 
 def __getattr__(name):
@@ -49,4 +50,5 @@ if TYPE_CHECKING:  # what the names are, for type checkers and IDEs
     from ._traps import Float32Warning, RecompilationWarning  # noqa: F401
     from ._io import load, save  # noqa: F401
     from ._arviz import to_inference_data  # noqa: F401
+    from ._status import RESULTS  # noqa: F401
     from .baselines import ais, double_loop, ep, laplace, local  # noqa: F401

@@ -1,8 +1,8 @@
 """Derivatives of a fit's result in the model without differentiating the solver loops (Challis & Barber 2013,
 App. F.2): the envelope rule for the optimal bound and the implicit-function rule for the optimum.
 
-Both hold to every order: the envelope rule (`envelope_bound`; for the site-precision solver its closed form,
-`site_precision_envelope`) is evaluated at the implicit q, and the implicit rule returns the optimum itself, so
+Both hold to every order: the envelope rule (`envelope_bound`; for a solver's own form of the value,
+`solver_value`) is evaluated at the implicit q, and the implicit rule returns the optimum itself, so
 jax.hessian or grad of grad of `log_z` and of q add the dq*/dtheta terms. A first derivative costs no solve for
 dq*/dtheta.
 """
@@ -23,8 +23,6 @@ except (ImportError, AttributeError):     # pragma: no cover - a JAX without it:
 
 from ._bound import bound
 from ._optim import conjugate_gradient
-from ._site_precision import log_z as _site_precision_log_z
-from ._site_precision import optimum_parts as _site_precision_optimum_parts
 from .factors import AbstractRefinableFactor
 from .operators import AbstractOperator
 
@@ -145,20 +143,21 @@ def envelope_value(value, model, fixed, recompute):
     return _solver_value(value, model, lax.stop_gradient(fixed), recompute=recompute)
 
 
-def site_precision_envelope(model, q, W, parts):
-    """The site-precision solver's bound at its (m, W, parts), taken as functions of the implicit q: first
-    derivatives are the closed form's, second ones are exact (the envelope rule differentiated through dq*/dtheta).
+def solver_value(value, model, q, recompute):
+    """`value`, which a solver computed at its optimum q = q*(model), with the derivative of recompute(model, q) in
+    the model and in q (so through q's implicit derivative to every order): the envelope rule for a value the
+    solver has in another form than `bound` (the site-precision solver's factorisation).
 
     Args:
-        model: the `Model`.
-        q: the optimum `Gaussian` (with its implicit derivative).
-        W: (n,) the site precisions; parts: the solver's factorisation at the optimum.
+        value: the solver's quantities at q (a pytree).
+        model: the `Model` (with its derivatives).
+        q: the optimum (with its implicit derivative).
+        recompute: (model, q) -> the same quantities.
 
     Returns:
-        Scalar: the bound.
+        `value`, with those derivatives.
     """
-    W, parts = _solver_value((W, parts), model, q, recompute=_site_precision_optimum_parts)
-    return _site_precision_log_z(model, q.mean, W, parts)
+    return _solver_value(value, model, q, recompute=recompute)
 
 
 def stop_gradients(tree):

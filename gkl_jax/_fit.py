@@ -19,23 +19,16 @@ from jax import lax
 from jax.flatten_util import ravel_pytree
 
 from . import _start
-from ._adjoint import (
-    envelope_bound,
-    envelope_bound_at,
-    flag_nonfinite,
-    frozen,
-    implicit,
-    site_precision_envelope,
-    solver_mask,
-    stop_gradients,
-)
+from ._adjoint import envelope_bound, flag_nonfinite, frozen, implicit, solver_mask, stop_gradients
 from ._bound import bound
 from ._gaussian import Gaussian
 from ._linalg import full_precision, reduced_matmul_precision, reduced_precision_hint
 from ._model import Model, check_fittable, separated
 from ._optim import default_tol, stationary
+from ._progress import reraise_callback_error, resolve_progress
 from ._result import Result
 from ._start import initial_q, model_dtype, start_error
+from ._status import RESULTS, status
 from ._traps import warn_float32
 from ._validate import check_max_steps, check_tol, debug_check, is_concrete
 from ._whiten import check_whiten, whitened_structure, whitening
@@ -43,7 +36,6 @@ from ._xla import program
 from .factors import AbstractFactor, AbstractRefinableFactor, Diagonal, Full
 from .priors._priors import AbstractDensePrior
 from .solvers import AbstractSolver, Optax, Problem, default_solver, default_whiten
-from .solvers._base import RESULTS, status
 
 TRACE_COUNT = {"fit": 0}
 
@@ -80,7 +72,8 @@ def resolve_solver(solver, model, factor, whiten=False, auto=False):
 
 @full_precision
 def fit(model: Model, factor: AbstractFactor | None = None, *, solver=None, q0: Gaussian | None = None,
-        tol: float | None = None, max_steps: int | None = None, whiten: bool | None = None) -> Result:
+        tol: float | None = None, max_steps: int | None = None, whiten: bool | None = None,
+        progress=False) -> Result:
     """Maximise the G-KL bound of `model` over q = N(m, C^T C) with C structured as `factor`.
 
     A template whose `mean_field_start(model)` is true (Subspace where N <= D; FactorAnalysis with
@@ -107,11 +100,19 @@ def fit(model: Model, factor: AbstractFactor | None = None, *, solver=None, q0: 
         max_steps: step limit, overriding the solver's (default: the solver's `default_max_steps`).
         whiten: fit in the whitened basis; None (default) whitens where `solvers.default_whiten` says so (the
             default solver on non-log-concave sites under a GP or dense prior with the Full factor).
+        progress: False (default), True (the step, the bound and the stopping statistic on stderr), "auto" (True
+            where stderr is a terminal) or a callable receiving a `gkl_jax.solvers.ProgressInfo` after each solver
+            step and once at the end; it works under `jax.jit` (`jax.debug.callback`). The compiled program depends
+            on it: turning it on (or passing another callable) compiles the fit once more; off compiles no
+            callback. A callable that raises stops the fit with its exception.
 
     Returns:
-        A `Result`: q, the bound `log_z` (differentiable in the model to every order), `converged` (False, with a
-        warning outside of tracing, where the tolerance was not met or the target is improper), `num_steps`,
-        `history`.
+        A `Result`: q, the bound `log_z` (differentiable in the model to every order), `status` (a `RESULTS`
+        code; `message` says it in words), `converged` (status successful; False, with a warning outside of
+        tracing, where the tolerance was not met or the target is improper), `num_steps`, `history`.
+
+    Raises:
+        ValueError: an invalid argument (naming it), e.g. a `progress` that is not True, False, "auto" or callable.
 
     Example:
         >>> import numpy as np, gkl_jax as gk
@@ -122,6 +123,7 @@ def fit(model: Model, factor: AbstractFactor | None = None, *, solver=None, q0: 
         (True, (2,))
     """
     check_fittable(model, "fit")
+    callback = resolve_progress(progress, "gkl_jax.fit")
     q0 = q0.q if isinstance(q0, Result) else q0
     if q0 is not None and not isinstance(q0, Gaussian):
         raise ValueError(f"q0 must be a gkl_jax.Gaussian or Result, got {type(q0).__name__}")
@@ -149,18 +151,23 @@ def fit(model: Model, factor: AbstractFactor | None = None, *, solver=None, q0: 
     max_steps = solver.default_max_steps if max_steps is None else max_steps
     # tol enters the compiled program as an array, so fits at different tolerances share one compilation
     settings = dataclasses.replace(solver, tol=None, max_steps=None)
-    q, log_z, converged, num_steps, history, improper, start_logdet = _fit_jit(
-        model, factor, q0, settings, jnp.asarray(tol, dtype), max_steps, whiten)
+    try:
+        q, log_z, code, num_steps, history, improper, start_logdet = _fit_jit(
+            model, factor, q0, settings, jnp.asarray(tol, dtype), max_steps, whiten, callback)
+    except jax.errors.JaxRuntimeError as e:     # a progress callable that raised: its own exception
+        reraise_callback_error(callback, e)
+        raise
     if isinstance(tol, jax.core.Tracer):     # unchecked: a tolerance that is not positive never converges
-        converged = converged & (tol > 0) & jnp.isfinite(tol)
+        code = jnp.where((tol > 0) & jnp.isfinite(tol), code, RESULTS.invalid_argument).astype(code.dtype)
     if is_concrete(start_logdet):
         start_error(start_logdet, "factor" if q0 is None else "q0")
-    if is_concrete(converged) and not bool(converged):
-        warnings.warn(_not_converged_message(solver, num_steps, tol, log_z, whiten, model, improper), stacklevel=3)
-    return Result(q=q, log_z=log_z, converged=converged, num_steps=num_steps, history=history, method="gkl")
+    if is_concrete(code) and int(code) != RESULTS.successful:
+        warnings.warn(_not_converged_message(solver, num_steps, tol, log_z, whiten, model, improper, code),
+                      stacklevel=3)
+    return Result(q=q, log_z=log_z, status=code, num_steps=num_steps, history=history, method="gkl")
 
 
-def _not_converged_message(solver, num_steps, tol, log_z, whiten, model, improper):
+def _not_converged_message(solver, num_steps, tol, log_z, whiten, model, improper, code):
     name = type(solver).__name__
     if improper is not None and is_concrete(improper) and bool(improper):
         return ("gkl_jax.fit: the mean separates the labels (it diverges along a direction d with y_n h_n^T d >= 0 "
@@ -178,7 +185,7 @@ def _not_converged_message(solver, num_steps, tol, log_z, whiten, model, imprope
     steps = int(num_steps) if is_concrete(num_steps) else "?"
     tol = f"{float(tol):g}" if is_concrete(tol) else "tol"
     return (f"gkl_jax.fit: the {name} solver stopped after {steps} steps without meeting its stopping test "
-            f"(tol {tol}); {valid}{hint}")
+            f"(tol {tol}; {RESULTS.message(code)}); {valid}{hint}")
 
 
 ILL_CONDITIONED = 1e-2
@@ -207,7 +214,7 @@ def _warn_if_ill_conditioned(model, dtype):
 
 
 @program
-def _fit_jit(model, factor, q0, solver, tol, max_steps, whiten):
+def _fit_jit(model, factor, q0, solver, tol, max_steps, whiten, progress=None):
     """The whole fit as one program: start, (mean-field start,) solve, basis change, bound, impropriety."""
     TRACE_COUNT["fit"] += 1
     work, q0, back = whitening(model, q0, whiten, "fit")
@@ -217,27 +224,19 @@ def _fit_jit(model, factor, q0, solver, tol, max_steps, whiten):
     if _start.applies(work, q_init, q0 is None and not factor.is_initialised):
         q_init = _mean_field_start(work, q_init, solver, tol, scale)
     if isinstance(q_init.factor, AbstractRefinableFactor) and q_init.factor.num_refinements > 0:
-        q, k, ok, hist = _refine_and_solve(work, q_init, solver, tol, max_steps, scale)
-        solution_status, extras, value = status(ok, jnp.nanmax(hist), k, max_steps), None, None
+        q, k, ok, hist = _refine_and_solve(work, q_init, solver, tol, max_steps, scale, progress)
+        code, solution = status(ok, jnp.nanmax(hist), k, max_steps), None
     else:
-        solution = _solve(work, q_init, solver, tol, max_steps, scale)
-        q, k, hist, solution_status, extras, value = (implicit(work, solution.q), solution.num_steps,
-                                                      solution.history, solution.status, solution.extras,
-                                                      solution.value)
+        solution = _solve(work, q_init, solver, tol, max_steps, scale, progress)
+        q, k, hist, code = implicit(work, solution.q), solution.num_steps, solution.history, solution.status
     q = back(q)
-    if extras is None and value is not None:    # the solver's own bound at q (no second quadrature)
-        log_z = envelope_bound_at(model, q, lax.stop_gradient(value))
-    elif extras is None:
-        log_z = envelope_bound(model, q)
-    else:   # the closed-form covariance derivative from the site precisions; the value is q's own bound
-        log_z = site_precision_envelope(model, q, extras[0], extras[1:])
-        log_z = log_z + lax.stop_gradient(bound(stop_gradients(model), lax.stop_gradient(q)) - log_z)
+    # the solver's own bound at q with its derivatives (`AbstractSolver.log_z`: no second quadrature)
+    log_z = envelope_bound(model, q) if solution is None else solver.log_z(model, q, solution)
     log_z = flag_nonfinite(log_z)   # no finite derivative of a non-finite bound
-    converged = solution_status == RESULTS.successful
     improper = separated(model, q.mean)
     if improper is not None:
-        converged = converged & ~improper
-    return q, log_z, converged, k, hist, improper, start_logdet
+        code = jnp.where(improper, RESULTS.improper_target, code).astype(code.dtype)
+    return q, log_z, code, k, hist, improper, start_logdet
 
 
 class _Solved(eqx.Module):
@@ -249,9 +248,9 @@ class _Solved(eqx.Module):
     value: object = None
 
 
-def _solve(model, q_init, solver, tol, max_steps, scale):
+def _solve(model, q_init, solver, tol, max_steps, scale, progress=None):
     """The solver's optimum over the solver leaves of q_init (without derivatives: `implicit` attaches them)."""
-    problem = Problem(frozen(model), stop_gradients(q_init), solver_mask(q_init), scale)
+    problem = Problem(frozen(model), stop_gradients(q_init), solver_mask(q_init), scale, progress)
     solution = solver.solve(problem, tol, max_steps)
     return _Solved(problem.to_q(solution.x), solution.num_steps, solution.history, solution.status,
                    solution.extras, solution.value)
@@ -266,7 +265,7 @@ def _mean_field_start(model, q_init, solver, tol, scale):
     return _start.mean_field_start(work, stop_gradients(q_init), mean_field)
 
 
-def _refine_and_solve(model, q_init, solver, tol, max_steps, scale):
+def _refine_and_solve(model, q_init, solver, tol, max_steps, scale, progress=None):
     """For an `AbstractRefinableFactor` (the subspace basis, Challis & Barber 2013, App. B.4): q <- refine(q),
     then solve over the solver leaves, `num_refinements` times in a `lax.fori_loop`, keeping the q with the best
     bound (the basis update is not guaranteed to increase it).
@@ -282,7 +281,7 @@ def _refine_and_solve(model, q_init, solver, tol, max_steps, scale):
         q, k, hist, best = carry
         factor = lax.stop_gradient(q.factor.refine(work, lax.stop_gradient(q), best))
         solved = _solve(work, eqx.tree_at(lambda g: g.factor, q, factor), solver,
-                        jnp.where(i == rounds - 1, tol, loose), max_steps, scale)
+                        jnp.where(i == rounds - 1, tol, loose), max_steps, scale, progress)
         value = bound(work, lax.stop_gradient(solved.q))
         better = jnp.isfinite(value) & (value >= best)
         q = jax.tree.map(lambda a, b: jnp.where(better, a, b), solved.q, q)

@@ -4,7 +4,8 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ._validate import as_float_array, check_finite, check_int, check_key, check_ndim
+from ._repr import MAX_SHOWN, format_value
+from ._validate import as_float_array, check_finite, check_int, check_key, check_ndim, is_concrete
 from .factors._base import AbstractFactor
 
 
@@ -35,6 +36,12 @@ class Gaussian(eqx.Module):
             raise ValueError(f"factor has dim {factor.dim} but mean has length {mean.shape[0]}")
         self.mean = mean
         self.factor = factor
+
+    def __repr__(self):
+        items = f"dim={self.mean.shape[0]}, factor={type(self.factor).__name__}, mean={format_value(self.mean)}"
+        if self.mean.shape[0] <= MAX_SHOWN and all(is_concrete(x) for x in jax.tree.leaves(self)):
+            items += f", sd={format_value(jnp.sqrt(self.marginal_variances()))}"
+        return f"Gaussian({items})"
 
     @property
     def dim(self) -> int:

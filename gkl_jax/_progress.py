@@ -1,4 +1,5 @@
-"""The command line's status line on stderr (`gkl-jax demo` and `gkl-jax fit`)."""
+"""Progress on stderr: the command line's status line (`gkl-jax demo` and `gkl-jax fit`, `Progress`) and a fit's
+progress (`FitProgress`, `resolve_progress`)."""
 
 import sys
 import threading
@@ -58,3 +59,91 @@ class Progress:
                 self.stream.flush()
         self._text = ""
         return elapsed
+
+
+class FitProgress:
+    """The progress display of a fit (`progress=True`): the step, the bound and the stopping statistic on stderr,
+    rewritten in place on a terminal, otherwise one line per second at most (and the last step's). Receives
+    `gkl_jax.solvers.ProgressInfo`."""
+
+    def __init__(self, label: str, stream=None):
+        self.label, self._stream, self._last = label, stream, 0.0
+
+    def __call__(self, info) -> None:
+        stream = sys.stderr if self._stream is None else self._stream
+        tty = bool(getattr(stream, "isatty", lambda: False)())
+        line = f"{self.label}: {info.solver} step {info.step}  bound {info.bound:.10g}  gradient {info.gradient:.3g}"
+        if info.done:
+            from ._status import RESULTS
+            line += f"  ({RESULTS.name(info.status)})"
+        now = time.perf_counter()
+        if tty:
+            stream.write("\r\033[K" + line + ("\n" if info.done else ""))
+        elif info.done or now - self._last >= 1.0:
+            stream.write(line + "\n")
+            self._last = now
+        stream.flush()
+
+
+class _Callback:
+    """A user's progress callable, keeping the exception it raised (the run stops there; `reraise` raises it)."""
+
+    def __init__(self, fn):
+        self.fn, self.error = fn, None
+
+    def __call__(self, info) -> None:
+        try:
+            self.fn(info)
+        except BaseException as e:
+            self.error = e
+            raise
+
+    def reraise(self, runtime_error) -> None:
+        """Raise the callable's own exception in place of the runtime error that stopped the compiled run."""
+        error, self.error = self.error, None
+        if error is not None:
+            raise error from runtime_error
+
+
+_PRINTERS: dict = {}
+_CALLBACKS: dict = {}
+
+
+def resolve_progress(progress, label: str, name: str = "progress"):
+    """The progress callable a fit passes to its compiled program, or None.
+
+    The same object for the same argument (the program is compiled once per callable, not per call).
+
+    Args:
+        progress: False or None (off), True (`FitProgress` on stderr), "auto" (on where stderr is a terminal), or a
+            callable receiving a `gkl_jax.solvers.ProgressInfo` after each step and once at the end.
+        label: the prefix of the printed lines (e.g. "gkl_jax.fit").
+        name: the argument's name in the error message.
+
+    Returns:
+        None or a callable.
+
+    Raises:
+        ValueError: any other value.
+    """
+    if progress is None or progress is False:
+        return None
+    if isinstance(progress, str):
+        if progress != "auto":
+            raise ValueError(f"{name} must be True, False, 'auto' or a callable, got {progress!r}")
+        if not bool(getattr(sys.stderr, "isatty", lambda: False)()):
+            return None
+        progress = True
+    if progress is True:
+        return _PRINTERS.setdefault(label, FitProgress(label))
+    if isinstance(progress, bool) or not callable(progress):
+        raise ValueError(f"{name} must be True, False, 'auto' or a callable, got {type(progress).__name__}")
+    if len(_CALLBACKS) > 64:    # hold no more than a few dozen user callables alive
+        _CALLBACKS.clear()
+    return _CALLBACKS.setdefault(progress, _Callback(progress))
+
+
+def reraise_callback_error(progress, runtime_error) -> None:
+    """Where `progress` is a user's callable that raised during the run, raise its exception (else return)."""
+    if isinstance(progress, _Callback):
+        progress.reraise(runtime_error)

@@ -2,8 +2,11 @@
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 
 from ._gaussian import Gaussian
+from ._repr import format_value
+from ._status import RESULTS
 
 
 class Result(eqx.Module):
@@ -17,8 +20,7 @@ class Result(eqx.Module):
         log_z: float scalar array, the objective at `q` (for G-KL the lower bound of Challis & Barber 2013,
             eq. 7; see `is_bound`); for a G-KL `fit`, exact derivatives of every order in the model (envelope
             theorem at the implicitly differentiated q).
-        converged: bool scalar array, whether the stopping rule (max |gradient| <= tol, or the method's own)
-            was met.
+        status: int32 scalar array, why the method stopped: a `gkl_jax.RESULTS` code (`message` says it in words).
         num_steps: int scalar array, outer iterations taken. With a refined factor (`Subspace`,
             `num_refinements` > 0) `max_steps` bounds each round's solve, and `num_steps` counts the steps of all
             rounds, so it can exceed `max_steps`.
@@ -26,12 +28,47 @@ class Result(eqx.Module):
             (for a refined factor, the first max_steps + 1 values across the rounds).
         method: str, the method's name (static).
         is_bound: bool, whether `log_z` is a guaranteed lower bound on log Z (static).
+
+    Args:
+        q, log_z, num_steps, history, method, is_bound: as the attributes.
+        status: the `RESULTS` code; or None with `converged` given (then successful where converged, else
+            max_steps_reached where num_steps reached the history's last index, else stalled).
+        converged: bool scalar, for methods that report no status of their own (ignored where `status` is given).
     """
 
     q: Gaussian
     log_z: jax.Array
-    converged: jax.Array
+    status: jax.Array
     num_steps: jax.Array
     history: jax.Array
     method: str = eqx.field(static=True, default="gkl")
     is_bound: bool = eqx.field(static=True, default=True)
+
+    def __init__(self, q, log_z, converged=None, num_steps=None, history=None, method="gkl", is_bound=True, *,
+                 status=None):
+        if status is None:
+            if converged is None:
+                raise ValueError("Result needs status (a gkl_jax.RESULTS code) or converged")
+            short = RESULTS.stalled
+            if history is not None and num_steps is not None and jnp.ndim(history) == 1:
+                short = jnp.where(num_steps >= jnp.shape(history)[0] - 1, RESULTS.max_steps_reached, short)
+            status = jnp.where(converged, RESULTS.successful, short)
+        self.q, self.log_z, self.num_steps, self.history = q, log_z, num_steps, history
+        self.status = jnp.asarray(status, jnp.int32)
+        self.method, self.is_bound = method, is_bound
+
+    @property
+    def converged(self):
+        """bool scalar array: whether the stopping rule (max |gradient| <= tol, or the method's own) was met
+        (`status == RESULTS.successful`)."""
+        return self.status == RESULTS.successful
+
+    @property
+    def message(self) -> str:
+        """Why the method stopped, in words (`RESULTS.message(status)`; '?' under tracing)."""
+        return RESULTS.message(self.status)
+
+    def __repr__(self):
+        return (f"Result(method={self.method!r}, log_z={format_value(self.log_z)}, "
+                f"status={RESULTS.name(self.status)}, num_steps={format_value(self.num_steps)}, "
+                f"is_bound={self.is_bound}, q={self.q!r})")

@@ -10,14 +10,15 @@ from ._adjoint import frozen, stop_gradients
 from ._gaussian import Gaussian
 from ._optim import default_tol
 from ._result import Result
-from ._site_precision import applies as site_precision_applies
-from ._site_precision import initial_point, point, posterior, site_precision
-from ._site_precision import log_z as _site_precision_log_z
 from ._start import initial_q, initial_variance
 from ._xla import program
 from .factors import Full
 from .solvers import SitePrecision, default_solver
 from .solvers._default import robust_default_applies
+from .solvers._site_precision import site_precision
+from .solvers._site_precision_parts import applies as site_precision_applies
+from .solvers._site_precision_parts import initial_point, point, posterior
+from .solvers._site_precision_parts import log_z as _site_precision_log_z
 
 
 class WarmPoint(eqx.Module):

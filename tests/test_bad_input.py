@@ -293,6 +293,7 @@ def test_prior_free_fit_of_separable_labels_reports_an_improper_target():
     with pytest.warns(UserWarning, match="separates the labels"):
         res = gk.fit(gk.Model(None, gk.Sites(X, P.Logistic(separable))))
     assert not bool(res.converged) and float(jnp.linalg.norm(res.q.mean)) > 100
+    assert int(res.status) == gk.RESULTS.improper_target and res.message.startswith("improper_target")
     probit = gk.Model(None, gk.Sites(X, P.Probit(separable)))
     assert bool(jax.jit(separated)(probit, res.q.mean)) and not bool(jax.jit(separated)(probit, -res.q.mean))
     assert separated(gk.Model(gk.priors.Isotropic(3), gk.Sites(X, P.Probit(separable))), res.q.mean) is None

@@ -283,11 +283,12 @@ def test_ml2_stops_when_the_next_step_cannot_beat_ftol():
     state = _hyper_loop._State(x=x, f=jnp.asarray(10.0), g=x, res=None, q=None, opt_state=_hyper_loop._LBFGS.init(x),
                           direction={"a": -x["a"]}, slope=jnp.asarray(-0.13), t=jnp.asarray(1.0), trial=x,
                           halvings=jnp.asarray(0), k=jnp.asarray(3), hist=jnp.zeros(51), inner_bad=jnp.asarray(0),
-                          status=jnp.asarray(0))
-    for g, expected in ((1e-6, _hyper_loop._CONVERGED), (1e-3, _hyper_loop._RUNNING)):
+                          done=jnp.asarray(False), status=jnp.asarray(0))
+    for g, expected in ((1e-6, True), (1e-3, False)):
         grad = {"a": jnp.asarray([g, -g])}     # the first L-BFGS direction is -g: predicted change 2 g^2
         new = _hyper_loop._advance(state, jnp.asarray(9.9), grad, types.SimpleNamespace(converged=True), settings)
-        assert int(new.k) == 4 and int(new.status) == expected
+        assert int(new.k) == 4 and bool(new.done) == expected
+        assert not expected or int(new.status) == gk.RESULTS.successful
 
 
 def test_ml2_inner_tolerance_follows_the_outer_gradient():
@@ -299,7 +300,8 @@ def test_ml2_inner_tolerance_follows_the_outer_gradient():
     state = _hyper_loop._State(x=x, f=jnp.asarray(10.0), g={"a": jnp.asarray([2.0, -5.0])}, res=None, q=None,
                           opt_state=_hyper_loop._LBFGS.init(x), direction={"a": -x["a"]}, slope=jnp.asarray(-0.13),
                           t=jnp.asarray(1.0), trial=x, halvings=jnp.asarray(0), k=jnp.asarray(3),
-                          hist=jnp.zeros(51), inner_bad=jnp.asarray(0), status=jnp.asarray(0))
+                          hist=jnp.zeros(51), inner_bad=jnp.asarray(0), done=jnp.asarray(False),
+                          status=jnp.asarray(0))
     assert float(_hyper_loop._inner_tol(state, tol)) == pytest.approx(5e-3)
     assert float(_hyper_loop._inner_tol(state._replace(g={"a": jnp.asarray([0.01, 0.0])}), tol)) == pytest.approx(1e-4)
     assert float(_hyper_loop._inner_tol(state._replace(g={"a": jnp.asarray([50.0, 0.0])}), tol)) == pytest.approx(1e-2)
@@ -307,10 +309,11 @@ def test_ml2_inner_tolerance_follows_the_outer_gradient():
     assert float(_hyper_loop._inner_tol(state, jnp.asarray(0.1))) == pytest.approx(0.1)   # never below tol itself
     settings = _hyper_loop._Settings(_hyper_loop._LBFGS, True, 50, jnp.asarray(1e-3), jnp.asarray(1e-9), True)
     tiny = {"a": jnp.asarray([1e-5, 0.0])}
-    for exact, expected in ((True, _hyper_loop._CONVERGED), (False, _hyper_loop._RUNNING)):
+    for exact, expected in ((True, True), (False, False)):
         new = _hyper_loop._advance(state, jnp.asarray(9.9), tiny, types.SimpleNamespace(converged=True), settings,
                               exact=jnp.asarray(exact))
-        assert int(new.k) == 4 and int(new.status) == expected
+        assert int(new.k) == 4 and bool(new.done) == expected
+        assert not expected or int(new.status) == gk.RESULTS.successful
 
 
 def test_ml2_first_trial_of_a_line_search_moves_no_parameter_by_more_than_max_step():
@@ -320,7 +323,7 @@ def test_ml2_first_trial_of_a_line_search_moves_no_parameter_by_more_than_max_st
     state = _hyper_loop._State(x=x, f=jnp.asarray(10.0), g=x, res=None, q=None, opt_state=_hyper_loop._LBFGS.init(x),
                           direction=x, slope=jnp.asarray(-0.13), t=jnp.asarray(1.0), trial=x,
                           halvings=jnp.asarray(0), k=jnp.asarray(3), hist=jnp.zeros(51), inner_bad=jnp.asarray(0),
-                          status=jnp.asarray(0))
+                          done=jnp.asarray(False), status=jnp.asarray(0))
     grad = {"a": jnp.asarray([8.0, -2.0]), "b": jnp.asarray(0.5)}   # first L-BFGS direction: -grad / ||grad||
     d = np.array([-8.0, 2.0, -0.5]) / np.linalg.norm([8.0, 2.0, 0.5])
     r = types.SimpleNamespace(converged=True)

@@ -11,8 +11,9 @@ import pytest
 from helpers import central_difference, gaussian_log_evidence
 
 import gkl_jax as gk
-from gkl_jax import _fit, _site_precision, _warm
+from gkl_jax import _fit, _warm
 from gkl_jax._linalg import invert_lower, lower_gram, solve_lower
+from gkl_jax.solvers import _site_precision_parts as _site_precision
 
 
 def _gp_problem(n=20, seed=0):
@@ -108,11 +109,11 @@ def test_log_z_derivative_is_the_bound_derivative_at_the_returned_q():
     m, W = jnp.asarray(rng.normal(size=20)), jnp.asarray(rng.uniform(0.0, 3.0, size=20))
     covariance = jnp.linalg.inv(jnp.diag(W) + jnp.linalg.inv(build(theta).prior.covariance))
     q = gk.Gaussian(m, gk.factors.Full(jnp.linalg.cholesky(covariance).T))
-    logdet, s_diag, _, L = _site_precision._parts(build(theta).prior.covariance, W)
+    logdet, s_diag, _, L = _site_precision.parts(build(theta).prior.covariance, W)
     # the parts the solver hands over: alpha = Sigma^{-1} (m - mu) and the sites' value at (m, diag S), both held
     # fixed (stop-gradient), as the solver returns them
     alpha = jnp.linalg.solve(build(theta).prior.covariance, m - build(theta).prior.mean)
-    sites = _site_precision._sites_value(build(theta).sites, m, s_diag)
+    sites = _site_precision.sites_value(build(theta).sites, m, s_diag)
     closed_form = lambda t: _site_precision.log_z(build(t), m, W, (logdet, s_diag, L, alpha, sites))
     reference = lambda t: gk.bound(build(t), q)
     assert abs(float(jax.jit(closed_form)(theta)) - float(jax.jit(reference)(theta))) < 1e-9
@@ -131,7 +132,7 @@ def test_factorisation_parts_match_the_dense_posterior_without_cancellation(scal
     A = rng.normal(size=(n, n))
     K = scale * (A @ A.T / n + 0.1 * np.eye(n))
     W = rng.uniform(0.0, 4.0, size=n)
-    logdet, s_diag, _, L = _site_precision._parts(jnp.asarray(K), jnp.asarray(W))
+    logdet, s_diag, _, L = _site_precision.parts(jnp.asarray(K), jnp.asarray(W))
     S = np.linalg.inv(np.linalg.inv(K) + np.diag(W))
     np.testing.assert_allclose(s_diag, np.diag(S), rtol=1e-8)
     np.testing.assert_allclose(logdet, np.linalg.slogdet(S)[1] - np.linalg.slogdet(K)[1], rtol=1e-8, atol=1e-8)
@@ -328,12 +329,12 @@ def test_signed_parts_and_log_z_derivative_match_the_dense_bound():
     W = jnp.asarray(np.where(np.arange(20) % 5 == 0, -0.01, rng.uniform(0.0, 3.0, size=20)))
     covariance = jnp.linalg.inv(jnp.diag(W) + jnp.linalg.inv(K))
     assert np.all(np.linalg.eigvalsh(np.asarray(covariance)) > 0)
-    logdet, s_diag, _, G = _site_precision._parts(K, W, model.prior.cholesky())
+    logdet, s_diag, _, G = _site_precision.parts(K, W, model.prior.cholesky())
     np.testing.assert_allclose(s_diag, jnp.diag(covariance), rtol=1e-8)
     assert abs(float(logdet) - float(jnp.linalg.slogdet(jnp.linalg.solve(K, covariance))[1])) < 1e-8
     q = gk.Gaussian(m, gk.factors.Full(jnp.linalg.cholesky(covariance).T))
     alpha = jnp.linalg.solve(K, m)
-    sites = _site_precision._sites_value(model.sites, m, s_diag)
+    sites = _site_precision.sites_value(model.sites, m, s_diag)
     closed_form = lambda t: _site_precision.log_z(build(t), m, W, (logdet, s_diag, G, alpha, sites))
     reference = lambda t: gk.bound(build(t), q)
     np.testing.assert_allclose(jax.jit(closed_form)(theta), jax.jit(reference)(theta), rtol=1e-10)

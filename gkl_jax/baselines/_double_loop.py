@@ -44,6 +44,7 @@ from .._gaussian import Gaussian
 from .._linalg import full_precision
 from .._optim import backtrack, conjugate_gradient, sufficient_increase
 from .._result import Result
+from .._status import status_from
 from .._validate import as_int, check_int, check_key, check_tol
 from .._xla import program
 from ..factors import FactorAnalysis
@@ -277,5 +278,5 @@ def _double_loop_jit(model, key, rank, max_outer, max_inner, max_cg, num_probes,
     ok = jnp.isfinite(log_z) & jnp.all(jnp.isfinite(u)) & jnp.all(nu_hat > 0)
     ridge = jnp.finfo(dtype).eps ** (2 / 3) * jnp.maximum(nu_hat, jnp.finfo(dtype).tiny)
     q = Gaussian(u, FactorAnalysis(rank, W, jnp.sqrt(ridge), floor=0.0))   # exactly W W^T + ridge
-    return Result(q=q, log_z=log_z, converged=done & ok, num_steps=k, history=hist, method="double_loop",
-                  is_bound=False)
+    code = status_from(done & ok, max_steps_reached=~done, nonfinite=~ok)
+    return Result(q=q, log_z=log_z, status=code, num_steps=k, history=hist, method="double_loop", is_bound=False)

@@ -31,17 +31,19 @@ warning is issued. Not a bound (`is_bound=False`).
 
 from typing import NamedTuple
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 from .. import potentials as P
 from .._adjoint import envelope_value
 from .._linalg import full_precision
 from .._optim import backtrack
 from .._result import Result
+from .._status import RESULTS
 from .._validate import check_max_steps, check_tol
 from .._xla import program
+from ..solvers._iterate import Step, iterate
 from . import _common as C
 from ._tilted import tilted_moments
 
@@ -170,8 +172,9 @@ def _precision_ok(model, groups, taus):
 
 @program
 def _ep_jit(model, power, damping, tol, max_steps):
-    """One `lax.while_loop`; iteration k evaluates the sites' parameters theta_k (marginals, cavities, tilted
-    moments, log Z_EP -> history[k]) and, unless converged or k = max_steps, moves to theta_{k+1}."""
+    """One loop (`gkl_jax.solvers.iterate` over `_Loop`): iteration k > 0 moves the sites from theta_{k-1} to
+    theta_k, and each evaluates theta_k (marginals, cavities, tilted moments, log Z_EP -> history[k]), to the
+    residual test, max_steps moves or a breakdown."""
     TRACE_COUNT["ep"] += 1
     groups = C.operators(model)
     dtype = C.dtype_of(model)
@@ -180,46 +183,87 @@ def _ep_jit(model, power, damping, tol, max_steps):
     ev_shape = jax.eval_shape(evaluate, taus0, nus0)
     ev_dummy = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), ev_shape)
 
-    def cond(state):
-        _, _, _, k, _, done, ok, _ = state
-        return ~done & ok & (k <= max_steps)
-
-    def body(state):
-        taus, nus, _, k, hist, _, _, (damp, prev, flips) = state
-        ev = evaluate(taus, nus)
-        hist = hist.at[k].set(ev.log_z)
-        direction = _direction(ev, taus, nus)
-        done = (jnp.max(jnp.abs(direction), initial=0.0) <= tol) & _all_valid(ev)
-        ok = ev.sol.ok
-        cosine = direction @ prev / jnp.maximum(jnp.linalg.norm(direction) * jnp.linalg.norm(prev), 1e-300)
-        flips = jnp.where(cosine < -0.5, flips + 1, 0)
-        halve_damping = (flips >= _FLIPS) & (damp > damping * 0.5**_MAX_DAMPING_HALVINGS)
-        damp = jnp.where(halve_damping, 0.5 * damp, damp)
-        flips = jnp.where(halve_damping, 0, flips)
-
-        def candidate(t):
-            new_t = [tau + t * damp * (tt - tau) for tau, (tt, _) in zip(taus, ev.targets)]
-            new_n = [nu + t * damp * (nt - nu) for nu, (_, nt) in zip(nus, ev.targets)]
-            return new_t, new_n
-
-        t, _, pd = backtrack(lambda t: _precision_ok(model, groups, candidate(t)[0]), lambda t, pd: pd,
-                             jnp.asarray(False), dtype=dtype, max_halvings=20)
-        move = ~done & ok & pd & (k < max_steps)
-        new_t, new_n = candidate(t)
-        taus = [jnp.where(move, a, b) for a, b in zip(new_t, taus)]
-        nus = [jnp.where(move, a, b) for a, b in zip(new_n, nus)]
-        return taus, nus, ev, k + 1, hist, done, ok & (pd | done | (k >= max_steps)), (damp, direction, flips)
-
-    adapt = (damping, jnp.zeros_like(_direction(ev_dummy, taus0, nus0)), jnp.asarray(0))
-    state = (taus0, nus0, ev_dummy, jnp.asarray(0), jnp.full((max_steps + 1,), jnp.nan, dtype), jnp.asarray(False),
-             jnp.asarray(True), adapt)
-    taus, nus, ev, k, hist, done, ok, _ = lax.while_loop(cond, body, state)
-    converged = done & ok & jnp.isfinite(ev.log_z)
+    loop = _Loop(model, groups, evaluate, damping)
+    zero_dir = jnp.zeros_like(_direction(ev_dummy, taus0, nus0))
+    false = jnp.asarray(False)
+    start = _State(taus0, nus0, ev_dummy, zero_dir, zero_dir, jnp.asarray(damping, dtype), jnp.asarray(0), false,
+                   jnp.asarray(True), false, jnp.asarray(True))
+    solution, state = iterate(loop, None, tol, max_steps, init=(start, ev_dummy.log_z))
+    taus, nus, ev, hist = state.taus, state.nus, state.ev, solution.history
+    # not successful: a failed linear algebra or no damped update that kept A positive definite is a breakdown
+    code = jnp.where((solution.status != RESULTS.successful) & (~state.ok | state.failed), RESULTS.breakdown,
+                     solution.status).astype(jnp.int32)
     q = C.gaussian_of_precision(ev.sol.mean, ev.sol.precision)
     # log Z_EP is stationary in the site parameters at an EP fixed point (Minka 2001; Seeger 2005), so its first
     # derivative in the model is the partial derivative at the fixed sites: evaluated outside the loop (in this
     # program: under jax.grad without jit it is not run op by op), which makes jax.grad (reverse mode) of log_z
     # work; the loop's outputs q stay forward-differentiable only.
     log_z = envelope_value(ev.log_z, model, (taus, nus), lambda m, s: _evaluate(m, C.operators(m), *s, power).log_z)
-    return Result(q=q, log_z=log_z, converged=converged, num_steps=k - 1, history=hist, method="ep",
+    return Result(q=q, log_z=log_z, status=code, num_steps=solution.num_steps, history=hist, method="ep",
                   is_bound=False)
+
+
+class _State(eqx.Module):
+    """EP's carry: the site parameters, their evaluation, the update direction and the damping's adaptation."""
+
+    taus: list
+    nus: list
+    ev: object          # `_evaluate` at (taus, nus)
+    direction: jax.Array
+    prev: jax.Array     # the previous direction
+    damp: jax.Array
+    flips: jax.Array
+    done: jax.Array     # the residual test at (taus, nus)
+    ok: jax.Array       # the evaluation's linear algebra succeeded
+    failed: jax.Array   # no damped update kept A positive definite
+    fresh: jax.Array    # (taus, nus) not yet evaluated (the first iteration evaluates the start)
+
+
+class _Loop(eqx.Module):
+    """EP as a `gkl_jax.solvers.iterate` loop: an iteration moves the sites by the damped update (halved while A is
+    not positive definite; the damping halved after `_FLIPS` reversals of the direction) and evaluates them (the
+    first evaluates the start), so history[k] = log Z_EP at theta_k and num_steps counts the moves."""
+
+    model: object
+    groups: list
+    evaluate: object = eqx.field(static=True)
+    damping: jax.Array
+    monotone = True
+    start_in_loop = True
+    stop_on_nonfinite = False   # skipped sites may leave log Z_EP infinite for a while; the update goes on
+
+    def step(self, problem, s, tol):
+        prev, direction = s.prev, s.direction
+        cosine = direction @ prev / jnp.maximum(jnp.linalg.norm(direction) * jnp.linalg.norm(prev), 1e-300)
+        flips = jnp.where(cosine < -0.5, s.flips + 1, 0)
+        halve_damping = (flips >= _FLIPS) & (s.damp > self.damping * 0.5**_MAX_DAMPING_HALVINGS)
+        damp = jnp.where(halve_damping, 0.5 * s.damp, s.damp)
+        flips = jnp.where(halve_damping, 0, flips)
+
+        def candidate(t):
+            new_t = [tau + t * damp * (tt - tau) for tau, (tt, _) in zip(s.taus, s.ev.targets)]
+            new_n = [nu + t * damp * (nt - nu) for nu, (_, nt) in zip(s.nus, s.ev.targets)]
+            return new_t, new_n
+
+        t, _, pd = backtrack(lambda t: _precision_ok(self.model, self.groups, candidate(t)[0]), lambda t, pd: pd,
+                             jnp.asarray(False), dtype=damp.dtype, max_halvings=20, skip=s.fresh)
+        move = pd & ~s.fresh
+        new_t, new_n = candidate(t)
+        taus = [jnp.where(move, a, b) for a, b in zip(new_t, s.taus)]
+        nus = [jnp.where(move, a, b) for a, b in zip(new_n, s.nus)]
+        ev = self.evaluate(taus, nus)
+        new_direction = _direction(ev, taus, nus)
+        done = (jnp.max(jnp.abs(new_direction), initial=0.0) <= tol) & _all_valid(ev)
+        evaluated = move | s.fresh
+        new = _State(taus, nus, ev, new_direction, jnp.where(s.fresh, s.prev, direction), jnp.where(s.fresh, s.damp,
+                     damp), jnp.where(s.fresh, s.flips, flips), done, ev.sol.ok, ~evaluated, jnp.asarray(False))
+        return new, Step(ev.log_z, evaluated, move, jnp.max(jnp.abs(new_direction), initial=0.0))
+
+    def terminate(self, problem, s, tol):
+        return s.done & s.ok & ~s.fresh & jnp.isfinite(s.ev.log_z), ~s.ok | s.failed
+
+    def point(self, s):
+        return None
+
+    def postprocess(self, problem, s, point):
+        return point, None

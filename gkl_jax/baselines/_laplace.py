@@ -18,6 +18,8 @@ max(W, 0) (a positive-definite majoriser of the curvature), and at the end `conv
 positive definite at the point found. Potentials that are not twice differentiable (Laplace) are refused.
 """
 
+import equinox as eqx
+import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 from jax import lax
@@ -26,8 +28,10 @@ from .. import potentials as P
 from .._adjoint import implicit_maximiser, stop_gradients
 from .._linalg import diagonal, full_precision
 from .._result import Result
+from .._status import RESULTS
 from .._validate import check_max_steps, check_tol
 from .._xla import program
+from ..solvers._iterate import Step, iterate
 from ..solvers._newton import armijo_search
 from . import _common as C
 
@@ -98,10 +102,11 @@ def _curvature(model, groups, w):
 
 @program
 def _laplace_jit(model, tol, max_steps):
-    """One `lax.while_loop` on the gradient-free model; iteration k evaluates log p, its gradient and curvature at
-    w_k (history[k]) and, unless it has converged (`laplace`) or k = max_steps, takes the damped Newton step to
-    w_{k+1}. The mode found then gets its implicit-function derivative (dw* = A^{-1} d_theta grad log p) and
-    log Z_LA and A are evaluated at it outside the loop, so that jax.grad of either works to every order."""
+    """One loop (`gkl_jax.solvers.iterate` over `_Newton`) on the gradient-free model: iteration k > 0 takes the
+    damped Newton step from w_{k-1} to w_k, and each evaluates log p, its gradient and curvature at w_k
+    (history[k]), to the stopping test (`laplace`), max_steps steps or a failed line search. The mode found then
+    gets its implicit-function derivative (dw* = A^{-1} d_theta grad log p) and log Z_LA and A are evaluated at it
+    outside the loop, so that jax.grad of either works to every order."""
     TRACE_COUNT["laplace"] += 1
     frozen = stop_gradients(model)
     groups = C.operators(frozen)
@@ -110,26 +115,9 @@ def _laplace_jit(model, tol, max_steps):
     f = lambda w: C.log_joint(frozen, w)
     w0 = jnp.zeros(dim, dtype) if model.prior is None else model.prior.mean.astype(dtype)
 
-    def cond(state):
-        _, k, _, done, ok = state
-        return ~done & ok & (k <= max_steps)
-
-    def body(state):
-        w, k, hist, _, _ = state
-        fw = f(w)
-        g, _, A_clip = _curvature(frozen, groups, w)
-        L = jnp.linalg.cholesky(A_clip)
-        good = jnp.all(jnp.isfinite(L))
-        # Without a prior the clipped curvature may be singular; fall back to gradient ascent there.
-        p = jnp.where(good, jsl.cho_solve((jnp.where(good, L, jnp.eye(dim, dtype=dtype)), True), g), g)
-        done = (jnp.max(jnp.abs(g)) <= tol) | (good & (g @ p <= tol * tol))
-        t, _, ok = armijo_search(f, w, fw, g, p)
-        move = ok & ~done & (k < max_steps)
-        return jnp.where(move, w + t * p, w), k + 1, hist.at[k].set(fw), done, ok | done
-
-    state = (lax.stop_gradient(w0), jnp.asarray(0), jnp.full((max_steps + 1,), jnp.nan, dtype), jnp.asarray(False),
-             jnp.asarray(True))
-    w, k, hist, done, _ = lax.while_loop(cond, body, state)
+    solution, _ = iterate(_Newton(frozen, groups, f), None, tol, max_steps,
+                              init=_Newton.start(lax.stop_gradient(w0)))
+    w, hist = solution.x, solution.history
     # The loop's last evaluation was at w (it stops without moving), so these equal its last values.
     w = implicit_maximiser(lambda m, w, _: C.log_joint(m, w), model, w)
     fw = C.log_joint(model, w)
@@ -137,7 +125,64 @@ def _laplace_jit(model, tol, max_steps):
     L = jnp.linalg.cholesky(A)
     pd = jnp.all(jnp.isfinite(L))
     log_z = fw + 0.5 * dim * jnp.log(2 * jnp.pi) - jnp.sum(jnp.log(diagonal(L)))
-    converged = pd & done & jnp.isfinite(log_z)
     q = C.gaussian_of_precision(w, A)
-    return Result(q=q, log_z=log_z, converged=converged, num_steps=k - 1, history=lax.stop_gradient(hist),
+    # the loop's status (successful, max_steps_reached, stalled: a failed line search; nonfinite), unless A is not
+    # positive definite at the point found (not a maximum) or log Z_LA is not finite
+    code = jnp.where(pd, solution.status, RESULTS.breakdown)
+    code = jnp.where(jnp.isfinite(log_z), code, RESULTS.nonfinite).astype(jnp.int32)
+    return Result(q=q, log_z=log_z, status=code, num_steps=solution.num_steps, history=lax.stop_gradient(hist),
                   method="laplace", is_bound=False)
+
+
+class _State(eqx.Module):
+    """The Newton iteration's carry: the current point, log p there and the step from it."""
+
+    w: jax.Array
+    fw: jax.Array
+    g: jax.Array
+    p: jax.Array        # the (clipped-curvature) Newton direction at w
+    done: jax.Array     # the stopping test at w
+    failed: jax.Array   # the last line search found no ascent
+    fresh: jax.Array    # w not yet evaluated (the first iteration evaluates the start)
+
+
+class _Newton(eqx.Module):
+    """Damped Newton (IRLS) on log p as a `gkl_jax.solvers.iterate` loop: an iteration moves along the Newton
+    direction by an Armijo search (`armijo_search`) and evaluates log p, its gradient and the clipped curvature at
+    the new point (the first evaluates the start), so history[k] = log p(w_k) and num_steps counts the moves."""
+
+    model: object
+    groups: list
+    f: object = eqx.field(static=True)
+    monotone = True
+    start_in_loop = True
+
+    @staticmethod
+    def start(w0):
+        zero = jnp.zeros((), w0.dtype)
+        false = jnp.asarray(False)
+        return _State(w0, zero, jnp.zeros_like(w0), jnp.zeros_like(w0), false, false, jnp.asarray(True)), zero
+
+    def step(self, problem, s, tol):
+        t, _, ok = armijo_search(self.f, s.w, s.fw, s.g, s.p, skip=s.fresh)
+        ok = ok | s.fresh
+        w = jnp.where(ok & ~s.fresh, s.w + t * s.p, s.w)
+        fw = self.f(w)
+        g, _, A_clip = _curvature(self.model, self.groups, w)
+        L = jnp.linalg.cholesky(A_clip)
+        good = jnp.all(jnp.isfinite(L))
+        # Without a prior the clipped curvature may be singular; fall back to gradient ascent there.
+        dim = w.shape[0]
+        p = jnp.where(good, jsl.cho_solve((jnp.where(good, L, jnp.eye(dim, dtype=w.dtype)), True), g), g)
+        done = (jnp.max(jnp.abs(g)) <= tol) | (good & (g @ p <= tol * tol))
+        new = _State(w, fw, g, p, done, ~ok, jnp.asarray(False))
+        return new, Step(fw, ok, ok & ~s.fresh, jnp.max(jnp.abs(g)))
+
+    def terminate(self, problem, s, tol):
+        return s.done & ~s.fresh, s.failed
+
+    def point(self, s):
+        return s.w
+
+    def postprocess(self, problem, s, point):
+        return point, None

@@ -19,17 +19,19 @@ O(D^3 + N D^2). Challis & Barber (2013), Section 5.1.2, prove
 the ordering the tests check.
 """
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 from .. import potentials as P
 from .._adjoint import envelope_value
 from .._linalg import full_precision
 from .._optim import default_tol
 from .._result import Result
+from .._status import RESULTS
 from .._validate import check_max_steps, check_tol
 from .._xla import program
+from ..solvers._iterate import Step, iterate
 from . import _common as C
 from ._site_bounds import is_supported, probit_coefficients, super_gaussian, tangent_coefficients
 
@@ -131,12 +133,12 @@ def solve(model, groups, params):
 
 @program
 def _local_jit(model, tol, max_steps):
-    """One `lax.while_loop` of over-relaxed EM (Salakhutdinov & Roweis 2003): from the best point xi_g found so
-    far, xi <- xi_g + omega (EM(xi_g) - xi_g). A step that raises the bound is accepted and omega grows by 1.5
-    (up to 10); one that does not is rejected and the next step is the plain EM step (omega = 1), which never
-    decreases B. history[k] is the best bound after evaluation k; the loop stops when a plain EM step changes B
-    by at most tol (1 + |B|) (an over-relaxed step that gains so little is followed by a plain one), or after
-    max_steps evaluations."""
+    """One loop (`gkl_jax.solvers.iterate` over `_EM`) of over-relaxed EM (Salakhutdinov & Roweis 2003): from
+    the best point xi_g found so far, xi <- xi_g + omega (EM(xi_g) - xi_g). A step that raises the bound is
+    accepted and omega grows by 1.5 (up to 10); one that does not is rejected and the next step is the plain EM
+    step (omega = 1), which never decreases B. history[k] is the best bound after evaluation k; the loop stops
+    when a plain EM step changes B by at most tol (1 + |B|) (an over-relaxed step that gains so little is followed
+    by a plain one), or after max_steps + 1 evaluations."""
     TRACE_COUNT["local"] += 1
     groups = C.operators(model)
     dtype = C.dtype_of(model)
@@ -144,37 +146,69 @@ def _local_jit(model, tol, max_steps):
     sol_dummy = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(solve, model, groups, params0))[0]
     probit = [isinstance(pot, P.Probit) for _, _, pot in groups]
 
-    def cond(state):
-        k, done, ok = state[-3:]
-        return ~done & ok & (k <= max_steps)
-
-    def body(state):
-        params, best_params, best_sol, best_value, omega, hist, k, _, _ = state
-        sol, value = solve(model, groups, params)
-        ok = sol.ok & jnp.isfinite(value)
-        slack = tol * (1 + jnp.abs(value))
-        accept = ok & (value >= best_value - slack)  # (equal up to round-off counts as no decrease)
-        small = accept & (value - best_value <= slack)
-        # only a plain EM step's small gain says the fixed point is reached; an over-relaxed step's may not
-        done = small & (omega == 1)
-        pick = lambda new, old: jax.tree.map(lambda a, b: jnp.where(accept, a, b), new, old)
-        best_params, best_sol, best_value = pick((params, sol, value), (best_params, best_sol, best_value))
-        omega = jnp.where(accept & ~small, jnp.minimum(1.5 * omega, 10.0), 1.0)
-        em = _update(groups, best_sol)
-        # Tangent points xi = E[r^2] must stay positive; the over-relaxed step is clipped at half the EM value.
-        params = [jnp.where(is_probit, b + omega * (e - b), jnp.maximum(b + omega * (e - b), 0.5 * e))
-                  for is_probit, b, e in zip(probit, best_params, em)]
-        # The first evaluation fails only if the prior-tangent model is improper: then nothing is recoverable.
-        ok = ok | (k > 0)
-        return params, best_params, best_sol, best_value, omega, hist.at[k].set(best_value), k + 1, done, ok
-
-    state = (params0, params0, sol_dummy, jnp.asarray(-jnp.inf, dtype), jnp.ones((), dtype),
-             jnp.full((max_steps + 1,), jnp.nan, dtype), jnp.asarray(0), jnp.asarray(False), jnp.asarray(True))
-    _, params, sol, value, _, hist, k, done, ok = lax.while_loop(cond, body, state)
+    start = _State(params0, params0, sol_dummy, jnp.asarray(-jnp.inf, dtype), jnp.ones((), dtype),
+                   jnp.asarray(False), jnp.asarray(True), jnp.asarray(True))
+    solution, state = iterate(_EM(model, groups, tuple(probit)), None, tol, max_steps,
+                              init=(start, start.best_value))
+    params, sol, value, hist = state.best_params, state.best_sol, state.best_value, solution.history
     # B is stationary in xi at the fixed point: its derivative in the model is the partial one at fixed xi (the
     # envelope rule, first derivatives only), evaluated outside the loop; q has the loop's (forward mode only).
     value = envelope_value(value, model, params, lambda m, p: solve(m, C.operators(m), p)[1])
     q = C.gaussian_of_precision(sol.mean, sol.precision)
-    return Result(q=q, log_z=value, converged=done & ok & jnp.isfinite(value), num_steps=k - 1, history=hist,
-                  method="local", is_bound=True)
+    code = jnp.where(state.ok, solution.status, RESULTS.breakdown).astype(jnp.int32)
+    return Result(q=q, log_z=value, status=code, num_steps=solution.num_steps, history=hist, method="local",
+                  is_bound=True)
+
+
+class _State(eqx.Module):
+    """The carry of over-relaxed EM: the next tangent points, the best ones so far with their solution and bound,
+    the relaxation omega."""
+
+    params: list
+    best_params: list
+    best_sol: object
+    best_value: jax.Array
+    omega: jax.Array
+    done: jax.Array     # a plain EM step changed B by at most tol (1 + |B|)
+    ok: jax.Array       # the first evaluation succeeded (afterwards a failed one is only rejected)
+    fresh: jax.Array    # before the first evaluation (of the start)
+
+
+class _EM(eqx.Module):
+    """Over-relaxed EM as a `gkl_jax.solvers.iterate` loop: an iteration evaluates the tangent points `params`
+    (the first, the start) and proposes the next (`_local_jit`)."""
+
+    model: object
+    groups: list
+    probit: tuple = eqx.field(static=True)
+    monotone = True
+    start_in_loop = True
+
+    def step(self, problem, s, tol):
+        sol, value = solve(self.model, self.groups, s.params)
+        ok = sol.ok & jnp.isfinite(value)
+        slack = tol * (1 + jnp.abs(value))
+        accept = ok & (value >= s.best_value - slack)  # (equal up to round-off counts as no decrease)
+        small = accept & (value - s.best_value <= slack)
+        # only a plain EM step's small gain says the fixed point is reached; an over-relaxed step's may not
+        done = small & (s.omega == 1)
+        pick = lambda new, old: jax.tree.map(lambda a, b: jnp.where(accept, a, b), new, old)
+        best_params, best_sol, best_value = pick((s.params, sol, value), (s.best_params, s.best_sol, s.best_value))
+        omega = jnp.where(accept & ~small, jnp.minimum(1.5 * s.omega, 10.0), 1.0)
+        em = _update(self.groups, best_sol)
+        # Tangent points xi = E[r^2] must stay positive; the over-relaxed step is clipped at half the EM value.
+        params = [jnp.where(is_probit, b + omega * (e - b), jnp.maximum(b + omega * (e - b), 0.5 * e))
+                  for is_probit, b, e in zip(self.probit, best_params, em)]
+        # The first evaluation fails only if the prior-tangent model is improper: then nothing is recoverable.
+        new = _State(params, best_params, best_sol, best_value, omega, done, ok | ~s.fresh, jnp.asarray(False))
+        return new, Step(best_value, jnp.asarray(True), ~s.fresh, jnp.abs(value - s.best_value))
+
+    def terminate(self, problem, s, tol):
+        return s.done & s.ok & jnp.isfinite(s.best_value), ~s.ok
+
+    def point(self, s):
+        return None
+
+    def postprocess(self, problem, s, point):
+        return point, None
 

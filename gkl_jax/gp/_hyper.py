@@ -46,12 +46,14 @@ from .._fit import fit
 from .._linalg import full_precision
 from .._model import Model
 from .._optim import default_tol
+from .._repr import format_value
 from .._result import Result
 from .._start import model_dtype
+from .._status import RESULTS
 from .._validate import check_int, check_max_steps, check_nonnegative, strongly_typed
 from .._warm import fit_warm, ml2_solver, warm_fit_applies, warm_result
 from ..potentials import AbstractPotential
-from ._hyper_loop import _CONVERGED, _LBFGS, _NOT_FINITE, _Objective, _run, _run_jit, _Settings
+from ._hyper_loop import _LBFGS, _Objective, _run, _run_jit, _Settings
 
 
 class HyperResult(eqx.Module):
@@ -64,7 +66,9 @@ class HyperResult(eqx.Module):
         result: the inner `gkl_jax.Result` at `params` (the posterior and log_z there).
         log_z: float scalar array, the method's evidence estimate at `params`.
         num_steps: int, accepted outer steps of the best run.
-        converged: bool, whether the best run's stopping rule was met.
+        converged: bool, whether the best run's stopping rule was met (`status == RESULTS.successful`).
+        status: int, the best run's `gkl_jax.RESULTS` code (successful, max_steps_reached, stalled); `message` says
+            it in words.
         history: float numpy array, log_z at the start and after each accepted outer step of the best run.
         restart_log_z: (restarts + 1,) float numpy array, the final log_z of every run (first entry: the run
             from the given params).
@@ -82,6 +86,25 @@ class HyperResult(eqx.Module):
     restart_log_z: np.ndarray
     num_inner_unconverged: int = eqx.field(static=True)
     wall_time: float = eqx.field(static=True)
+    status: int = eqx.field(static=True, default=0)
+
+    @property
+    def message(self) -> str:
+        """Why the best run stopped, in words (`RESULTS.message(status)`)."""
+        return RESULTS.message(self.status)
+
+    def __repr__(self):
+        learned = ", ".join(f"{k}={format_value(v)}" for k, v in _named_leaves(self.params))
+        return (f"HyperResult(log_z={format_value(self.log_z)}, status={RESULTS.name(self.status)}, "
+                f"num_steps={self.num_steps}, params=({learned}))")
+
+
+def _named_leaves(params):
+    """(path, value) of every array leaf of the hyperparameters, for the repr (kernels print their own values)."""
+    out = []
+    for path, leaf in jax.tree_util.tree_flatten_with_path(params, is_leaf=lambda x: isinstance(x, eqx.Module))[0]:
+        out.append((jax.tree_util.keystr(path) or "params", leaf))
+    return out
 
 
 def _resolve_method(method):
@@ -281,7 +304,7 @@ def fit_hyperparameters(build: Callable[[Any], Model], params, *, method: Union[
                       for x, k in zip(leaves, subs)]
             dyn = jax.tree.unflatten(treedef, leaves)
         state = run(objective, settings, dyn, dynamic_kwargs)
-        if int(state.status) == _NOT_FINITE:
+        if int(state.status) == RESULTS.nonfinite:
             raise FloatingPointError("fit_hyperparameters: the objective is not finite at the initial parameters")
         runs.append(state)
     log_zs = np.array([-float(state.f) for state in runs])
@@ -291,12 +314,13 @@ def fit_hyperparameters(build: Callable[[Any], Model], params, *, method: Union[
         model, result = _warm_result(build, params_best, best.res)
     else:
         model, result = build(params_best), best.res
-    k, converged = int(best.k), int(best.status) == _CONVERGED
+    k, code = int(best.k), int(best.status)
+    converged = code == RESULTS.successful
     if not converged:
-        warnings.warn(f"gkl_jax.gp.fit_hyperparameters: stopped after {k} steps without meeting gtol or ftol (step "
-                      "limit or a failed line search); the returned parameters are the best found", stacklevel=2)
+        warnings.warn(f"gkl_jax.gp.fit_hyperparameters: stopped after {k} steps without meeting gtol or ftol "
+                      f"({RESULTS.message(code)}); the returned parameters are the best found", stacklevel=2)
     return HyperResult(params=params_best, model=model, result=result, log_z=result.log_z, num_steps=k,
-                       converged=converged, history=np.asarray(best.hist)[: k + 1], restart_log_z=log_zs,
+                       converged=converged, status=code, history=np.asarray(best.hist)[: k + 1], restart_log_z=log_zs,
                        num_inner_unconverged=int(best.inner_bad), wall_time=time.perf_counter() - start)
 
 

@@ -17,16 +17,14 @@ import optax
 from jax import lax
 
 from .._optim import MAX_HALVINGS, max_abs, scale_by_lbfgs, sufficient_increase
-from .._site_precision import initial_point as site_precision_start
 from .._start import initial_q as _initial_q
+from .._status import RESULTS
 from .._warm import WarmPoint, WarmStart, fit_warm
 from .._xla import program
 from ..factors import Full
+from ..solvers._site_precision_parts import initial_point as site_precision_start
 
 _LBFGS = scale_by_lbfgs(memory_size=10)
-_RUNNING, _CONVERGED, _STOPPED, _NOT_FINITE = 0, 1, 2, 3
-"""Outer-loop status: running; a stopping rule met; stopped without (step limit, failed line search, a non-finite
-optimiser step); the objective not finite at the starting parameters."""
 
 
 _POSITIVE = ("variance", "scale", "dof")
@@ -133,7 +131,9 @@ class _State(NamedTuple):
     k: jax.Array        # accepted steps
     hist: jax.Array     # log_z at the start and after each accepted step (NaN beyond k)
     inner_bad: jax.Array
-    status: jax.Array
+    done: jax.Array     # the loop stops
+    status: jax.Array   # a `RESULTS` code once done: successful, max_steps_reached, stalled (a failed line search
+                        # or optimiser step) or nonfinite (the objective at the starting parameters)
 
 
 def _select(p, new, old):
@@ -208,10 +208,13 @@ def _advance(s: _State, v, g, r, settings: _Settings, exact=True) -> _State:
     else:
         settled, failed = jnp.asarray(False), ~accept
     converged = exact & ((accept & (max_grad <= settings.gtol)) | settled)
-    stopped = (accept & (k >= settings.max_steps)) | failed
-    status = jnp.where(first & ~finite, _NOT_FINITE,
-                       jnp.where(converged, _CONVERGED, jnp.where(stopped, _STOPPED, _RUNNING)))
-    return _State(x, f, g, res, q, opt_state, direction, slope, t, trial, halvings, k, hist, inner_bad, status)
+    out_of_steps = accept & (k >= settings.max_steps)
+    bad_start = first & ~finite
+    done = bad_start | converged | out_of_steps | failed
+    status = jnp.where(out_of_steps, RESULTS.max_steps_reached, RESULTS.stalled)
+    status = jnp.where(bad_start, RESULTS.nonfinite, jnp.where(converged, RESULTS.successful, status))
+    return _State(x, f, g, res, q, opt_state, direction, slope, t, trial, halvings, k, hist, inner_bad, done,
+                  status.astype(jnp.int32))
 
 
 def _gap(r):
@@ -236,8 +239,8 @@ def _run(objective: _Objective, settings: _Settings, dyn, dynamic_kwargs) -> _St
     state = _State(x=dyn, f=jnp.asarray(jnp.inf, dtype), g=g0, res=res0, q=q,
                    opt_state=_strong(settings.opt.init(dyn)), direction=g0, slope=zero, t=jnp.ones((), dtype),
                    trial=dyn, halvings=int0, k=int0, hist=jnp.full((settings.max_steps + 1,), jnp.nan, dtype),
-                   inner_bad=int0, status=int0)
-    cond = lambda s: s.status == _RUNNING
+                   inner_bad=int0, done=jnp.asarray(False), status=jnp.asarray(RESULTS.stalled, jnp.int32))
+    cond = lambda s: ~s.done
 
     def body(s):
         if not settings.adaptive:

@@ -64,5 +64,5 @@ def label_regression(model: Model, noise_sds=NOISE_SDS) -> Result:
     winner = jnp.argmax(jnp.where(jnp.isnan(evidence), -jnp.inf, evidence))
     best = jax.tree.map(lambda *leaves: jnp.stack(leaves)[winner], *regs)
     log_z = bound(model, best.q)
-    return Result(q=best.q, log_z=log_z, converged=best.converged, num_steps=best.num_steps,
+    return Result(q=best.q, log_z=log_z, status=best.status, num_steps=best.num_steps,
                   history=jnp.reshape(log_z, (1,)), method="label_regression", is_bound=True)

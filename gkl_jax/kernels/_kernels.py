@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._repr import fields, module_repr
 from .._validate import as_float_array, check_finite, check_ndim, check_positive, host_view, is_concrete
 
 
@@ -101,6 +102,15 @@ class AbstractKernel(eqx.Module):
     @abc.abstractmethod
     def __call__(self, x1, x2):
         """k(x1, x2) for points of shape (d,); returns a scalar."""
+
+    def __repr__(self):
+        """The hyperparameters' values (`variance=2.5`, not the stored `log_variance=f64[]`)."""
+        items = []
+        for name, value in fields(self):
+            if name.startswith("log_") and isinstance(getattr(type(self), name[4:], None), property):
+                name, value = name[4:], getattr(self, name[4:])
+            items.append((name, value))
+        return module_repr(self, items)
 
     def gram(self, X1, X2=None):
         """The Gram matrix K[i, j] = k(X1[i], X2[j]).

@@ -25,9 +25,10 @@ import numpy as np
 from .._fit import fit as gk_fit
 from .._linalg import diagonal
 from .._start import model_dtype
+from .._status import RESULTS
 from .._xla import program
 from ..baselines._laplace import _laplace_jit
-from ..gp._hyper_loop import _CONVERGED, _LBFGS, _Objective, _run, _Settings
+from ..gp._hyper_loop import _LBFGS, _Objective, _run, _Settings
 
 GTOL, FTOL = 1e-4, 1e-9
 """Outer stopping tolerances, `fit_hyperparameters`' defaults (the linear estimators' `tol` replaces GTOL); G-KL
@@ -165,7 +166,7 @@ def run(objective, config: _Settings, dyn, dynamic_kwargs, finish):
         (finish's outputs, converged: bool array, accepted outer steps: int array).
     """
     state = _run(objective, config, dyn, dynamic_kwargs)
-    return finish(state.x, state.res), state.status == _CONVERGED, state.k
+    return finish(state.x, state.res), state.status == RESULTS.successful, state.k
 
 
 @jax.custom_vjp

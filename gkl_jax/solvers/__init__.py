@@ -1,6 +1,6 @@
 """Solvers of the G-KL bound: Equinox modules whose fields are their settings, one interface (`AbstractSolver`:
-`check`, `solve` -> `Solution` with a `RESULTS` status), and the default chosen in one function
-(`default_solver`).
+`check`, `solve` -> `Solution` with a `RESULTS` status), one loop (`AbstractIterativeSolver`'s `init`, `step`,
+`terminate`, `postprocess`, run by `iterate`), and the default chosen in one function (`default_solver`).
 
     import gkl_jax as gk
     gk.fit(model, factor, solver=gk.solvers.LBFGS(memory=20, tol=1e-8))
@@ -8,6 +8,7 @@
 """
 
 from ._base import RESULTS as RESULTS
+from ._base import AbstractIterativeSolver as AbstractIterativeSolver
 from ._base import AbstractSolver as AbstractSolver
 from ._base import Problem as Problem
 from ._base import Solution as Solution
@@ -15,6 +16,9 @@ from ._chain import Chain as Chain
 from ._default import default_solver as default_solver
 from ._default import default_whiten as default_whiten
 from ._fixed_point import FixedPoint as FixedPoint
+from ._iterate import ProgressInfo as ProgressInfo
+from ._iterate import Step as Step
+from ._iterate import iterate as iterate
 from ._newton import Newton as Newton
 from ._quasi_newton import LBFGS as LBFGS
 from ._quasi_newton import Optax as Optax

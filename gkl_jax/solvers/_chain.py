@@ -53,7 +53,12 @@ class Chain(AbstractSolver):
             filled = filled + solution.num_steps + (1 if i == 0 else 0)
             x, total = solution.x, total + solution.num_steps
         assert solution is not None     # stages is non-empty (__check_init__)
+        # each stage runs its own loop (`iterate`): the chain itself has none
         return Solution(x, total, solution.converged, history, solution.status, solution.extras, solution.value)
+
+    def log_z(self, model, q, solution: Solution):
+        """The last stage's bound at the solution (its `log_z`)."""
+        return self.stages[-1].log_z(model, q, solution)
 
 
 def _append(history, part, filled, first):

@@ -3,8 +3,6 @@
 import jax.numpy as jnp
 
 from .._optim import default_tol
-from .._site_precision import applies as site_precision_applies
-from .._site_precision import has_dense_prior
 from .._start import model_dtype
 from ..factors import Full
 from ._base import AbstractSolver
@@ -13,6 +11,8 @@ from ._fixed_point import FixedPoint
 from ._newton import Newton
 from ._quasi_newton import LBFGS
 from ._site_precision import SitePrecision
+from ._site_precision_parts import applies as site_precision_applies
+from ._site_precision_parts import has_dense_prior
 
 ROBUST_HANDOFF = 1e-2
 """Where the robust default hands over from L-BFGS to Newton-CG (the L-BFGS stage's tolerance; `Chain`'s own rule

@@ -43,9 +43,17 @@ from jax.flatten_util import ravel_pytree
 
 from .._optim import MAX_HALVINGS as _MAX_HALVINGS
 from .._optim import MAX_STALLS as _MAX_STALLS
-from .._optim import conjugate_gradient, max_abs, no_decrease, roundoff, stationary, sufficient_increase
+from .._optim import (
+    conjugate_gradient,
+    max_abs,
+    no_decrease,
+    roundoff,
+    scaled_gradient,
+    stationary,
+    sufficient_increase,
+)
 from ..factors import AbstractFixedPointFactor
-from ._base import AbstractSolver, Problem, Solution, check_setting, status
+from ._base import AbstractIterativeSolver, Step, check_setting
 
 _MAX_MEAN_STEPS = 50
 
@@ -78,8 +86,23 @@ class _Trials(eqx.Module):
     mean_steps: jax.Array   # mean Newton steps concluded
 
 
-def fixed_point(model, to_q, flat0, tol, max_steps, max_cg=100, scale=1.0):
-    """Alternating factor fixed point / mean Newton-CG (module doc) from the flat parameters `flat0`.
+class _Outer(eqx.Module):
+    """The carry of the outer loop: q as (m, C), the bound and its gradient in the same structure, the site
+    moments and variances there."""
+
+    mean: jax.Array
+    factor: object
+    f: jax.Array
+    g: object
+    moms: list
+    s2s: list
+    stalls: jax.Array
+    fresh: jax.Array        # before the first iteration (which evaluates the start)
+
+
+def fixed_point(model, to_q, flat0, tol, max_cg=100, scale=1.0):
+    """Alternating factor fixed point / mean Newton-CG (module doc) from the flat parameters `flat0`: the
+    (init, step, converged) functions of its outer loop, which `FixedPoint` runs in `iterate`.
 
     Every site quantity comes from `expected_log_phi_moments` (E[log phi], E[log phi'], E[log phi''] from one
     quadrature): the gradient in m is H^T E[log phi'] - Sigma^{-1} (m - mu), the Hessian-vector product in m is
@@ -96,13 +119,12 @@ def fixed_point(model, to_q, flat0, tol, max_steps, max_cg=100, scale=1.0):
         to_q: the map from flat parameters (P,) to the Gaussian q.
         flat0: (P,) the start.
         tol: the tolerance of the stopping test (`gkl_jax._optim.stationary`).
-        max_steps: the most outer steps.
         max_cg: the most CG iterations per mean Newton step.
         scale: sigma0, the variables' typical scale (scalar).
 
     Returns:
-        (x, num_steps, converged, history, value), history[k] the bound after step k (NaN past the last), value
-        the bound at x.
+        (init, step, converged): init() -> the `_Outer` state at the start (not yet evaluated); step(state) ->
+        (state, `Step`); converged(state) -> the stopping test there.
     """
     ops = [s.operator(model.dim) for s in model.sites]
     q_template = to_q(flat0)
@@ -206,21 +228,20 @@ def fixed_point(model, to_q, flat0, tol, max_steps, max_cg=100, scale=1.0):
 
         init = _Trials(jnp.zeros((), jnp.int32), jnp.ones((), dtype), jnp.zeros((), jnp.int32), zero, s2s_x,
                        q.mean, moms_x, zero, jnp.zeros_like(q.mean), zero, jnp.zeros((), jnp.int32))
+        # the trials of one outer step: an inner loop of `iterate`'s iteration, not a solver loop of its own
         st = lax.while_loop(lambda st: st.phase < 2, body, init)
         return st.mean, q.factor.interpolate(target, st.rho), st.moms, st.s2s
 
     # The outer loop carries q as (m, C) and the gradient in the same structure (flattened once, at the end).
     arrays = lambda factor: eqx.filter(factor, eqx.is_inexact_array)
 
-    def cond(state):
-        mean, factor, f, g, moms, s2s, k, hist, stalls, it = state
-        x = (mean, arrays(factor))
-        return (it == 0) | ((stalls < _MAX_STALLS) & (k < max_steps) & ~stationary(g, x, f, tol, scale))
+    def converged(st):
+        return stationary(st.g, (st.mean, arrays(st.factor)), st.f, tol, scale)
 
-    def body(state):
-        mean_x, factor_x, f, g, moms, s2s, k, hist, stalls, it = state
+    def step(st):
+        mean_x, factor_x, f, g, moms, s2s = st.mean, st.factor, st.f, st.g, st.moms, st.s2s
         q = gaussian(mean_x, factor_x)
-        is_init = it == 0
+        is_init = st.fresh
         # C*: the stationary factor for the site curvatures at x; at the start the start itself
         target = lax.cond(is_init, lambda: q.factor,
                           lambda: q.factor.fixed_point(model.prior, ops, [-mo[2] for mo in moms]))
@@ -230,24 +251,24 @@ def fixed_point(model, to_q, flat0, tol, max_steps, max_cg=100, scale=1.0):
         progress = ok & ((f_new > f) | (max_abs(g_new) < max_abs(g)))
         mean, factor, f_kept, g_new, moms_new, s2s_new = lax.cond(
             ok, lambda: (mean, factor, f_new, g_new, moms_new, s2s_new), lambda: (mean_x, factor_x, f, g, moms, s2s))
-        return (mean, factor, f_kept, g_new, moms_new, s2s_new, k + (~is_init),
-                hist.at[jnp.where(is_init, 0, k + 1)].set(f_kept), jnp.where(progress | is_init, 0, stalls + 1),
-                it + 1)
+        new = _Outer(mean, factor, f_kept, g_new, moms_new, s2s_new, jnp.where(progress | is_init, 0, st.stalls + 1),
+                     jnp.array(False))
+        statistic = scaled_gradient(g_new, (mean, arrays(factor)), scale)
+        return new, Step(f_kept, jnp.array(True), ~is_init, statistic)
 
-    q0 = to_q(flat0)
-    s2s0 = jax.eval_shape(variances, q0.factor)
-    moms0 = jax.eval_shape(moments, q0.mean, s2s0)
-    zeros = lambda tree: jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), tree)
-    hist0 = jnp.full((max_steps + 1,), jnp.nan, dtype=dtype)
-    g0 = zeros((q0.mean, arrays(q0.factor)))
-    init = (q0.mean, q0.factor, jnp.array(-jnp.inf, dtype), g0, zeros(moms0), zeros(s2s0),
-            jnp.zeros((), jnp.int32), hist0, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
-    mean, factor, f, g, _, _, k, hist, _, _ = lax.while_loop(cond, body, init)
-    converged = stationary(g, (mean, arrays(factor)), f, tol, scale)
-    return _to_flat(gaussian(mean, factor)), k, converged, hist, f
+    def init():
+        q0 = to_q(flat0)
+        s2s0 = jax.eval_shape(variances, q0.factor)
+        moms0 = jax.eval_shape(moments, q0.mean, s2s0)
+        zeros = lambda tree: jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), tree)
+        g0 = zeros((q0.mean, arrays(q0.factor)))
+        return _Outer(q0.mean, q0.factor, jnp.array(-jnp.inf, dtype), g0, zeros(moms0), zeros(s2s0),
+                      jnp.zeros((), jnp.int32), jnp.array(True))
+
+    return init, step, converged
 
 
-class FixedPoint(AbstractSolver):
+class FixedPoint(AbstractIterativeSolver):
     """Alternating factor fixed point (eq. 10) and mean Newton-CG (`fixed_point`): the default for the Full and
     Diagonal factors (those with a closed-form stationary factor, `AbstractFixedPointFactor`) on log-concave
     models.
@@ -270,7 +291,22 @@ class FixedPoint(AbstractSolver):
         if not model.log_concave:
             raise ValueError("solver FixedPoint() needs log-concave potentials (Gamma_nn >= 0)")
 
-    def solve(self, problem: Problem, tol, max_steps: int) -> Solution:
-        x, k, ok, hist, value = fixed_point(problem.model, problem.to_q, problem.x0, tol, max_steps,
-                                            max_cg=self.max_cg, scale=problem.scale)
-        return Solution(x, k, ok, hist, status(ok, value, k, max_steps), value=value)
+    def _loop(self, problem, tol):
+        return fixed_point(problem.model, problem.to_q, problem.x0, tol, max_cg=self.max_cg, scale=problem.scale)
+
+    def init(self, problem, tol, max_steps):
+        state = self._loop(problem, tol)[0]()
+        return state, state.f
+
+    def step(self, problem, state, tol):
+        return self._loop(problem, tol)[1](state)
+
+    def terminate(self, problem, state, tol):
+        return self._loop(problem, tol)[2](state), state.stalls >= _MAX_STALLS
+
+    def point(self, state):
+        return state.mean, state.factor
+
+    def postprocess(self, problem, state, point):
+        q = eqx.tree_at(lambda r: (r.mean, r.factor), problem.to_q(problem.x0), point)
+        return _to_flat(q), None

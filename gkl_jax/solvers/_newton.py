@@ -3,12 +3,23 @@ sites (Challis & Barber 2013, Section 3.2)."""
 
 import numbers
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .._optim import ARMIJO_C, backtrack, conjugate_gradient, no_decrease, roundoff, stationary, sufficient_increase
-from ._base import AbstractSolver, Problem, Solution, check_setting, status
+from .._optim import (
+    ARMIJO_C,
+    backtrack,
+    conjugate_gradient,
+    no_decrease,
+    roundoff,
+    scaled_gradient,
+    stationary,
+    sufficient_increase,
+)
+from ._base import AbstractIterativeSolver, ObjectiveProblem, Step, check_setting
+from ._iterate import iterate
 
 
 def ascent_accepted(fnew, fx, t, slope, c=ARMIJO_C):
@@ -77,40 +88,25 @@ def newton_cg(f, x0, *, tol, max_steps, max_cg=100, scale=1.0, preconditioner=No
     Returns:
         (x, num_steps, converged, history), history[k] the objective after step k (NaN past the last).
     """
-    value_and_grad = jax.value_and_grad(f)
-    dtype = x0.dtype
-
-    def body(state):
-        x, fx, g, p, slope, t, halvings, k, hist, _ = state
-        trial = x + t * p
-        (f_trial, g_trial), linear = jax.linearize(value_and_grad, trial)
-        start = halvings < 0
-        accepted = start | ascent_accepted(f_trial, fx, t, slope)
-        k = k + (accepted & ~start).astype(k.dtype)
-        x, fx, g = (jnp.where(accepted, a, b) for a, b in ((trial, x), (f_trial, fx), (g_trial, g)))
-        hist = jnp.where(accepted, hist.at[k].set(fx), hist)
-        done = accepted & (stationary(g, x, fx, tol, scale) | (k >= max_steps) | ~jnp.isfinite(fx))
-        failed = ~accepted & (halvings >= max_halvings)
-        step = accepted & ~done
-        rtol = jnp.minimum(0.5, jnp.sqrt(jnp.linalg.norm(g))) if forcing is None else jnp.asarray(forcing, dtype)
-        precond = None if preconditioner is None else preconditioner(trial)
-        p = lax.cond(step, lambda: conjugate_gradient(lambda v: -linear(v)[1], g_trial, max_iters=max_cg,
-                                                      rtol=rtol, precond=precond), lambda: p)
-        slope = jnp.where(step, g @ p, slope)
-        t = jnp.where(step, 1.0, 0.5 * t).astype(dtype)
-        halvings = jnp.where(step, 0, halvings + 1)
-        return x, fx, g, p, slope, t, halvings, k, hist, ~done & ~failed
-
-    zero = jnp.zeros((), dtype)
-    hist0 = jnp.full((max_steps + 1,), jnp.nan, dtype=dtype)
-    init = (x0, zero, jnp.zeros_like(x0), jnp.zeros_like(x0), zero, zero, jnp.array(-1, jnp.int32),
-            jnp.zeros((), jnp.int32), hist0, jnp.array(True))
-    x, fx, g, _, _, _, _, k, hist, _ = lax.while_loop(lambda state: state[-1], body, init)
-    converged = stationary(g, x, fx, tol, scale)
-    return x, k, converged, hist
+    solution = iterate(Newton(max_cg=max_cg, forcing=forcing, max_halvings=max_halvings),
+                       ObjectiveProblem(f, x0, scale, preconditioner), tol, max_steps)[0]
+    return solution.x, solution.num_steps, solution.converged, solution.history
 
 
-class Newton(AbstractSolver):
+class _NewtonState(eqx.Module):
+    """The carry of `newton_cg`'s loop: the accepted point, the direction, the trial step."""
+
+    x: jax.Array
+    fx: jax.Array
+    g: jax.Array
+    p: jax.Array
+    slope: jax.Array
+    t: jax.Array
+    halvings: jax.Array     # halvings of the current line search; -1 before the first iteration (the start)
+    failed: jax.Array       # the last line search found no acceptable step
+
+
+class Newton(AbstractIterativeSolver):
     """Truncated Newton-CG in (m, C) with Hessian-vector products and an Armijo line search (`newton_cg`).
 
     The default for concave factors (Chevron, Banded, Sparse, Subspace) on log-concave models, and for
@@ -129,6 +125,7 @@ class Newton(AbstractSolver):
 
     max_cg: int = 100
     forcing: float | None = None
+    max_halvings: int = 40
     default_max_steps = 200
 
     def __check_init__(self):
@@ -137,9 +134,35 @@ class Newton(AbstractSolver):
         if f is not None and (isinstance(f, bool) or not isinstance(f, numbers.Real) or not 0 < f < 1):
             raise ValueError(f"forcing must be None or a float in (0, 1), got {f!r}")
 
-    def solve(self, problem: Problem, tol, max_steps: int) -> Solution:
-        x, k, ok, hist = newton_cg(problem.objective, problem.x0, tol=tol, max_steps=max_steps,
-                                   max_cg=self.max_cg, scale=problem.scale, preconditioner=problem.preconditioner,
-                                   forcing=self.forcing)
-        value = hist[k]     # the objective at x (the fit's bound without another evaluation)
-        return Solution(x, k, ok, hist, status(ok, value, k, max_steps), value=value)
+    def init(self, problem, tol, max_steps):
+        x0 = problem.x0
+        zero = jnp.zeros((), x0.dtype)
+        return _NewtonState(x0, zero, jnp.zeros_like(x0), jnp.zeros_like(x0), zero, zero, jnp.array(-1, jnp.int32),
+                            jnp.array(False)), zero
+
+    def step(self, problem, state, tol):
+        """One trial x + t p: linearised value and gradient, the acceptance test, and (accepted) CG's next
+        direction; the first iteration (halvings = -1) evaluates the start."""
+        s, scale, dtype = state, problem.scale, state.x.dtype
+        trial = s.x + s.t * s.p
+        (f_trial, g_trial), linear = jax.linearize(jax.value_and_grad(problem.objective), trial)
+        start = s.halvings < 0
+        accepted = start | ascent_accepted(f_trial, s.fx, s.t, s.slope)
+        x, fx, g = (jnp.where(accepted, a, b) for a, b in ((trial, s.x), (f_trial, s.fx), (g_trial, s.g)))
+        done = accepted & (stationary(g, x, fx, tol, scale) | ~jnp.isfinite(fx))
+        failed = ~accepted & (s.halvings >= self.max_halvings)
+        step = accepted & ~done
+        rtol = jnp.minimum(0.5, jnp.sqrt(jnp.linalg.norm(g))) if self.forcing is None else \
+            jnp.asarray(self.forcing, dtype)
+        precond = problem.preconditioner(trial)
+        p = lax.cond(step, lambda: conjugate_gradient(lambda v: -linear(v)[1], g_trial, max_iters=self.max_cg,
+                                                      rtol=rtol, precond=precond), lambda: s.p)
+        new = _NewtonState(x, fx, g, p, jnp.where(step, g @ p, s.slope), jnp.where(step, 1.0, 0.5 * s.t).astype(dtype),
+                           jnp.where(step, 0, s.halvings + 1), failed)
+        return new, Step(fx, accepted, accepted & ~start, scaled_gradient(g, x, scale))
+
+    def terminate(self, problem, state, tol):
+        return stationary(state.g, state.x, state.fx, tol, problem.scale), state.failed
+
+    def point(self, state):
+        return state.x

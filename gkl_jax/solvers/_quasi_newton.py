@@ -1,24 +1,22 @@
 """First-order solvers: L-BFGS (Nocedal 1980) with a weak Wolfe line search (`lbfgs`), and any Optax gradient
 transformation (`optax_solver`)."""
 
+from typing import Any
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import optax
-from jax import lax
 
 from .._optim import MAX_HALVINGS as _MAX_HALVINGS
-from .._optim import LBFGSMemory, max_abs, no_decrease, roundoff, stationary, sufficient_increase
-from ._base import AbstractSolver, Problem, Solution, check_setting, status
+from .._optim import LBFGSMemory, max_abs, no_decrease, roundoff, scaled_gradient, stationary, sufficient_increase
+from ._base import AbstractIterativeSolver, ObjectiveProblem, Step, check_setting
+from ._iterate import iterate
 
 LINESEARCH_MAX_STALLS = 10
 """Consecutive steps without progress before a line-search solver gives up. L-BFGS recovers from a few failed
 line searches near round-off: on Kuss & Rasmussen's slump Student-t ML-II, 3 stalls left 6 of 10 final fits short
 of tol 1e-6, 10 stalls none (same bounds, same time)."""
-
-
-def _history(max_steps, f0):
-    return jnp.full((max_steps + 1,), jnp.nan, dtype=f0.dtype).at[0].set(f0)
 
 
 def optax_solver(f, x0, optimizer, *, tol, max_steps, scale=1.0):
@@ -42,31 +40,18 @@ def optax_solver(f, x0, optimizer, *, tol, max_steps, scale=1.0):
     Returns:
         (x, num_steps, converged, history), history[k] the objective after step k (NaN past the last).
     """
-    optimizer = optax.with_extra_args_support(optimizer)
-    neg = lambda x: -f(x)
-    v0, g0 = jax.value_and_grad(neg)(x0)
-    state0 = optimizer.init(x0)
-    linesearch = _state_leaf(state0, "value") is not None
+    solution = iterate(Optax(optimizer), ObjectiveProblem(f, x0, scale), tol, max_steps)[0]
+    return solution.x, solution.num_steps, solution.converged, solution.history
 
-    def cond(carry):
-        (x, state, v, g), best, k, hist, stalls = carry
-        going = (k < max_steps) & jnp.isfinite(v) & (stalls < LINESEARCH_MAX_STALLS)
-        return going & ~stationary(g, x, v, tol, scale)
 
-    def body(carry):
-        (x, state, v, g), best, k, hist, stalls = carry
-        updates, state = optimizer.update(g, state, x, value=v, grad=g, value_fn=neg)
-        x_new = optax.apply_updates(x, updates)
-        v_new, g_new = _stored_value_and_grad(neg, x_new, state)
-        if linesearch:
-            stalls = jnp.where((v_new < v) | (max_abs(g_new) < max_abs(g)), 0, stalls + 1)
-        best = _select(v_new < best[1], (x_new, v_new, g_new), best)
-        return (x_new, state, v_new, g_new), best, k + 1, hist.at[k + 1].set(-v_new), stalls
+class _OptaxState(eqx.Module):
+    """The carry of `optax_solver`'s loop."""
 
-    init = ((x0, state0, v0, g0), (x0, v0, g0), 0, _history(max_steps, -v0), 0)
-    (x, _, v, g), best, k, hist, _ = lax.while_loop(cond, body, init)
-    converged = stationary(g, x, v, tol, scale)
-    return _select(converged, x, best[0]), k, converged, hist
+    x: jax.Array
+    opt_state: Any
+    v: jax.Array        # -f(x)
+    g: jax.Array        # its gradient
+    stalls: jax.Array
 
 
 CURVATURE = 0.9
@@ -87,10 +72,8 @@ class _LBFGSState(eqx.Module):
     lo: jax.Array           # the bracket [lo, hi] of the weak Wolfe search
     hi: jax.Array
     trials: jax.Array       # trials of the current line search
-    k: jax.Array            # accepted steps
-    hist: jax.Array
     stalls: jax.Array       # consecutive failed line searches
-    it: jax.Array           # loop iterations (= evaluations of f)
+    fresh: jax.Array        # before the first iteration (which evaluates the start)
 
 
 def lbfgs(f, x0, *, tol, max_steps, memory_size=10, scale=1.0):
@@ -120,18 +103,58 @@ def lbfgs(f, x0, *, tol, max_steps, memory_size=10, scale=1.0):
         (x, num_steps, converged, history, value): history[k] the objective after step k (NaN past the last),
         value = f(x).
     """
-    value_and_grad = jax.value_and_grad(f)
-    dtype = x0.dtype
-    one, zero, inf = jnp.ones((), dtype), jnp.zeros((), dtype), jnp.asarray(jnp.inf, dtype)
+    solution = iterate(LBFGS(memory=memory_size), ObjectiveProblem(f, x0, scale), tol, max_steps)[0]
+    return solution.x, solution.num_steps, solution.converged, solution.history, solution.value
 
-    def cond(s):
-        stop = (s.k >= max_steps) | ~jnp.isfinite(s.f) | (s.stalls >= LINESEARCH_MAX_STALLS)
-        return (s.it == 0) | ~(stop | stationary(s.g, s.x, s.f, tol, scale))
 
-    def body(s):
-        first = s.it == 0
+def _state_leaf(state, key):
+    """The one leaf named `key` in an optax state, or None (absent, or more than one)."""
+    try:
+        return optax.tree.get(state, key)
+    except KeyError:    # more than one of them in the state
+        return None
+
+
+def _stored_value_and_grad(neg, x, state):
+    """The value and gradient of `neg` at x: those a line search stored in the optimiser state where it holds both
+    (optax's zoom and backtracking searches), else evaluated."""
+    if any(_state_leaf(state, key) is None for key in ("value", "grad")):
+        return jax.value_and_grad(neg)(x)
+    return optax.value_and_grad_from_state(neg)(x, state=state)
+
+
+class LBFGS(AbstractIterativeSolver):
+    """L-BFGS with a weak Wolfe line search and one copy of the objective (`lbfgs`): the default for non-concave
+    factors (FactorAnalysis) and, outside GP and dense priors, for non-log-concave sites (Challis & Barber 2013
+    use L-BFGS throughout). Under an ill-conditioned GP prior pass `fit(..., whiten=True)`.
+
+    Attributes:
+        tol: gradient tolerance (None: the dtype's default).
+        max_steps: the most steps (None: 2000).
+        memory: the number of stored curvature pairs.
+    """
+
+    memory: int = 10
+    default_max_steps = 2000
+
+    def __check_init__(self):
+        check_setting(self.memory, "memory", self)
+
+    def init(self, problem, tol, max_steps):
+        x0 = problem.x0
+        dtype = x0.dtype
+        one, zero, inf = jnp.ones((), dtype), jnp.zeros((), dtype), jnp.asarray(jnp.inf, dtype)
+        state = _LBFGSState(x0, -inf, jnp.zeros_like(x0), LBFGSMemory.empty(x0, self.memory), jnp.zeros_like(x0),
+                            zero, one, zero, inf, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32), jnp.array(True))
+        return state, -inf
+
+    def step(self, problem, state, tol):
+        """One trial of the line search (`lbfgs`); the first iteration evaluates the start."""
+        s, dtype = state, state.x.dtype
+        one, zero, inf = jnp.ones((), dtype), jnp.zeros((), dtype), jnp.asarray(jnp.inf, dtype)
+        first = s.fresh
         trial = jnp.where(first, s.x, s.x + s.t * s.d)
-        v, gv = value_and_grad(trial)
+        v, gv = jax.value_and_grad(problem.objective)(trial)
         noise = roundoff(s.f)
         in_noise = s.slope <= noise
         armijo = sufficient_increase(v, s.f, s.t, s.slope) | (in_noise & no_decrease(v, s.f, noise))
@@ -151,70 +174,21 @@ def lbfgs(f, x0, *, tol, max_steps, memory_size=10, scale=1.0):
         # the bracket: shrink above a trial failing Armijo, grow below one failing the curvature test
         lo, hi = jnp.where(armijo, s.t, s.lo), jnp.where(armijo, s.hi, s.t)
         t_next = jnp.where(jnp.isinf(hi), 2 * s.t, 0.5 * (lo + hi))
-        k = s.k + (accept & ~first)
-        return _LBFGSState(
+        new = _LBFGSState(
             x, fx, g, memory, jnp.where(renew, d, s.d), jnp.where(renew, slope, s.slope),
             jnp.where(renew, one, t_next), jnp.where(renew, zero, lo), jnp.where(renew, inf, hi),
-            jnp.where(renew, 0, s.trials + 1), k, jnp.where(accept, s.hist.at[k].set(v), s.hist),
-            jnp.where(failed, s.stalls + 1, jnp.where(accept & ~first, 0, s.stalls)), s.it + 1)
+            jnp.where(renew, 0, s.trials + 1),
+            jnp.where(failed, s.stalls + 1, jnp.where(accept & ~first, 0, s.stalls)), jnp.array(False))
+        return new, Step(fx, accept, accept & ~first, scaled_gradient(g, x, problem.scale))
 
-    init = _LBFGSState(x0, jnp.asarray(-jnp.inf, dtype), jnp.zeros_like(x0), LBFGSMemory.empty(x0, memory_size),
-                       jnp.zeros_like(x0), zero, one, zero, inf, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32),
-                       jnp.full((max_steps + 1,), jnp.nan, dtype=dtype), jnp.zeros((), jnp.int32),
-                       jnp.zeros((), jnp.int32))
-    s = lax.while_loop(cond, body, init)
-    return s.x, s.k, stationary(s.g, s.x, s.f, tol, scale), s.hist, s.f
+    def terminate(self, problem, state, tol):
+        return stationary(state.g, state.x, state.f, tol, problem.scale), state.stalls >= LINESEARCH_MAX_STALLS
 
-
-def _state_leaf(state, key):
-    """The one leaf named `key` in an optax state, or None (absent, or more than one)."""
-    try:
-        return optax.tree.get(state, key)
-    except KeyError:    # more than one of them in the state
-        return None
+    def point(self, state):
+        return state.x
 
 
-def _stored_value_and_grad(neg, x, state):
-    """The value and gradient of `neg` at x: those a line search stored in the optimiser state where it holds both
-    (optax's zoom and backtracking searches), else evaluated."""
-    if any(_state_leaf(state, key) is None for key in ("value", "grad")):
-        return jax.value_and_grad(neg)(x)
-    return optax.value_and_grad_from_state(neg)(x, state=state)
-
-
-def _select(pred, a, b):
-    return jax.tree.map(lambda u, w: jnp.where(pred, u, w), a, b)
-
-
-def _finish(x, k, ok, hist, max_steps):
-    value = jnp.nanmax(hist)      # the best iterate's value where short of tol, the last one where converged
-    return Solution(x, k, ok, hist, status(ok, value, k, max_steps))
-
-
-class LBFGS(AbstractSolver):
-    """L-BFGS with a weak Wolfe line search and one copy of the objective (`lbfgs`): the default for non-concave
-    factors (FactorAnalysis) and, outside GP and dense priors, for non-log-concave sites (Challis & Barber 2013
-    use L-BFGS throughout). Under an ill-conditioned GP prior pass `fit(..., whiten=True)`.
-
-    Attributes:
-        tol: gradient tolerance (None: the dtype's default).
-        max_steps: the most steps (None: 2000).
-        memory: the number of stored curvature pairs.
-    """
-
-    memory: int = 10
-    default_max_steps = 2000
-
-    def __check_init__(self):
-        check_setting(self.memory, "memory", self)
-
-    def solve(self, problem: Problem, tol, max_steps: int) -> Solution:
-        x, k, ok, hist, value = lbfgs(problem.objective, problem.x0, tol=tol, max_steps=max_steps,
-                                      memory_size=self.memory, scale=problem.scale)
-        return Solution(x, k, ok, hist, status(ok, value, k, max_steps), value=value)
-
-
-class Optax(AbstractSolver):
+class Optax(AbstractIterativeSolver):
     """Any `optax.GradientTransformation` (e.g. `optax.adam(0.05)`) minimising the negative bound
     (`optax_solver`).
 
@@ -237,7 +211,32 @@ class Optax(AbstractSolver):
             raise ValueError("Optax: optimizer must be an optax.GradientTransformation, got "
                              f"{type(self.optimizer).__name__}")
 
-    def solve(self, problem: Problem, tol, max_steps: int) -> Solution:
-        x, k, ok, hist = optax_solver(problem.objective, problem.x0, self.optimizer, tol=tol, max_steps=max_steps,
-                                      scale=problem.scale)
-        return _finish(x, k, ok, hist, max_steps)
+    monotone = False
+    start_in_loop = False
+
+    def _optimizer(self):
+        return optax.with_extra_args_support(self.optimizer)
+
+    def init(self, problem, tol, max_steps):
+        x0 = problem.x0
+        v0, g0 = jax.value_and_grad(lambda x: -problem.objective(x))(x0)
+        return _OptaxState(x0, self._optimizer().init(x0), v0, g0, jnp.zeros((), jnp.int32)), -v0
+
+    def step(self, problem, state, tol):
+        """One update of the optimiser (`optax_solver`)."""
+        neg = lambda x: -problem.objective(x)
+        s, optimizer = state, self._optimizer()
+        updates, opt_state = optimizer.update(s.g, s.opt_state, s.x, value=s.v, grad=s.g, value_fn=neg)
+        x_new = optax.apply_updates(s.x, updates)
+        v_new, g_new = _stored_value_and_grad(neg, x_new, opt_state)
+        stalls = s.stalls
+        if _state_leaf(opt_state, "value") is not None:     # a line search: a monotone method that may stall
+            stalls = jnp.where((v_new < s.v) | (max_abs(g_new) < max_abs(s.g)), 0, stalls + 1)
+        new = _OptaxState(x_new, opt_state, v_new, g_new, stalls)
+        return new, Step(-v_new, jnp.array(True), jnp.array(True), scaled_gradient(g_new, x_new, problem.scale))
+
+    def terminate(self, problem, state, tol):
+        return stationary(state.g, state.x, state.v, tol, problem.scale), state.stalls >= LINESEARCH_MAX_STALLS
+
+    def point(self, state):
+        return state.x
