@@ -947,3 +947,24 @@ def test_sparse_v_step_trial_resweeps_the_sites():
         stale = value(_blocks.per_datum(_site.s_fixed_point_profile)(st.Vb, A)[0])
         assert float(stale) < float(st.value) - 1.0
         st = _sparse._v_step(Lt, Kff, Y, st, km, jnp.asarray(True), 50)
+
+
+def test_float32_prior_with_round_off_asymmetry_fits():
+    """A float32 K differing from K^T by round-off of its largest entries (4 eps(float32) max|K|, as a Gram matrix
+    from ||x||^2 + ||x'||^2 - 2 x^T x' can) passes the symmetry check, whose tolerance scales with the dtype's eps
+    and max|K|, and fits to the float64 bound; an asymmetry of 1e-3 max|K| is still refused."""
+    rng = np.random.default_rng(3)
+    X = 1.5 * rng.normal(size=(N_DATA, 2))
+    Kx = np.exp(-0.5 * np.sum((X[:, None] - X[None]) ** 2, axis=-1))     # entries from 1 down to ~1e-5
+    K64 = np.kron(Kx, np.eye(N_CLASSES)) + 1e-2 * np.eye(N_DATA * N_CLASSES)
+    skew = rng.normal(size=K64.shape)
+    skew = (skew - skew.T) / np.abs(skew - skew.T).max()
+    K32 = (K64 + 4 * np.finfo(np.float32).eps * skew).astype(np.float32)
+    assert not np.allclose(K32, K32.T, rtol=1e-6, atol=1e-10)  # what a tolerance blind to dtype and magnitude refused
+    Y = np.eye(N_CLASSES)[np.arange(N_DATA) % N_CLASSES]
+    post32 = _full.fit_full(jnp.asarray(K32), jnp.asarray(Y, jnp.float32))
+    post64 = _full.fit_full(jnp.asarray(K64), jnp.asarray(Y))
+    assert post32.log_z.dtype == jnp.float32 and bool(post32.converged)
+    np.testing.assert_allclose(float(post32.log_z), float(post64.log_z), rtol=1e-4)
+    with pytest.raises(ValueError, match="K must be symmetric"):
+        _full.fit_full(jnp.asarray((K64 + 1e-3 * skew).astype(np.float32)), jnp.asarray(Y, jnp.float32))

@@ -114,3 +114,19 @@ def test_prior_hyperparameter_gradient_matches_finite_differences():
 def test_bad_inputs_raise_value_error_naming_the_argument(make, arg):
     with pytest.raises(ValueError, match=arg):
         make()
+
+
+def test_dense_prior_symmetry_and_definiteness_checks_follow_the_dtype():
+    """A float32 covariance off symmetric by round-off of its largest entry (2 eps(float32) max|Sigma|, far above
+    1e-6 of its small entries) is accepted; one off by 1e-3 is refused; a float32 covariance whose Cholesky
+    factorisation fails says to add jitter or enable float64."""
+    A = np.array([[4.0, 1e-4, 0.0], [1e-4, 1.0, 1e-5], [0.0, 1e-5, 2.0]])
+    skew = np.array([[0.0, 1.0, -1.0], [-1.0, 0.0, 1.0], [1.0, -1.0, 0.0]])
+    nudged = jnp.asarray(A + 2 * np.finfo(np.float32).eps * 4.0 * skew, jnp.float32)
+    assert not np.allclose(nudged, nudged.T, rtol=1e-6, atol=1e-10)
+    np.testing.assert_allclose(gk.priors.Dense(nudged).cholesky() @ gk.priors.Dense(nudged).cholesky().T, nudged,
+                               rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="must be symmetric"):
+        gk.priors.Dense(jnp.asarray(A + 1e-3 * skew, jnp.float32))
+    with pytest.raises(ValueError, match="positive definite.*jitter.*jax_enable_x64"):
+        gk.priors.Dense(jnp.ones((3, 3), jnp.float32))

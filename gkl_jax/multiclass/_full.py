@@ -190,6 +190,7 @@ def prior_covariance(kernel, X, num_classes, class_covariance=None, jitter=1e-6)
         (nC, nC) float array.
     """
     Kx = kernel.gram(X)
+    Kx = (Kx + Kx.T) / 2        # exactly symmetric: a product-form Gram matrix is so only up to round-off
     Kc = jnp.eye(num_classes, dtype=Kx.dtype) if class_covariance is None else jnp.asarray(class_covariance, Kx.dtype)
     N = Kx.shape[0] * num_classes
     return jnp.kron(Kx, Kc) + jitter * jnp.eye(N, dtype=Kx.dtype)

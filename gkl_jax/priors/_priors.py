@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from .._linalg import diagonal, invert_lower, lower_gram, reduced_matmul_precision, reduced_precision_hint, tdot
+from .._optim import roundoff
 from .._validate import as_float_array, check_finite, check_int, check_ndim, check_positive, is_concrete
 from ..operators import Dense as DenseOperator
 
@@ -230,12 +231,23 @@ class Diagonal(AbstractPrior):
         return self.variance
 
 
+SYMMETRY_ROUNDOFF = 64.0
+"""The symmetry check's round-off allowance, in eps(dtype) * max|Sigma| (`_checked_cholesky`)."""
+
+
 @jax.jit
 def _checked_cholesky(covariance):
     """(L, L^{-1}, finite, symmetric, positive definite) in one compiled call: built eagerly, a prior otherwise
-    dispatches its checks and its blocked inverse op by op, most of an eager model build."""
+    dispatches its checks and its blocked inverse op by op, most of an eager model build.
+
+    Symmetric means |Sigma_ij - Sigma_ji| <= 1e-6 |Sigma_ji| + max(1e-10, SYMMETRY_ROUNDOFF eps max|Sigma|) (eps
+    of Sigma's dtype): a matrix computed in float32 (a Gram matrix from ||x||^2 + ||x'||^2 - 2 x^T x', a product)
+    differs from its transpose by the round-off of its largest entries, which on its small entries is far above
+    1e-6 of their size."""
     L = jnp.linalg.cholesky(covariance)
-    symmetric = jnp.allclose(covariance, covariance.T, rtol=1e-6, atol=1e-10)
+    level = roundoff(covariance, jnp.max(jnp.abs(covariance)), SYMMETRY_ROUNDOFF)
+    allowed = 1e-6 * jnp.abs(covariance.T) + jnp.maximum(level, 1e-10)
+    symmetric = jnp.all(jnp.abs(covariance - covariance.T) <= allowed)
     return L, invert_lower(L), jnp.all(jnp.isfinite(covariance)), symmetric, jnp.all(jnp.isfinite(L))
 
 
@@ -252,6 +264,10 @@ def dense_cholesky(covariance, name="covariance"):
             raise ValueError(f"{name} must be symmetric")
         if not bool(positive):
             hint = f" ({reduced_precision_hint()})" if reduced_matmul_precision(covariance.dtype) else ""
+            if not hint and jnp.finfo(covariance.dtype).bits < 64:
+                hint = (f" (in {jnp.dtype(covariance.dtype).name} its smallest eigenvalues are below round-off: "
+                        "add more jitter to its diagonal, or enable float64 with "
+                        "jax.config.update(\"jax_enable_x64\", True))")
             raise ValueError(f"{name} must be positive definite (its Cholesky factorisation failed){hint}")
     return L, inv
 
