@@ -62,3 +62,21 @@ def module_repr(obj, items) -> str:
 def fields(obj):
     """(name, value) for each dataclass field of an Equinox module."""
     return [(f.name, getattr(obj, f.name)) for f in dataclasses.fields(obj)]
+
+
+def natural_fields(obj):
+    """`fields(obj)` with each field `log_x` that has a property `x` on the class replaced by `("x", obj.x)`: the
+    value a user set (`variance=2.5`), not the stored unconstrained one (`log_variance=f64[]`).
+
+    Args:
+        obj: an Equinox module.
+
+    Returns:
+        list of (name, value) pairs.
+    """
+    items = []
+    for name, value in fields(obj):
+        if name.startswith("log_") and isinstance(getattr(type(obj), name[4:], None), property):
+            name, value = name[4:], getattr(obj, name[4:])
+        items.append((name, value))
+    return items

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._repr import fields, module_repr
+from .._repr import module_repr, natural_fields
 from .._validate import as_float_array, check_finite, check_ndim, check_positive, host_view, is_concrete
 
 
@@ -105,12 +105,7 @@ class AbstractKernel(eqx.Module):
 
     def __repr__(self):
         """The hyperparameters' values (`variance=2.5`, not the stored `log_variance=f64[]`)."""
-        items = []
-        for name, value in fields(self):
-            if name.startswith("log_") and isinstance(getattr(type(self), name[4:], None), property):
-                name, value = name[4:], getattr(self, name[4:])
-            items.append((name, value))
-        return module_repr(self, items)
+        return module_repr(self, natural_fields(self))
 
     def gram(self, X1, X2=None):
         """The Gram matrix K[i, j] = k(X1[i], X2[j]).
