@@ -29,3 +29,21 @@ def check_data_path(path):
         raise CLIError(f"file not found: {path}")
     if os.path.isdir(path):
         raise CLIError(f"{path} is a directory, not a CSV file")
+
+
+def check_writable(path, flag="--output"):
+    """CLIError where `path` (given with `flag`) is a directory or its directory is missing or read-only.
+
+    Args:
+        path: the file to write, or None (nothing to check).
+        flag: the option that named it, for the message.
+    """
+    if path is None:
+        return
+    directory = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise CLIError(f"{flag} {path} is a directory")
+    if not os.path.isdir(directory):
+        raise CLIError(f"cannot write {flag} {path}: directory {directory} does not exist")
+    if not os.access(directory, os.W_OK):
+        raise CLIError(f"cannot write {flag} {path}: directory {directory} is not writable")

@@ -8,12 +8,11 @@ refused here with a `CLIError`, before the command imports JAX, so a mistake cos
 import csv
 import dataclasses
 import math
-import os
 from typing import Optional
 
 import numpy as np
 
-from ._cli_common import BINARY, CLIError, check_data_path
+from ._cli_common import BINARY, CLIError, check_data_path, check_writable
 
 _MISSING = {"", "na", "nan", "n/a", "null", "none", "?"}
 CONTINUOUS = ("gaussian", "laplace", "student-t")
@@ -54,7 +53,7 @@ def prepare(args) -> Problem:
     options = likelihood_options(args)
     names, rows = read_table(args.data, header=not args.no_header, delimiter=args.delimiter)
     t = resolve_target(names, args.target)
-    check_output(args.output)
+    check_writable(args.output)
     lines = [line for line, _ in rows]
     inputs = [j for j in range(len(names)) if j != t]
     X = np.array([[number(fields[j], names[j], line) for j in inputs] for line, fields in rows], dtype=float)
@@ -310,14 +309,3 @@ def likelihood_options(args):
     return {k: (getattr(args, k) if getattr(args, k) is not None else v) for k, v in defaults.items()}
 
 
-def check_output(path):
-    """--output: refuse a directory, a missing or read-only parent directory."""
-    if path is None:
-        return
-    directory = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        raise CLIError(f"--output {path} is a directory")
-    if not os.path.isdir(directory):
-        raise CLIError(f"cannot write --output {path}: directory {directory} does not exist")
-    if not os.access(directory, os.W_OK):
-        raise CLIError(f"cannot write --output {path}: directory {directory} is not writable")

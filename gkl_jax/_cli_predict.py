@@ -13,10 +13,9 @@ match the model are one error line naming the missing and extra columns (exit st
 import csv
 import json
 import math
-import os
 import sys
 
-from ._cli_common import BINARY, CLIError, check_data_path
+from ._cli_common import BINARY, CLIError, check_data_path, check_writable
 
 MODEL_TYPE = "cli-glm"
 MAGIC = b"gkl-jax saved model\n"     # `gkl_jax._serialise.MAGIC`, repeated so that this module does not import JAX
@@ -37,19 +36,6 @@ def add_parser(sub):
     predict.add_argument("--output", default=None, metavar="FILE.csv",
                          help="write the predictions to this file instead of stdout")
     return predict
-
-
-def check_writable(path, flag):
-    """CLIError where `path` (given with `flag`) is a directory or its directory is missing or read-only."""
-    if path is None:
-        return
-    directory = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        raise CLIError(f"{flag} {path} is a directory")
-    if not os.path.isdir(directory):
-        raise CLIError(f"cannot write {flag} {path}: directory {directory} does not exist")
-    if not os.access(directory, os.W_OK):
-        raise CLIError(f"cannot write {flag} {path}: directory {directory} is not writable")
 
 
 def save_model(path, result, problem, args):

@@ -30,9 +30,10 @@ from ._cli_common import BINARY as BINARY
 from ._cli_common import DEMO_DIR as DEMO_DIR
 from ._cli_common import CLIError as CLIError
 from ._cli_common import check_data_path as check_data_path
+from ._cli_common import check_writable as check_writable
 from ._cli_common import prepare_output_dir as prepare_output_dir
 from ._cli_predict import add_parser as add_predict_parser
-from ._cli_predict import check_writable, run_predict, save_model
+from ._cli_predict import run_predict, save_model
 from ._progress import Progress as Progress
 
 LIKELIHOODS = ("logistic", "probit", "gaussian", "laplace", "student-t", "poisson")
