@@ -10,9 +10,9 @@ import jax.numpy as jnp
 from ._gaussian import Gaussian
 from ._linalg import full_precision
 from ._model import Model
+from ._program import program
 from ._result import Result
-from ._xla import _top_level as top_level
-from ._xla import program
+from ._tracing import top_level
 
 
 def check_model_and_q(model, q) -> Gaussian:

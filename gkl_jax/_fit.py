@@ -25,6 +25,7 @@ from ._gaussian import Gaussian
 from ._linalg import full_precision, reduced_matmul_precision, reduced_precision_hint
 from ._model import Model, check_fittable, separated
 from ._optim import default_tol, stationary
+from ._program import program
 from ._progress import reraise_callback_error, resolve_progress
 from ._result import Result
 from ._start import initial_q, model_dtype, start_error
@@ -32,7 +33,6 @@ from ._status import RESULTS, status
 from ._traps import warn_float32
 from ._validate import check_max_steps, check_tol, debug_check, is_concrete
 from ._whiten import check_whiten, whitened_structure, whitening
-from ._xla import program
 from .factors import AbstractFactor, AbstractRefinableFactor, Diagonal, Full
 from .priors._priors import AbstractDensePrior
 from .solvers import AbstractSolver, Optax, Problem, default_solver, default_whiten

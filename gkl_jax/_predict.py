@@ -20,10 +20,10 @@ import jax.numpy as jnp
 
 from ._gaussian import Gaussian
 from ._linalg import full_precision
+from ._program import program
 from ._result import Result
+from ._tracing import top_level
 from ._validate import as_float_array, check_finite, check_ndim
-from ._xla import _top_level as top_level
-from ._xla import program
 from .gp._predict import (
     PREDICTIVE_NUM_POINTS,
     Prediction,

@@ -5,7 +5,7 @@ Every check works on concrete values and is skipped for tracers, so constructors
 value checks (`check_finite`, `check_positive`, a traced `tol` of `gkl_jax.fit`) become
 `jax.experimental.checkify.debug_check`s: no-ops, unless the caller wraps the transformed function in
 `checkify.checkify`, which then returns the failed check's message as an error value. Inside a top-level
-`gkl_jax._xla.program` (no user transformation around it, so no `checkify` can be) they are left out
+`gkl_jax._program.program` (no user transformation around it, so no `checkify` can be) they are left out
 (`debug_check`): a check in a program gives it an effect, which turns off JAX's fast dispatch (its C++ path: the
 Python path re-partitions the arguments on every warm call).
 """
@@ -19,8 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import checkify
 
+from ._checks import checks_traced
 from ._processes import local_values, spans_processes
-from ._xla import checks_traced
 
 
 def is_concrete(x) -> bool:

@@ -29,10 +29,10 @@ from jax.scipy.special import logsumexp
 from .._fit import fit
 from .._gaussian import Gaussian
 from .._linalg import full_precision
+from .._program import program
 from .._result import Result
 from .._start import check_start
 from .._validate import check_int, check_key, check_tol, is_concrete
-from .._xla import program
 from ..factors import Full
 from . import _common as C
 

@@ -27,10 +27,10 @@ from jax import lax
 from .. import potentials as P
 from .._adjoint import implicit_maximiser, stop_gradients
 from .._linalg import diagonal, full_precision
+from .._program import program
 from .._result import Result
 from .._status import RESULTS
 from .._validate import check_max_steps, check_tol
-from .._xla import program
 from ..solvers._iterate import Step, iterate
 from ..solvers._newton import armijo_search
 from . import _common as C

@@ -27,10 +27,10 @@ from .. import potentials as P
 from .._adjoint import envelope_value
 from .._linalg import full_precision
 from .._optim import default_tol
+from .._program import program
 from .._result import Result
 from .._status import RESULTS
 from .._validate import check_max_steps, check_tol
-from .._xla import program
 from ..solvers._iterate import Step, iterate
 from . import _common as C
 from ._site_bounds import is_supported, probit_coefficients, super_gaussian, tangent_coefficients

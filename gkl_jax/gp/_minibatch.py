@@ -22,10 +22,10 @@ from jax import lax
 
 from .._gaussian import Gaussian
 from .._linalg import full_precision
+from .._program import program
 from .._result import Result
 from .._validate import check_int, check_key, check_max_steps, check_tol, is_concrete
 from .._whiten import unwhitened_q
-from .._xla import program
 from ..factors import Full
 from ..potentials import AbstractPotential, Custom
 from ..priors import GP

@@ -27,10 +27,10 @@ from jax.scipy.special import log_ndtr, logsumexp, ndtr
 
 from .._gaussian import Gaussian
 from .._linalg import full_precision, tdot
+from .._program import program
 from .._quadrature import hermite_rule
 from .._result import Result
 from .._validate import as_float_array, check_finite, check_ndim, is_concrete
-from .._xla import program
 from ..operators import Dense as DenseOperator
 from ..potentials import AbstractPotential, Cauchy, Laplace, Logistic, Poisson, Probit, StudentT
 from ..potentials import Gaussian as GaussianLik

@@ -29,9 +29,9 @@ from .._adjoint import solver_mask
 from .._bound import _bound_value
 from .._linalg import full_precision
 from .._model import Model, Sites
+from .._program import program
 from .._result import Result
 from .._start import initial_variance
-from .._xla import program
 from ..solvers._base import Problem
 from ..solvers._newton import newton_cg
 from ._ml2 import laplace_start
