@@ -15,6 +15,7 @@ from ._model import Model
 from ._program import program
 from ._result import Result
 from ._tracing import top_level
+from ._typing import Scalar
 
 
 def check_model_and_q(model, q) -> Gaussian:
@@ -30,7 +31,7 @@ def check_model_and_q(model, q) -> Gaussian:
 
 
 @full_precision
-def bound(model: Model, q: Gaussian):
+def bound(model: Model, q: Gaussian | Result) -> Scalar:
     """The G-KL bound B(m, C) on log Z at q (Challis & Barber 2013, eq. 7). Jit-able and differentiable in
     both the model and q.
 
@@ -61,7 +62,7 @@ def bound(model: Model, q: Gaussian):
     return bound_value(model, q)
 
 
-def bound_value(model, q):
+def bound_value(model: Model, q: Gaussian) -> Scalar:
     """B(m, C) without the input checks or a compiled program of its own (internal API, not part of the public
     interface: `bound` and the scikit-learn joint ML-II objective, `gkl_jax.sklearn._joint`, call it inside
     their traces).

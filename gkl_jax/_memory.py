@@ -21,6 +21,7 @@ import functools
 import gc
 import os
 import sys
+import types
 import warnings
 
 import jax
@@ -36,7 +37,7 @@ MODES = ("warn", "on", "off")
 ENV_VAR = "GKL_JAX_RELEASE_MEMORY"
 """The environment variable read where `set_memory_release` has not been called."""
 
-_STATE = {"mode": None, "warned": False}
+_STATE: dict = {"mode": None, "warned": False}
 
 
 class MemoryReleaseWarning(UserWarning):
@@ -173,7 +174,8 @@ def release_after_compile() -> bool:
 def _caller_level() -> int:
     """The `stacklevel` for a warning raised by this module's caller that names the first frame outside gkl_jax."""
     package = os.path.dirname(os.path.abspath(__file__))
-    frame, level = sys._getframe(1), 1      # the frame that calls warnings.warn is level 1
+    frame: types.FrameType | None = sys._getframe(1)     # the frame that calls warnings.warn: level 1
+    level = 1
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
         frame, level = frame.f_back, level + 1
     return level

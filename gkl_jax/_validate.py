@@ -48,7 +48,7 @@ def device_array(x, dtype=None):
     return jax.device_put(np.asarray(x, dtype))
 
 
-def as_float_array(x, name: str, *, dtype=None):
+def as_float_array(x, name: str, *, dtype=None) -> jax.Array:
     """Convert `x` to a floating JAX array, refusing non-numeric input with a ValueError naming `name`."""
     if dtype is None and isinstance(x, (int, float)) and not isinstance(x, bool):
         return jax.device_put(float(x))   # weakly typed, as jnp.asarray would make it (it adopts float32 data's dtype)
@@ -219,7 +219,7 @@ def check_key(key, name: str = "key"):
                      f"{type(key).__name__}")
 
 
-def check_indices(indices, n: int, name: str = "indices"):
+def check_indices(indices, n: int, name: str = "indices") -> jax.Array:
     """`indices` as a 1-D integer array of rows in [0, n) (checked where concrete: JAX would clamp an index past
     the end and wrap a negative one, silently taking another row)."""
     indices = jnp.asarray(indices)

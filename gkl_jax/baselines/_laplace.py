@@ -27,6 +27,7 @@ from jax import lax
 from .. import potentials as P
 from .._adjoint import implicit_maximiser, stop_gradients
 from .._linalg import diagonal, full_precision
+from .._model import Model
 from .._program import program
 from .._result import Result
 from .._status import RESULTS
@@ -39,7 +40,7 @@ TRACE_COUNT = {"laplace": 0}
 
 
 @full_precision
-def laplace(model, *, tol: float | None = None, max_steps: int = 100) -> Result:
+def laplace(model: Model, *, tol: float | None = None, max_steps: int = 100) -> Result:
     """The Laplace approximation N(w*, A^{-1}) and its log Z estimate (Challis & Barber 2013, Section 5.2.1;
     Nickisch 2010, Ch. 2.5.6 and 4.3; module docstring).
 
