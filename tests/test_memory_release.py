@@ -112,3 +112,21 @@ def test_the_docstring_example_runs(crowded):
         runner.run(test)
     assert runner.summarize(verbose=False).attempted == 3 and runner.failures == 0
     assert _memory.memory_release_mode() == "warn"
+
+
+@linux
+def test_a_public_verb_on_a_new_shape_releases_through_the_same_path(crowded):
+    """`gk.bound` at the top level compiles one program per model shape; past the limit that compilation clears
+    the caches and warns, and the bound is the same as before."""
+    rng = np.random.default_rng(31)
+    H = rng.normal(size=(23, 7))
+    model = gk.Model(gk.priors.Isotropic(7, 1.0), gk.Sites(H, gk.potentials.Logistic(np.sign(H[:, 0]))))
+    q = gk.Gaussian(np.zeros(7), gk.factors.Full(np.eye(7)))
+    gk.set_memory_release("off")
+    expected = float(gk.bound(model, q))                # compiled with the release off: nothing cleared
+    jax.clear_caches()                                  # the next call compiles again
+    gk.set_memory_release(None)
+    f = _user_function()
+    with pytest.warns(gk.MemoryReleaseWarning):
+        value = float(gk.bound(model, q))
+    assert value == expected and f._cache_size() == 0
