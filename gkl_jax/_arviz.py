@@ -7,8 +7,6 @@ no autocorrelation, so ArviZ's effective sample size is about the number of draw
 construction; they describe q, not a sampler's convergence.
 """
 
-from typing import Any, Sequence
-
 import numpy as np
 
 from ._result import Result
@@ -43,8 +41,7 @@ def _draws_from_moments(rng, mean, cov, num_draws):
     return mean + rng.standard_normal((num_draws, mean.shape[0])) @ root.T
 
 
-def to_inference_data(obj: Any, *, num_draws: int = 1000, num_chains: int = 4, seed: int = 0,
-                      names: Sequence[str] | None = None) -> Any:
+def to_inference_data(obj, *, num_draws: int = 1000, num_chains: int = 4, seed: int = 0, names=None):
     """Posterior draws from a fitted Gaussian as `arviz.InferenceData` with named coordinates.
 
     Args:
