@@ -20,7 +20,7 @@ _NAMES = {"ais": ".baselines", "double_loop": ".baselines", "ep": ".baselines", 
           "local": ".baselines", "bound": "._bound", "fit": "._fit", "Gaussian": "._gaussian", "Model": "._model",
           "Sites": "._model", "Result": "._result", "predict": "._predict", "Float32Warning": "._traps",
           "RecompilationWarning": "._traps", "save": "._io", "load": "._io", "to_inference_data": "._arviz",
-          "RESULTS": "._status"}
+          "RESULTS": "._status", "set_memory_release": "._memory", "MemoryReleaseWarning": "._memory"}
 
 
 def __getattr__(name):
@@ -51,4 +51,5 @@ if TYPE_CHECKING:  # what the names are, for type checkers and IDEs
     from ._io import load, save  # noqa: F401
     from ._arviz import to_inference_data  # noqa: F401
     from ._status import RESULTS  # noqa: F401
+    from ._memory import MemoryReleaseWarning, set_memory_release  # noqa: F401
     from .baselines import ais, double_loop, ep, laplace, local  # noqa: F401

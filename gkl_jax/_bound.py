@@ -3,6 +3,8 @@
     B(m, C) = H[q] + E_q[log N(w | mu, Sigma)] + sum_n E_{z~N(0,1)}[log phi_n(m_n + z s_n)] <= log Z,
 
 with m_n = h_n^T m and s_n^2 = ||C h_n||^2.
+
+`bound` is public (`gkl_jax.bound`); `bound_value` is internal API for the library's own objectives.
 """
 
 import jax.numpy as jnp
@@ -10,9 +12,10 @@ import jax.numpy as jnp
 from ._gaussian import Gaussian
 from ._linalg import full_precision
 from ._model import Model
+from ._program import program
 from ._result import Result
-from ._xla import _top_level as top_level
-from ._xla import program
+from ._tracing import top_level
+from ._typing import Scalar
 
 
 def check_model_and_q(model, q) -> Gaussian:
@@ -28,7 +31,7 @@ def check_model_and_q(model, q) -> Gaussian:
 
 
 @full_precision
-def bound(model: Model, q: Gaussian):
+def bound(model: Model, q: Gaussian | Result) -> Scalar:
     """The G-KL bound B(m, C) on log Z at q (Challis & Barber 2013, eq. 7). Jit-able and differentiable in
     both the model and q.
 
@@ -56,10 +59,21 @@ def bound(model: Model, q: Gaussian):
     q = check_model_and_q(model, q)
     if top_level((model, q), {}):
         return _bound_program(model, q)
-    return _bound_value(model, q)
+    return bound_value(model, q)
 
 
-def _bound_value(model, q):
+def bound_value(model: Model, q: Gaussian) -> Scalar:
+    """B(m, C) without the input checks or a compiled program of its own (internal API, not part of the public
+    interface: `bound` and the scikit-learn joint ML-II objective, `gkl_jax.sklearn._joint`, call it inside
+    their traces).
+
+    Args:
+        model: a `gkl_jax.Model`.
+        q: a `gkl_jax.Gaussian` of the model's dimension.
+
+    Returns:
+        float scalar array, the bound.
+    """
     value = q.entropy()
     if model.prior is not None:
         value = value + model.prior.expected_log_density(q)
@@ -68,7 +82,7 @@ def _bound_value(model, q):
     return jnp.asarray(value)
 
 
-_bound_program = program(_bound_value)
+_bound_program = program(bound_value)
 """`bound` called outside of every trace: one compiled program per model structure and shape (its ~50-150 array
 operations one at a time would each compile a small program of their own on the first call with a new shape,
 and dispatch one by one on every later call)."""

@@ -9,6 +9,7 @@ returned q by the implicit function theorem (`gkl_jax._adjoint`), to every order
 
 import dataclasses
 import warnings
+from typing import Callable
 
 import equinox as eqx
 import jax
@@ -25,17 +26,18 @@ from ._gaussian import Gaussian
 from ._linalg import full_precision, reduced_matmul_precision, reduced_precision_hint
 from ._model import Model, check_fittable, separated
 from ._optim import default_tol, stationary
+from ._program import program
 from ._progress import reraise_callback_error, resolve_progress
 from ._result import Result
 from ._start import initial_q, model_dtype, start_error
 from ._status import RESULTS, status
 from ._traps import warn_float32
+from ._typing import ScalarLike
 from ._validate import check_max_steps, check_tol, debug_check, is_concrete
 from ._whiten import check_whiten, whitened_structure, whitening
-from ._xla import program
 from .factors import AbstractFactor, AbstractRefinableFactor, Diagonal, Full
 from .priors._priors import AbstractDensePrior
-from .solvers import AbstractSolver, Optax, Problem, default_solver, default_whiten
+from .solvers import AbstractSolver, Optax, Problem, ProgressInfo, default_solver, default_whiten
 
 TRACE_COUNT = {"fit": 0}
 
@@ -71,9 +73,10 @@ def resolve_solver(solver, model, factor, whiten=False, auto=False):
 
 
 @full_precision
-def fit(model: Model, factor: AbstractFactor | None = None, *, solver=None, q0: Gaussian | None = None,
-        tol: float | None = None, max_steps: int | None = None, whiten: bool | None = None,
-        progress=False) -> Result:
+def fit(model: Model, factor: AbstractFactor | None = None, *,
+        solver: AbstractSolver | optax.GradientTransformation | None = None, q0: Gaussian | Result | None = None,
+        tol: ScalarLike | None = None, max_steps: int | None = None, whiten: bool | None = None,
+        progress: bool | str | Callable[[ProgressInfo], object] = False) -> Result:
     """Maximise the G-KL bound of `model` over q = N(m, C^T C) with C structured as `factor`.
 
     A template whose `mean_field_start(model)` is true (Subspace where N <= D; FactorAnalysis with

@@ -3,6 +3,7 @@
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+from jaxtyping import ArrayLike, Float
 
 from ._repr import MAX_SHOWN, format_value
 from ._validate import as_float_array, check_finite, check_int, check_key, check_ndim, is_concrete
@@ -24,7 +25,7 @@ class Gaussian(eqx.Module):
     mean: jax.Array
     factor: AbstractFactor
 
-    def __init__(self, mean, factor: AbstractFactor):
+    def __init__(self, mean: Float[ArrayLike, " d"], factor: AbstractFactor):
         mean = as_float_array(mean, "mean")
         check_ndim(mean, 1, "mean")
         check_finite(mean, "mean")

@@ -8,9 +8,11 @@ file.
 """
 
 import os
+from typing import Any
 
 from ._result import Result
 from ._serialise import FORMAT_VERSION, FormatError, decode, dumps, loads_leaves, read_header
+from ._typing import Path
 
 
 def _version() -> str:
@@ -30,7 +32,7 @@ def model_type_of(obj) -> str:
                      f"{type(obj).__name__}")
 
 
-def save(path, obj) -> None:
+def save(path: Path, obj: Any) -> None:
     """Save a `Result` (from `gk.fit`, `gk.laplace`, `gk.ep`, ...) or an estimator of `gkl_jax.sklearn` to `path`.
 
     Args:
@@ -54,7 +56,7 @@ def save(path, obj) -> None:
     write(path, obj, model_type_of(obj), {})
 
 
-def load(path, model_type=None):
+def load(path: Path, model_type: type | str | None = None) -> Any:
     """Load what `save` wrote.
 
     A `Result` comes back with JAX arrays (in float32 where JAX's x64 mode is off: enable it before loading a

@@ -7,8 +7,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jaxtyping import ArrayLike, Float
 
 from ._processes import host_copy
+from ._typing import Means
 from ._validate import is_concrete, site_vector
 from .operators import AbstractOperator, Identity, as_operator
 from .potentials import AbstractPotential
@@ -39,7 +41,8 @@ class Sites(eqx.Module):
     offset: jax.Array
     variance_offset: jax.Array
 
-    def __init__(self, H, potential: AbstractPotential, *, offset=0.0, variance_offset=0.0):
+    def __init__(self, H: Float[ArrayLike, "n d"] | AbstractOperator | None, potential: AbstractPotential, *,
+                 offset: Means = 0.0, variance_offset: Means = 0.0):
         if not isinstance(potential, AbstractPotential):
             raise ValueError(f"potential must be a gkl_jax.potentials potential, got {type(potential).__name__}")
         self.H = None if H is None else as_operator(H, "H")

@@ -17,13 +17,15 @@ density log p(y_* | x_*) per point.
 from typing import Optional
 
 import jax.numpy as jnp
+from jaxtyping import ArrayLike, Float, Real
 
 from ._gaussian import Gaussian
 from ._linalg import full_precision
+from ._program import program
 from ._result import Result
+from ._tracing import top_level
+from ._typing import Means
 from ._validate import as_float_array, check_finite, check_ndim
-from ._xla import _top_level as top_level
-from ._xla import program
 from .gp._predict import (
     PREDICTIVE_NUM_POINTS,
     Prediction,
@@ -33,11 +35,13 @@ from .gp._predict import (
     with_targets,
 )
 from .operators import AbstractOperator, as_operator
+from .potentials import AbstractPotential
 
 
 @full_precision
-def predict(result, H_new, family=None, *, y=None, offset=0.0,
-            num_points: int = PREDICTIVE_NUM_POINTS) -> Prediction:
+def predict(result: Result | Gaussian, H_new: Float[ArrayLike, "n d"] | Float[ArrayLike, " d"] | AbstractOperator,
+            family: AbstractPotential | str | None = None, *, y: Real[ArrayLike, " n"] | None = None,
+            offset: Means = 0.0, num_points: int = PREDICTIVE_NUM_POINTS) -> Prediction:
     """Predictive quantities of x_* = h_*^T w + offset at the rows h_* of `H_new` under a fitted q(w).
 
     Args:

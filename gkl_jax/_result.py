@@ -3,10 +3,12 @@
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+from jaxtyping import Array, ArrayLike, Bool, Float, Int
 
 from ._gaussian import Gaussian
 from ._repr import format_value
 from ._status import RESULTS
+from ._typing import ScalarLike
 
 
 class Result(eqx.Module):
@@ -44,16 +46,19 @@ class Result(eqx.Module):
     method: str = eqx.field(static=True, default="gkl")
     is_bound: bool = eqx.field(static=True, default=True)
 
-    def __init__(self, q, log_z, converged=None, num_steps=None, history=None, method="gkl", is_bound=True, *,
-                 status=None):
+    def __init__(self, q: Gaussian, log_z: ScalarLike, converged: bool | Bool[Array, ""] | None = None,
+                 num_steps: int | Int[Array, ""] | None = None, history: Float[ArrayLike, " steps"] | None = None,
+                 method: str = "gkl", is_bound: bool = True, *, status: int | Int[ArrayLike, ""] | None = None):
         if status is None:
             if converged is None:
                 raise ValueError("Result needs status (a gkl_jax.RESULTS code) or converged")
-            short = RESULTS.stalled
+            short: int | jax.Array = RESULTS.stalled
             if history is not None and num_steps is not None and jnp.ndim(history) == 1:
                 short = jnp.where(num_steps >= jnp.shape(history)[0] - 1, RESULTS.max_steps_reached, short)
             status = jnp.where(converged, RESULTS.successful, short)
-        self.q, self.log_z, self.num_steps, self.history = q, log_z, num_steps, history
+        self.q = q
+        # stored as given: arrays from the methods (a caller may pass numbers)
+        self.log_z, self.num_steps, self.history = log_z, num_steps, history  # type: ignore[assignment]
         self.status = jnp.asarray(status, jnp.int32)
         self.method, self.is_bound = method, is_bound
 

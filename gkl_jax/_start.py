@@ -17,7 +17,7 @@ import numpy as np
 from ._bound import bound
 from ._gaussian import Gaussian
 from ._validate import is_concrete
-from .factors._full import _precision
+from .factors._full import dense_precision
 
 
 def initial_q(model, factor, q0):
@@ -124,7 +124,7 @@ def precision(model, q):
     """A at q, with Gamma clipped at 0 (non-log-concave sites), as a dense (D, D) matrix."""
     gammas = [jnp.maximum(g, 0.0) for g in site_curvatures(model, q)]
     ops = [sites.operator(model.dim) for sites in model.sites]
-    return _precision(model.prior, ops, gammas, model.dim, q.mean.dtype)
+    return dense_precision(model.prior, ops, gammas, model.dim, q.mean.dtype)
 
 
 def mean_field_start(model, q, mean_field):

@@ -5,7 +5,7 @@ Every check works on concrete values and is skipped for tracers, so constructors
 value checks (`check_finite`, `check_positive`, a traced `tol` of `gkl_jax.fit`) become
 `jax.experimental.checkify.debug_check`s: no-ops, unless the caller wraps the transformed function in
 `checkify.checkify`, which then returns the failed check's message as an error value. Inside a top-level
-`gkl_jax._xla.program` (no user transformation around it, so no `checkify` can be) they are left out
+`gkl_jax._program.program` (no user transformation around it, so no `checkify` can be) they are left out
 (`debug_check`): a check in a program gives it an effect, which turns off JAX's fast dispatch (its C++ path: the
 Python path re-partitions the arguments on every warm call).
 """
@@ -19,8 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import checkify
 
+from ._checks import checks_traced
 from ._processes import local_values, spans_processes
-from ._xla import checks_traced
 
 
 def is_concrete(x) -> bool:
@@ -48,7 +48,7 @@ def device_array(x, dtype=None):
     return jax.device_put(np.asarray(x, dtype))
 
 
-def as_float_array(x, name: str, *, dtype=None):
+def as_float_array(x, name: str, *, dtype=None) -> jax.Array:
     """Convert `x` to a floating JAX array, refusing non-numeric input with a ValueError naming `name`."""
     if dtype is None and isinstance(x, (int, float)) and not isinstance(x, bool):
         return jax.device_put(float(x))   # weakly typed, as jnp.asarray would make it (it adopts float32 data's dtype)
@@ -219,7 +219,7 @@ def check_key(key, name: str = "key"):
                      f"{type(key).__name__}")
 
 
-def check_indices(indices, n: int, name: str = "indices"):
+def check_indices(indices, n: int, name: str = "indices") -> jax.Array:
     """`indices` as a 1-D integer array of rows in [0, n) (checked where concrete: JAX would clamp an index past
     the end and wrap a negative one, silently taking another row)."""
     indices = jnp.asarray(indices)

@@ -9,9 +9,9 @@ from jax import lax
 from ._adjoint import frozen, stop_gradients
 from ._gaussian import Gaussian
 from ._optim import default_tol
+from ._program import program
 from ._result import Result
 from ._start import initial_q, initial_variance
-from ._xla import program
 from .factors import Full
 from .solvers import SitePrecision, default_solver
 from .solvers._default import robust_default_applies

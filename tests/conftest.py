@@ -2,10 +2,10 @@ import os
 
 # The suite is compile-bound. XLA's CPU backend at LLVM optimisation level 0 and without its fusion emitters
 # compiled the ionosphere Full fit in 2.1 s instead of 13.2 s with XLA's defaults (the loaded machine; the
-# library's own choice, no fusion emitters at level 2, took 8.8 s there: `gkl_jax._xla`), and ran it 2-3x
+# library's own choice, no fusion emitters at level 2, took 8.8 s there: `gkl_jax._xla_options`), and ran it 2-3x
 # slower; the compiled programs compute the same IEEE results (no fast-math either way). Set before the backend
 # starts; inherited by the notebook kernels and CLI subprocesses the tests launch, and respected by
-# `gkl_jax._xla` (options set in XLA_FLAGS win).
+# `gkl_jax._xla_options` (options set in XLA_FLAGS win).
 for _flag in ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false"):
     if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
@@ -17,7 +17,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 # The CLI keeps compiled programs in a persistent cache under ~/.cache; the tests that run it in-process would
 # turn that on for the whole session. Off here; tests/test_cli.py checks the cache in subprocesses.
 os.environ.setdefault("GKL_JAX_CACHE_DIR", "")
-# The library clears JAX's caches when a compilation crosses its mapping limit (gkl_jax._xla.release_if_crowded);
+# The library clears JAX's caches when a compilation crosses its mapping limit (gkl_jax._memory);
 # inside a test that would recompile what the test is counting. The suite releases between tests instead (below);
 # tests/test_long_session.py checks the library's release in subprocesses.
 os.environ.setdefault("GKL_JAX_MAX_MAPPINGS", "0")
@@ -84,7 +84,7 @@ if _COMPILE_LOG:
 def _release_compiled_programs(request):
     _current_test[0] = request.node.nodeid
     yield
-    from gkl_jax._xla import release_if_crowded
+    from gkl_jax._memory import release_if_crowded
 
     release_if_crowded(_MAX_MAPPINGS)
 

@@ -1,6 +1,6 @@
 """Long sessions (issue 38): XLA's CPU backend keeps ~300 memory mappings per compiled fit, and a process that
 compiled ~200 fits of different shapes segfaulted at Linux's default vm.max_map_count (65530), and each compiled
-program holds ~25 MB of heap. `gkl_jax._xla` clears JAX's compilation caches (and trims the heap) after a
+program holds ~25 MB of heap. `gkl_jax._memory` clears JAX's compilation caches (and trims the heap) after a
 compilation that leaves the process past `mapping_limit()`. Each test
 runs in a fresh subprocess (the suite's own processes clear caches between tests: tests/conftest.py)."""
 
@@ -16,7 +16,7 @@ import jax
 import numpy as np
 jax.config.update("jax_enable_x64", True)
 import gkl_jax as gk
-from gkl_jax import _xla
+from gkl_jax import _memory
 fits, peak, anon = int(sys.argv[1]), 0, []
 factors = (gk.factors.Full, gk.factors.Diagonal)
 potential = gk.potentials.Logistic if sys.argv[2] == "logistic" else gk.potentials.Gaussian
@@ -26,10 +26,10 @@ for i in range(fits):
     H, y = rng.normal(size=(N, D)), np.where(rng.normal(size=N) > 0, 1.0, -1.0)
     res = gk.fit(gk.Model(gk.priors.Isotropic(D, 1.0), gk.Sites(H, potential(y))), factors[i % 2]())
     assert np.isfinite(float(res.log_z)) and bool(res.converged)
-    peak = max(peak, _xla.mapping_count())
+    peak = max(peak, _memory.mapping_count())
     status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines() if ":" in line)
     anon.append(int(status["RssAnon"].split()[0]) // 1024)
-print(peak, _xla.RELEASES["count"], _xla.mapping_limit(), max(anon) - anon[0])
+print(peak, _memory.RELEASES["count"], _memory.mapping_limit(), max(anon) - anon[0])
 """
 
 

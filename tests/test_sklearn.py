@@ -28,7 +28,7 @@ from sklearn.utils import estimator_checks as checks
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
 import gkl_jax as gk
-from gkl_jax._xla import bucket
+from gkl_jax._buckets import bucket
 from gkl_jax.sklearn import (
     BayesianLogisticRegression,
     BayesianRegression,

@@ -1,4 +1,4 @@
-"""`gkl_jax._xla.program`: the solver programs' compiler options on the CPU, also under jit, grad and vmap.
+"""`gkl_jax._program.program`: the solver programs' compiler options on the CPU, also under jit, grad and vmap.
 
 The suite sets the same option in XLA_FLAGS (tests/conftest.py), which makes the library's programs drop theirs;
 these tests build programs with the option in force, as a user's session has it."""
@@ -12,14 +12,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gkl_jax import _xla
+from gkl_jax import _checks, _program, _xla_options
 
 
 def _with_options(monkeypatch, fun):
     monkeypatch.setenv("XLA_FLAGS", "")
     monkeypatch.delenv("GKL_JAX_XLA_OPTIONS", raising=False)
-    assert _xla.cpu_compiler_options() == _xla.CPU_OPTIONS
-    return _xla.program(fun)
+    assert _xla_options.cpu_compiler_options() == _xla_options.CPU_OPTIONS
+    return _program.program(fun)
 
 
 def test_program_with_compiler_options_runs_at_top_level_and_inside_jit_grad_and_vmap(monkeypatch):
@@ -34,22 +34,22 @@ def test_program_with_compiler_options_runs_at_top_level_and_inside_jit_grad_and
 
 def test_the_options_reach_the_top_level_compile_only(monkeypatch):
     seen = []
-    real = _xla.jax.jit
+    real = _program.jax.jit
 
     def spy(fun, **kwargs):
         seen.append(kwargs.get("compiler_options"))
         return real(fun, **kwargs)
 
-    monkeypatch.setattr(_xla.jax, "jit", spy)
+    monkeypatch.setattr(_program.jax, "jit", spy)
     f = _with_options(monkeypatch, lambda x: 2.0 * x)
     assert float(f(jnp.asarray(1.0))) == 2.0
-    assert _xla.CPU_OPTIONS in seen          # the top-level variant compiled with the options
-    monkeypatch.setattr(_xla.jax, "jit", real)
+    assert _xla_options.CPU_OPTIONS in seen          # the top-level variant compiled with the options
+    monkeypatch.setattr(_program.jax, "jit", real)
     monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_use_fusion_emitters=false")
-    assert _xla.cpu_compiler_options() == {}  # XLA_FLAGS wins
+    assert _xla_options.cpu_compiler_options() == {}  # XLA_FLAGS wins
     monkeypatch.setenv("XLA_FLAGS", "")
     monkeypatch.setenv("GKL_JAX_XLA_OPTIONS", "0")
-    assert _xla.cpu_compiler_options() == {}
+    assert _xla_options.cpu_compiler_options() == {}
     assert float(jax.jit(jax.grad(f))(1.0)) == 2.0
 
 
@@ -64,18 +64,18 @@ def test_traced_checks_are_left_out_of_top_level_programs_only():
     traced = []
 
     def fun(x):
-        traced.append(_xla.checks_traced())
+        traced.append(_checks.checks_traced())
         _validate.check_positive(x, "x")
         return 2.0 * x
 
-    f = _xla.program(fun)
+    f = _program.program(fun)
     assert float(f(jnp.asarray(-1.0))) == -2.0 and traced == [False]
     assert jax.make_jaxpr(fun)(1.0).effects and traced[-1] is True      # outside a program: kept
     err, out = checkify.checkify(jax.jit(lambda x: f(x)))(jnp.asarray(-1.0))
     assert traced[-1] is True and "x must be positive" in str(err.get())
     assert float(out) == -2.0
     # the same program object dispatches again without retracing, and keeps non-array leaves static
-    g = _xla.program(lambda x, name: (x + 1.0, name))
+    g = _program.program(lambda x, name: (x + 1.0, name))
     out = g(np.ones(3), "label")
     assert out[1] == "label" and np.allclose(out[0], 2.0)
     with pytest.raises(ValueError, match="hashable"):

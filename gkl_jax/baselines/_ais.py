@@ -29,10 +29,12 @@ from jax.scipy.special import logsumexp
 from .._fit import fit
 from .._gaussian import Gaussian
 from .._linalg import full_precision
+from .._model import Model
+from .._program import program
 from .._result import Result
 from .._start import check_start
+from .._typing import Key
 from .._validate import check_int, check_key, check_tol, is_concrete
-from .._xla import program
 from ..factors import Full
 from . import _common as C
 
@@ -58,8 +60,9 @@ class AISResult(eqx.Module):
 
 
 @full_precision
-def ais(model, key, *, q=None, num_chains: int = 256, num_temperatures: int = 200, num_leapfrog: int = 10,
-        step_size: float | None = None, inflation: float = 1.2) -> AISResult:
+def ais(model: Model, key: Key, *, q: Gaussian | Result | None = None, num_chains: int = 256,
+        num_temperatures: int = 200, num_leapfrog: int = 10, step_size: float | None = None,
+        inflation: float = 1.2) -> AISResult:
     """Annealed importance sampling estimate of log Z with a standard error (Neal 2001; Nickisch 2010, Ch. 4.10;
     module docstring). The estimate is reliable when the acceptance rate is moderate (0.5-0.95) and `ess` is a
     sizeable fraction of `num_chains`; a warning is issued when log Z is not finite or the acceptance is below 0.1.

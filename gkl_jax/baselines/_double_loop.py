@@ -43,10 +43,10 @@ from .._adjoint import forward_mode_only
 from .._gaussian import Gaussian
 from .._linalg import full_precision
 from .._optim import backtrack, conjugate_gradient, sufficient_increase
+from .._program import program
 from .._result import Result
 from .._status import status_from
 from .._validate import as_int, check_int, check_key, check_tol
-from .._xla import program
 from ..factors import FactorAnalysis
 from . import _common as C
 from ._site_bounds import super_gaussian, tangent_coefficients

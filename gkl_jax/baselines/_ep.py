@@ -38,11 +38,12 @@ import jax.numpy as jnp
 from .. import potentials as P
 from .._adjoint import envelope_value
 from .._linalg import full_precision
+from .._model import Model
 from .._optim import backtrack
+from .._program import program
 from .._result import Result
 from .._status import RESULTS
 from .._validate import check_max_steps, check_tol
-from .._xla import program
 from ..solvers._iterate import Step, iterate
 from . import _common as C
 from ._tilted import tilted_moments
@@ -53,7 +54,8 @@ _MAX_DAMPING_HALVINGS = 8
 
 
 @full_precision
-def ep(model, power: float = 1.0, damping: float = 0.5, *, tol: float | None = None, max_steps: int = 500) -> Result:
+def ep(model: Model, power: float = 1.0, damping: float = 0.5, *, tol: float | None = None,
+       max_steps: int = 500) -> Result:
     """Gaussian EP (power EP for power < 1) with damped parallel updates (Minka 2001, 2004; Nickisch 2010,
     Ch. 2.5.10 and 4.4; Challis & Barber 2013, Section 5.2.3; module docstring). Warns when it did not converge.
 

@@ -27,10 +27,11 @@ from jax import lax
 from .. import potentials as P
 from .._adjoint import implicit_maximiser, stop_gradients
 from .._linalg import diagonal, full_precision
+from .._model import Model
+from .._program import program
 from .._result import Result
 from .._status import RESULTS
 from .._validate import check_max_steps, check_tol
-from .._xla import program
 from ..solvers._iterate import Step, iterate
 from ..solvers._newton import armijo_search
 from . import _common as C
@@ -39,7 +40,7 @@ TRACE_COUNT = {"laplace": 0}
 
 
 @full_precision
-def laplace(model, *, tol: float | None = None, max_steps: int = 100) -> Result:
+def laplace(model: Model, *, tol: float | None = None, max_steps: int = 100) -> Result:
     """The Laplace approximation N(w*, A^{-1}) and its log Z estimate (Challis & Barber 2013, Section 5.2.1;
     Nickisch 2010, Ch. 2.5.6 and 4.3; module docstring).
 

@@ -26,11 +26,12 @@ import jax.numpy as jnp
 from .. import potentials as P
 from .._adjoint import envelope_value
 from .._linalg import full_precision
+from .._model import Model
 from .._optim import default_tol
+from .._program import program
 from .._result import Result
 from .._status import RESULTS
 from .._validate import check_max_steps, check_tol
-from .._xla import program
 from ..solvers._iterate import Step, iterate
 from . import _common as C
 from ._site_bounds import is_supported, probit_coefficients, super_gaussian, tangent_coefficients
@@ -39,7 +40,7 @@ TRACE_COUNT = {"local": 0}
 
 
 @full_precision
-def local(model, *, tol: float | None = None, max_steps: int = 1000) -> Result:
+def local(model: Model, *, tol: float | None = None, max_steps: int = 1000) -> Result:
     """Maximise the local variational lower bound on log Z over the site-bound parameters xi (Challis & Barber
     2013, Section 5.1.1; Nickisch 2010, Ch. 3.3; module docstring). Stops when a plain EM step changes the bound
     by less than tol * (1 + |B|) or after `max_steps` evaluations; warns when it did not converge.

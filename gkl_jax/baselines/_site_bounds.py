@@ -37,6 +37,7 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 from jax.scipy.special import log_ndtr
+from jaxtyping import Array, ArrayLike, Float
 
 from .. import potentials as P
 from .._validate import as_float_array, check_finite, check_int, check_positive
@@ -136,7 +137,8 @@ def probit_coefficients(y, s):
     return jnp.ones_like(s), y * (lam + s), log_ndtr(s) - lam * s - 0.5 * s**2
 
 
-def height(potential, gamma, *, iterations: int = 200):
+def height(potential: P.AbstractPotential, gamma: Float[ArrayLike, "*shape"], *,
+           iterations: int = 200) -> Float[Array, "*shape"]:
     """The height function h(gamma) of Nickisch (2010) Table 3.1 for a super-Gaussian potential (module docstring),
 
         h(gamma) = max_{xi >= 0} -xi / gamma - 2 g(xi),

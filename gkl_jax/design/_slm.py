@@ -31,8 +31,8 @@ import jax.numpy as jnp
 from .._linalg import full_precision
 from .._model import Model, Sites, check_fittable
 from .._optim import default_tol
+from .._program import program
 from .._validate import as_float_array, check_finite, check_int, check_ndim, check_tol, is_concrete
-from .._xla import program
 from ..operators import AbstractOperator, as_operator
 from ..potentials import AbstractPotential
 from ..potentials import Gaussian as GaussianPotential

@@ -19,9 +19,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from .._fit import fit
 from .._gaussian import Gaussian
 from .._model import Model
+from .._program import program
 from .._result import Result
 from .._validate import as_list, is_concrete
-from .._xla import program
 from ..operators import Dense
 
 TRACE_COUNT = {"fit_batched": 0}

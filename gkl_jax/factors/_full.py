@@ -1,4 +1,8 @@
-"""The full upper-triangular Cholesky factor (Challis & Barber 2013, Section 4.1) and the diagonal one."""
+"""The full upper-triangular Cholesky factor (Challis & Barber 2013, Section 4.1) and the diagonal one.
+
+`Full` and `Diagonal` are public (`gkl_jax.factors`); `dense_precision` and the factor helpers are internal API
+(`gkl_jax._start` builds a starting point from `dense_precision`), not part of the public interface.
+"""
 
 from typing import ClassVar, Optional
 
@@ -12,8 +16,19 @@ from ._base import AbstractFixedPointFactor, check_initialised, signed_log_abs_d
 from ._kernels import broadcast_variances
 
 
-def _precision(prior, sites_ops, gammas, dim, dtype):
-    """Sigma^{-1} + sum_sites H^T diag(Gamma) H (eq. 10) as a dense matrix."""
+def dense_precision(prior, sites_ops, gammas, dim, dtype):
+    """Sigma^{-1} + sum_sites H^T diag(Gamma) H (Challis & Barber 2013, eq. 10) as a dense matrix.
+
+    Args:
+        prior: the model's prior, or None (no Gaussian prior: zero).
+        sites_ops: the sites' operators H, one per site group.
+        gammas: the site precisions Gamma, one vector per site group.
+        dim: D.
+        dtype: the matrix's dtype.
+
+    Returns:
+        (D, D) array.
+    """
     lam = jnp.zeros((dim, dim), dtype) if prior is None else prior.precision_dense()
     for op, gamma in zip(sites_ops, gammas):
         lam = lam + op.weighted_gram(gamma)
@@ -105,7 +120,7 @@ class Full(AbstractFixedPointFactor):
         return tdot(self.upper(), z)
 
     def fixed_point(self, prior, sites_ops, gammas):
-        lam = _precision(prior, sites_ops, gammas, self.dim, self.C.dtype)
+        lam = dense_precision(prior, sites_ops, gammas, self.dim, self.C.dtype)
         return Full(upper_factor_of_inverse(lam))
 
     def precondition_tangent(self, tangent):

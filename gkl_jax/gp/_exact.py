@@ -20,8 +20,8 @@ import jax.scipy.linalg as jsl
 from .._gaussian import Gaussian
 from .._linalg import diagonal, full_precision, tdot
 from .._model import Model
+from .._program import program
 from .._result import Result
-from .._xla import program
 from ..factors import Full
 from ..factors._full import upper_factor_of_inverse
 from ..potentials import Gaussian as GaussianLik

@@ -32,6 +32,7 @@ would recompute W.
 
 import inspect
 import time
+import typing
 import warnings
 from typing import Any, Callable, Optional, Union
 
@@ -50,6 +51,7 @@ from .._repr import format_value
 from .._result import Result
 from .._start import model_dtype
 from .._status import RESULTS
+from .._typing import Key
 from .._validate import check_int, check_max_steps, check_nonnegative, strongly_typed
 from .._warm import fit_warm, ml2_solver, warm_fit_applies, warm_result
 from ..potentials import AbstractPotential
@@ -146,10 +148,10 @@ def _accepts_q0(fn) -> bool:
 
 
 @full_precision
-def fit_hyperparameters(build: Callable[[Any], Model], params, *, method: Union[str, Callable, None] = None,
+def fit_hyperparameters(build: Callable[[Any], Model], params: Any, *, method: Union[str, Callable, None] = None,
                         optimizer: Union[str, optax.GradientTransformation] = "lbfgs", max_steps: int = 100,
-                        gtol: float = 1e-4, ftol: float = 1e-9, restarts: int = 0, key=None,
-                        restart_scale: float = 0.5, filter_spec=None,
+                        gtol: float = 1e-4, ftol: float = 1e-9, restarts: int = 0, key: Key | None = None,
+                        restart_scale: float = 0.5, filter_spec: Any = None,
                         method_kwargs: Optional[dict] = None, warm_start: bool = True,
                         jit: Optional[bool] = None, gradient: Optional[str] = None,
                         max_step: Optional[float] = 3.0) -> HyperResult:
@@ -297,7 +299,7 @@ def fit_hyperparameters(build: Callable[[Any], Model], params, *, method: Union[
     for r in range(int(restarts) + 1):
         dyn = dyn0
         if r > 0:
-            key, sub = jax.random.split(key)
+            key, sub = jax.random.split(typing.cast(Key, key))     # set above where restarts > 0
             leaves, treedef = jax.tree.flatten(dyn0)
             subs = jax.random.split(sub, max(len(leaves), 1))
             leaves = [x + restart_scale * jax.random.normal(k, jnp.shape(x), jnp.result_type(x))

@@ -17,10 +17,10 @@ import optax
 from jax import lax
 
 from .._optim import MAX_HALVINGS, max_abs, scale_by_lbfgs, sufficient_increase
+from .._program import program
 from .._start import initial_q as _initial_q
 from .._status import RESULTS
 from .._warm import WarmPoint, WarmStart, fit_warm
-from .._xla import program
 from ..factors import Full
 from ..solvers._site_precision_parts import initial_point as site_precision_start
 

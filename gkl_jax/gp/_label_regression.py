@@ -10,6 +10,8 @@ LR is a heuristic, neither a local nor a global approximation of the classificat
 log Z; predictions use q with the model's own likelihood (`gk.gp.predict`).
 """
 
+from typing import Sequence
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -24,7 +26,7 @@ from ._exact import exact
 NOISE_SDS = (0.5, 0.75, 1.0, 1.5, 2.0)
 
 
-def label_regression(model: Model, noise_sds=NOISE_SDS) -> Result:
+def label_regression(model: Model, noise_sds: Sequence[float] = NOISE_SDS) -> Result:
     """Label regression on a binary classification `model`: GP regression on the labels, its noise chosen on
     a grid (Nickisch 2010, Section 4.8).
 

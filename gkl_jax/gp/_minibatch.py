@@ -19,14 +19,17 @@ import jax
 import jax.numpy as jnp
 import optax
 from jax import lax
+from jaxtyping import ArrayLike, Float
 
 from .._gaussian import Gaussian
 from .._linalg import full_precision
+from .._program import program
 from .._result import Result
+from .._typing import Inputs, Key, ScalarLike
 from .._validate import check_int, check_key, check_max_steps, check_tol, is_concrete
 from .._whiten import unwhitened_q
-from .._xla import program
 from ..factors import Full
+from ..kernels import AbstractKernel
 from ..potentials import AbstractPotential, Custom
 from ..priors import GP
 from ..stochastic import take_sites
@@ -107,11 +110,13 @@ def _inducing(X, Z, num_inducing, key):
 
 
 @full_precision
-def fit_sparse_minibatch(kernel, X, likelihood: AbstractPotential, *, batch_size: int, Z=None,
+def fit_sparse_minibatch(kernel: AbstractKernel, X: Inputs, likelihood: AbstractPotential, *, batch_size: int,
+                         Z: Float[ArrayLike, "m d"] | None = None,
                          num_inducing: int | None = None, num_steps: int | None = None,
                          num_epochs: float | None = None, optimizer: optax.GradientTransformation | None = None,
                          learning_rate: float = 3e-2, learn_kernel: bool = True, learn_inducing: bool = False,
-                         learn_likelihood: bool = True, mean: float = 0.0, jitter: float = 1e-6, key=None,
+                         learn_likelihood: bool = True, mean: ScalarLike = 0.0, jitter: float = 1e-6,
+                         key: Key | None = None,
                          chunk_size: int | None = None, tol: float | None = None) -> SparseGPFit:
     """Fit a sparse GP to N data rows by stochastic gradients of the G-KL bound on minibatches of B rows.
 

@@ -19,16 +19,19 @@ h_n = e_n and k_nn - q_nn = 0 up to the jitter, so the bound equals the full GP 
 of (kernel, Z), so Z is optimised like any other hyperparameter by `fit_hyperparameters`.
 """
 
+import jax
 import jax.numpy as jnp
+from jaxtyping import Array, ArrayLike, Float
 
 from .._model import Model, Sites
+from .._typing import Inputs, Means
 from .._validate import as_float_array, check_finite, check_ndim
 from ..kernels import AbstractKernel
 from ..potentials import AbstractPotential
 from ..priors import GP
 
 
-def inputs(X, name):
+def inputs(X, name: str) -> jax.Array:
     """X as a finite 2-D float array (an (n,) array read as one column); ValueError naming `name`."""
     X = as_float_array(X, name)
     if X.ndim == 1:
@@ -47,7 +50,8 @@ def check_likelihood(likelihood, num, what: str = "X"):
         raise ValueError(f"{what} has {num} rows but the likelihood's per-site data (y) has {n} entries")
 
 
-def model(kernel: AbstractKernel, X, likelihood: AbstractPotential, *, mean=None, jitter: float = 1e-6) -> Model:
+def model(kernel: AbstractKernel, X: Inputs, likelihood: AbstractPotential, *, mean: Means | None = None,
+          jitter: float = 1e-6) -> Model:
     """The full GP model `Model(GP(kernel, X, mean, jitter), Sites(None, likelihood))`, with the inputs and the
     likelihood's targets checked against each other (Challis & Barber 2013, Section 6.1).
 
@@ -87,7 +91,8 @@ def whitened_projection(kernel: AbstractKernel, prior_u: GP, X):
     return A, jnp.maximum(kernel.diag(X) - jnp.sum(A * A, axis=0), 0.0)
 
 
-def sparse_projection(kernel: AbstractKernel, prior_u: GP, X):
+def sparse_projection(kernel: AbstractKernel, prior_u: GP,
+                      X: Float[ArrayLike, "n d"]) -> tuple[Float[Array, "n m"], Float[Array, " n"]]:
     """The sparse GP's site projections h_n = K_zz^{-1} k_zn and extra variances k_nn - q_nn (clipped at 0).
 
     Args:
@@ -110,8 +115,8 @@ def sparse_projection(kernel: AbstractKernel, prior_u: GP, X):
     return (prior_u.inv_chol.T @ A).T, extra
 
 
-def sparse_model(kernel: AbstractKernel, X, Z, likelihood: AbstractPotential, *, mean=None,
-                 jitter: float = 1e-6) -> Model:
+def sparse_model(kernel: AbstractKernel, X: Inputs, Z: Float[ArrayLike, "m d"] | Float[ArrayLike, " m"],
+                 likelihood: AbstractPotential, *, mean: Means | None = None, jitter: float = 1e-6) -> Model:
     """The sparse GP model over u = f(Z) for data inputs X (N x d) and a likelihood with N sites.
 
     `mean` is None (zero), a constant, or an (N,) array of prior means at X (then the inducing mean is zero

@@ -24,13 +24,15 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax.scipy.special import log_ndtr, logsumexp, ndtr
+from jaxtyping import Array, ArrayLike, Float
 
 from .._gaussian import Gaussian
 from .._linalg import full_precision, tdot
+from .._program import program
 from .._quadrature import hermite_rule
 from .._result import Result
+from .._typing import Inputs, Means
 from .._validate import as_float_array, check_finite, check_ndim, is_concrete
-from .._xla import program
 from ..operators import Dense as DenseOperator
 from ..potentials import AbstractPotential, Cauchy, Laplace, Logistic, Poisson, Probit, StudentT
 from ..potentials import Gaussian as GaussianLik
@@ -66,7 +68,8 @@ class Prediction(eqx.Module):
     y_variance: Optional[jax.Array] = None
 
 
-def latent(q: Gaussian, prior: GP, X_new, mean_new=None):
+def latent(q: Gaussian | Result, prior: GP, X_new: Inputs,
+           mean_new: Means | None = None) -> tuple[Float[Array, " n"], Float[Array, " n"]]:
     """The latent predictive mean and variance at the rows of X_new (Challis & Barber 2013, App. F.1).
 
     Args:
@@ -89,7 +92,7 @@ def latent(q: Gaussian, prior: GP, X_new, mean_new=None):
     return _latent(q, prior, X_new, _mean_at(prior, X_new.shape[0], mean_new, X_new.dtype))
 
 
-def _check_inputs(q, prior, X_new):
+def _check_inputs(q, prior, X_new) -> jax.Array:
     if not isinstance(prior, GP):
         raise ValueError(f"prior must be a gkl_jax.priors.GP, got {type(prior).__name__}")
     if q.dim != prior.dim:
@@ -123,8 +126,9 @@ def _mean_at(prior, n_new, mean_new, dtype):
 
 
 @full_precision
-def predict(result, prior: GP, X_new, likelihood: Optional[AbstractPotential] = None, *, mean_new=None,
-            num_points: int = PREDICTIVE_NUM_POINTS, family=None) -> Prediction:
+def predict(result: Result | Gaussian, prior: GP, X_new: Inputs, likelihood: Optional[AbstractPotential] = None,
+            *, mean_new: Means | None = None, num_points: int = PREDICTIVE_NUM_POINTS,
+            family: AbstractPotential | str | None = None) -> Prediction:
     """Predictions at the rows of `X_new` from a fitted `Result` (or a `Gaussian`) on `prior`'s inputs.
 
     `likelihood` (optional) is a potential holding the test targets, e.g. `potentials.StudentT(y_test, 3,
@@ -244,7 +248,7 @@ def observation_moments(likelihood, mean, variance):
     return (None, None) if y_variance is None else (mean, y_variance)
 
 
-def _check_moments(likelihood, mean, variance):
+def _check_moments(likelihood, mean, variance) -> tuple[jax.Array, jax.Array]:
     """(mean, variance) as float arrays after checking them against each other and the likelihood's data."""
     mean, variance = as_float_array(mean, "mean"), as_float_array(variance, "variance")
     check_ndim(mean, 1, "mean")
@@ -256,7 +260,9 @@ def _check_moments(likelihood, mean, variance):
     return mean, variance
 
 
-def log_predictive_density(likelihood, mean, variance, *, num_points=PREDICTIVE_NUM_POINTS):
+def log_predictive_density(likelihood: AbstractPotential, mean: Float[ArrayLike, " n"],
+                           variance: Float[ArrayLike, " n"], *,
+                           num_points: int = PREDICTIVE_NUM_POINTS) -> Float[Array, " n"]:
     """log E_{N(f | mean, variance)}[phi(f)] elementwise (closed form for Gaussian, probit and Laplace
     likelihoods, else Gauss-Hermite).
 
@@ -302,7 +308,8 @@ def _laplace_log_predictive(y, tau, m, s2):
     return -jnp.log(4 * tau) + s2 / (2 * tau**2) + jnp.logaddexp(t1, t2)
 
 
-def class_probability(likelihood, mean, variance, *, num_points=PREDICTIVE_NUM_POINTS):
+def class_probability(likelihood: AbstractPotential, mean: Float[ArrayLike, " n"], variance: Float[ArrayLike, " n"],
+                      *, num_points: int = PREDICTIVE_NUM_POINTS) -> Float[Array, " n"] | None:
     """p(y = +1 | x_*) for probit (Phi(mean / sqrt(1 + variance))) and logistic (quadrature) likelihoods.
 
     Args:

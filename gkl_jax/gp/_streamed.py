@@ -14,18 +14,22 @@ the sparse variational bound of Titsias (2009) and Hensman et al. (2015), equal 
 """
 
 import math
+import typing
 
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jaxtyping import ArrayLike, Float
 
 from .._bound import bound
 from .._gaussian import Gaussian
 from .._linalg import full_precision
 from .._model import Model, Sites
+from .._typing import Indices, Inputs, Scalar, ScalarLike
 from .._validate import check_indices, check_int
 from ..kernels import AbstractKernel
 from ..operators import Dense as DenseOperator
+from ..potentials import AbstractPotential
 from ..priors import GP, Isotropic
 from ..stochastic import slice_sites, take_sites
 from ._models import check_likelihood, inputs, whitened_projection
@@ -63,7 +67,8 @@ def batch_sites(kernel, prior_u: GP, X, likelihood) -> Sites:
         `gkl_jax.Sites` over the M whitened inducing values.
     """
     A, extra = whitened_projection(kernel, prior_u, X)
-    return Sites(DenseOperator(A.T), likelihood, offset=prior_u.constant_mean, variance_offset=extra)
+    offset = typing.cast(jax.Array, prior_u.constant_mean)     # set: the inducing prior's mean is a constant
+    return Sites(DenseOperator(A.T), likelihood, offset=offset, variance_offset=extra)
 
 
 def site_rows(likelihood) -> Sites:
@@ -72,7 +77,7 @@ def site_rows(likelihood) -> Sites:
     return Sites(None, likelihood)
 
 
-def check_data(kernel, X, Z, likelihood):
+def check_data(kernel, X, Z, likelihood) -> tuple[jax.Array, jax.Array]:
     """(X, Z) as 2-D float arrays after checking them, the kernel and the likelihood (ValueError naming each).
 
     Args:
@@ -110,7 +115,9 @@ def _global(q: Gaussian, dim: int):
 
 
 @full_precision
-def sparse_minibatch_bound(kernel, X, Z, likelihood, q: Gaussian, indices, *, mean=0.0, jitter: float = 1e-6):
+def sparse_minibatch_bound(kernel: AbstractKernel, X: Inputs, Z: Float[ArrayLike, "m d"],
+                           likelihood: AbstractPotential, q: Gaussian, indices: Indices, *, mean: ScalarLike = 0.0,
+                           jitter: float = 1e-6) -> Scalar:
     """The unbiased estimate of the whitened sparse bound from the data rows `indices`:
     H[q] + E_q[log N(v | 0, I)] + (N / B) sum_{n in indices} E[log phi_n(f_n)].
 
@@ -141,8 +148,9 @@ def sparse_minibatch_bound(kernel, X, Z, likelihood, q: Gaussian, indices, *, me
 
 
 @full_precision
-def sparse_streamed_bound(kernel, X, Z, likelihood, q: Gaussian, *, mean=0.0, jitter: float = 1e-6,
-                          chunk_size: int | None = None):
+def sparse_streamed_bound(kernel: AbstractKernel, X: Inputs, Z: Float[ArrayLike, "m d"],
+                          likelihood: AbstractPotential, q: Gaussian, *, mean: ScalarLike = 0.0,
+                          jitter: float = 1e-6, chunk_size: int | None = None) -> Scalar:
     """The whitened sparse GP bound over all N rows, the site sum streamed as a `lax.scan` over chunks of
     `chunk_size` rows (the last chunk clamped to end at row N, its rows already counted masked), each chunk
     rematerialised in the backward pass (`jax.checkpoint`): memory O(chunk_size * M) for the value and the

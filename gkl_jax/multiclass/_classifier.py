@@ -16,11 +16,11 @@ import warnings
 import jax
 import numpy as np
 
+from .._buckets import bucket
 from .._inducing import INITS as INDUCING_INITS
 from .._inducing import inducing_rows
 from .._linalg import in_float64
 from .._validate import check_int, check_max_steps, check_nonnegative, check_tol, device_array, host_arrays
-from .._xla import bucket
 from ..kernels import AbstractKernel, SquaredExponential, median_distance
 from ._api import predict
 from ._full import COVARIANCES, SITES
@@ -234,7 +234,7 @@ class GPClassifier:
             raise ValueError("this GPClassifier is not fitted yet; call fit(X, y) first")
 
     def _padded_predictive(self, X_new):
-        """The predictive at X_new's rows padded to a bucket size (`_xla.bucket`): test points do not interact, so
+        """The predictive at X_new's rows padded to a bucket size (`_buckets.bucket`): test points do not interact, so
         the padding (copies of the last row) changes nothing in the first n_* rows, and a new test size compiles the
         predictive (and the probabilities) once per bucket instead of once per size.
 

@@ -30,8 +30,9 @@ import jax.scipy.linalg as jsl
 import numpy as np
 
 from .._linalg import diagonal, full_precision
+from .._program import program
 from .._validate import check_max_steps, check_tol, device_array, host_view, is_concrete
-from .._xla import LAPACK_BOUND, program
+from .._xla_options import LAPACK_BOUND
 from ..priors._priors import dense_cholesky
 from ._blocks import blockdiag_dense, blockdiag_left, blocks, per_datum, placeholder_sites, sym
 from ._site import site_bound_free

@@ -34,6 +34,7 @@ import numpy as np
 
 from .._linalg import full_precision
 from .._optim import backtrack_host, lbfgs_direction, sufficient_increase
+from .._program import program
 from .._validate import (
     check_indices,
     check_int,
@@ -43,7 +44,7 @@ from .._validate import (
     host_view,
     is_concrete,
 )
-from .._xla import LAPACK_BOUND, program
+from .._xla_options import LAPACK_BOUND
 from ._blocks import blockdiag_dense, blockdiag_left, placeholder_sites, sym
 from ._contrast import lift_contrasts, to_contrasts
 from ._full import COVARIANCES, SITES, Posterior, one_hot_labels, prior_covariance

@@ -31,8 +31,9 @@ import jax.scipy.linalg as jsl
 from jax import lax
 
 from .._linalg import diagonal, full_precision, invert_lower, tdot
+from .._program import program
 from .._validate import check_indices, check_int, check_max_steps, check_tol, is_concrete
-from .._xla import LAPACK_BOUND, program
+from .._xla_options import LAPACK_BOUND
 from ._blocks import blockdiag_left, per_datum, placeholder_sites, sym
 from ._full import V_UPDATES, check_one_hot
 from ._qcg import q_conjugate_gradient

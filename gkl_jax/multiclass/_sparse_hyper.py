@@ -13,7 +13,8 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .._xla import LAPACK_BOUND, program
+from .._program import program
+from .._xla_options import LAPACK_BOUND
 from ._blocks import placeholder_sites
 from ._sparse import SparsePosterior, _initial, inducing_prior, sparse_core, sparse_log_z, whitened_cross
 

@@ -20,9 +20,9 @@ import numpy as np
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted
 
+from .._buckets import bucket
 from .._linalg import in_float64
 from .._validate import host_arrays
-from .._xla import bucket
 from ..gp._hyper import fit_hyperparameters
 
 try:  # scikit-learn >= 1.6

@@ -25,9 +25,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import potentials as P
+from .._buckets import bucket
 from .._inducing import inducing_rows
 from .._model import Model, Sites
-from .._xla import bucket
 from ..gp import sparse_projection
 from ..potentials import AbstractPotential
 from ..priors import GP, Dense
@@ -47,7 +47,7 @@ DEFAULT_INDUCING = 500
 
 
 def rows_bucket(n: int) -> int:
-    """The padded number of rows for n training or test points (`_xla.bucket`, `ROW_BUCKET_MIN`, eighth octaves)."""
+    """The padded number of rows for n training or test points (`_buckets.bucket`, `ROW_BUCKET_MIN`, eighth octaves)."""
     return bucket(n, ROW_BUCKET_MIN, ROW_BUCKET_STEPS)
 
 

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from .._xla import program
+from .._program import program
 from ._ml2 import scales
 
 FALLBACK_SCALE = 0.1

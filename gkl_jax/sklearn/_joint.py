@@ -26,12 +26,12 @@ loop, which it keeps.
 import jax.numpy as jnp
 
 from .._adjoint import solver_mask
-from .._bound import _bound_value
+from .._bound import bound_value
 from .._linalg import full_precision
 from .._model import Model, Sites
+from .._program import program
 from .._result import Result
 from .._start import initial_variance
-from .._xla import program
 from ..solvers._base import Problem
 from ..solvers._newton import newton_cg
 from ._ml2 import laplace_start
@@ -99,7 +99,7 @@ def joint_fit(build, params, learn, forcing, tol, max_steps, finish):
     def objective(x):
         u, q = split(x)
         model, constant = scaled_model(build, u)
-        return _bound_value(model, q) - constant
+        return bound_value(model, q) - constant
 
     def preconditioner(x):
         on_q = problem.preconditioner(x[k:])

@@ -25,9 +25,9 @@ import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
 
 from .. import factors as F
+from .._buckets import bucket
 from .._fit import fit as gk_fit
 from .._predict import predict as gk_predict
-from .._xla import bucket
 from . import _ml2 as ml2
 from ._common import (
     HostState,

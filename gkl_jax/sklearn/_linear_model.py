@@ -11,7 +11,7 @@ from .. import solvers
 from .._fit import fit as gk_fit
 from .._linalg import full_precision
 from .._model import Model, Sites
-from .._xla import program
+from .._program import program
 from ..gp import exact as gp_exact
 from ..priors import Diagonal
 from . import _ml2 as ml2

@@ -24,9 +24,9 @@ import numpy as np
 
 from .._fit import fit as gk_fit
 from .._linalg import diagonal
+from .._program import program
 from .._start import model_dtype
 from .._status import RESULTS
-from .._xla import program
 from ..baselines._laplace import _laplace_jit
 from ..gp._hyper_loop import _LBFGS, _Objective, _run, _Settings
 

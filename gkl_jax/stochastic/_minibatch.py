@@ -31,11 +31,11 @@ from .._bound import check_model_and_q
 from .._gaussian import Gaussian
 from .._linalg import full_precision
 from .._model import Model, check_fittable
+from .._program import program
 from .._result import Result
 from .._start import initial_q as _initial_q
 from .._validate import as_int, check_indices, check_int, check_key, check_max_steps, check_tol, is_concrete
 from .._whiten import whitening
-from .._xla import program
 from ..factors import AbstractFactor, Full
 from ..priors._priors import AbstractDensePrior
 from ._subsample import check_subsampling, num_sites, slice_sites, take_sites
