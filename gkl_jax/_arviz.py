@@ -7,7 +7,11 @@ no autocorrelation, so ArviZ's effective sample size is about the number of draw
 construction; they describe q, not a sampler's convergence.
 """
 
+from collections.abc import Sequence
+from typing import Any
+
 import numpy as np
+from jaxtyping import ArrayLike, Float
 
 from ._arviz_gp import GP_ESTIMATORS, coordinate_names, draws_from_moments, gp_draws
 from ._result import Result
@@ -23,7 +27,8 @@ def _arviz():
     return arviz
 
 
-def to_inference_data(obj, *, num_draws: int = 1000, num_chains: int = 4, seed: int = 0, names=None, X=None):
+def to_inference_data(obj: Any, *, num_draws: int = 1000, num_chains: int = 4, seed: int = 0,
+                      names: Sequence[Any] | None = None, X: Float[ArrayLike, "n d"] | None = None) -> Any:
     """Posterior draws from a fitted Gaussian as `arviz.InferenceData` with named coordinates.
 
     Args:

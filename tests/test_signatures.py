@@ -20,7 +20,6 @@ NOT_YET = {
     "gkl_jax.gp.ppa_predict",
     "gkl_jax.gp.corrected_bound",
     "gkl_jax.gp.standard_bound",
-    "gkl_jax.to_inference_data",            # _arviz.py: main added X= (f3fc403); annotate after the merge
 }
 
 
