@@ -9,6 +9,7 @@ at the current point is new: the history is written). The stopping rules shared 
 a non-finite objective) are the driver's; the solver's `terminate` adds its own (its stopping test, a stall).
 """
 
+import functools
 from typing import Any, NamedTuple
 
 import equinox as eqx
@@ -96,7 +97,7 @@ def _report(callback, name, step, value, statistic, done, code):
     callback(ProgressInfo(int(step), float(value), float(statistic), name, bool(done), int(code)))
 
 
-def iterate(solver, problem, tol, max_steps, *, init=None, progress=None, postprocess=True):
+def iterate(solver, problem, tol, max_steps, *, init=None, progress=None, postprocess=True, host=False):
     """Run `solver` on `problem` in one `lax.while_loop` to its stopping test, `max_steps` steps, a non-finite
     objective or the solver's own stop.
 
@@ -126,6 +127,8 @@ def iterate(solver, problem, tol, max_steps, *, init=None, progress=None, postpr
             None compiles no callback.
         postprocess: False to skip `solver.postprocess` (x is then the point itself, extras None: for callers that
             read the final state instead).
+        host: run the same iterations as a Python loop, outside any trace (for a step that must see concrete
+            values: ML-II of the baselines, `gkl_jax.gp.fit_hyperparameters(jit=False)`).
 
     Returns:
         (`Solution`, state): the solution (with `value`, the objective at x) and the solver's final state.
@@ -161,7 +164,10 @@ def iterate(solver, problem, tol, max_steps, *, init=None, progress=None, postpr
             better = value > best_value
             best_value = jnp.where(better, value, best_value)
             best_point = jax.tree.map(lambda a, b: jnp.where(better, a, b), solver.point(state), best_point)
-        if progress is not None:
+        if progress is not None and host:
+            if bool(info.advance):
+                _report(progress, name, k, value, info.statistic, False, -1)
+        elif progress is not None:
             lax.cond(info.advance, lambda: jax.debug.callback(_report, progress, name, k, value, info.statistic,
                                                               False, -1), lambda: None)
         statistic = None if progress is None else info.statistic.astype(dtype)
@@ -169,7 +175,11 @@ def iterate(solver, problem, tol, max_steps, *, init=None, progress=None, postpr
 
     statistic0 = None if progress is None else jnp.asarray(jnp.nan, dtype)     # carried only to report it
     carry = _Carry(state, zero, zero, history, value0, statistic0, best_value, best_point)
-    carry = lax.while_loop(cond, body, carry)
+    if host:
+        while bool(cond(carry)):
+            carry = body(carry)
+    else:
+        carry = lax.while_loop(cond, body, carry)
     converged, _ = solver.terminate(problem, carry.state, tol)
     point, value = solver.point(carry.state), carry.value
     if keep_best:
@@ -177,6 +187,7 @@ def iterate(solver, problem, tol, max_steps, *, init=None, progress=None, postpr
         value = jnp.where(converged, value, carry.best_value)
     code = status(converged, value, carry.num_steps, max_steps)
     if progress is not None:
-        jax.debug.callback(_report, progress, name, carry.num_steps, value, carry.statistic, True, code)
+        report = _report if host else functools.partial(jax.debug.callback, _report)
+        report(progress, name, carry.num_steps, value, carry.statistic, True, code)
     x, extras = solver.postprocess(problem, carry.state, point) if postprocess else (point, None)
     return Solution(x, carry.num_steps, code == RESULTS.successful, carry.history, code, extras, value), carry.state
