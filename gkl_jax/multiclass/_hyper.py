@@ -269,7 +269,9 @@ def fit_hyperparameters(kernel, X, y, *, num_classes=None, fixed=(), class_covar
     if int(code) != RESULTS.successful:
         warnings.warn(f"gkl_jax.multiclass.fit_hyperparameters: {int(k)} steps without the bound settling "
                       f"({RESULTS.message(code)}); the returned hyper-parameters are the best found", stacklevel=2)
-    history = solution.history.at[k].set(f)     # the last entry at `inner_tol` (`HostLBFGS.postprocess`)
+    history = np.array(solution.history)
+    history[int(k)] = f     # the last entry at `inner_tol` (`HostLBFGS.postprocess`)
+    history, k = device_array(history), device_array(k)
     new_kernel = eqx.combine(_unflatten(params, x), static)
     f = device_array(f, dt)
     if inducing is not None:

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from .._status import RESULTS, status
@@ -93,6 +94,18 @@ class _Carry(eqx.Module):
     best_point: Any
 
 
+def _write(history, k, value, record):
+    """The history with entry k set to `value` where `record`: in place in a host (NumPy) buffer, which only the
+    host loop's carry holds."""
+    if isinstance(history, np.ndarray):
+        if bool(record):
+            history[int(k)] = value
+        return history
+    if record is True:
+        return history.at[k].set(value)
+    return history.at[k].set(jnp.where(record, value.astype(history.dtype), history[k]))
+
+
 def _report(callback, name, step, value, statistic, done, code):
     callback(ProgressInfo(int(step), float(value), float(statistic), name, bool(done), int(code)))
 
@@ -135,13 +148,14 @@ def iterate(solver, problem, tol, max_steps, *, init=None, progress=None, postpr
     """
     state, value0 = solver.init(problem, tol, max_steps) if init is None else init
     forced = solver.start_in_loop
-    value0 = jnp.asarray(value0)
+    xp = np if host else jnp    # on the host the driver's own bookkeeping is NumPy: no dispatch per step
+    value0 = xp.asarray(value0)
     dtype = value0.dtype
-    history = jnp.full((max_steps + 1,), jnp.nan, dtype).at[0].set(value0)
+    history = _write(xp.full((max_steps + 1,), xp.nan, dtype), 0, value0, True)
     keep_best = not solver.monotone
     best_point = solver.point(state) if keep_best else None
     best_value = value0 if keep_best else None
-    zero = jnp.zeros((), jnp.int32)
+    zero = xp.zeros((), xp.int32)
     name = type(solver).__name__
 
     finite_only = getattr(solver, "stop_on_nonfinite", True)
@@ -149,16 +163,16 @@ def iterate(solver, problem, tol, max_steps, *, init=None, progress=None, postpr
     def done(c):
         converged, stop = solver.terminate(problem, c.state, tol)
         stop = stop | (c.num_steps >= max_steps)
-        return converged | (stop | ~jnp.isfinite(c.value) if finite_only else stop)
+        return converged | (stop | ~xp.isfinite(c.value) if finite_only else stop)
 
     def cond(c):
         return (c.iteration == 0) | ~done(c) if forced else ~done(c)
 
     def body(c):
         state, info = solver.step(problem, c.state, tol)
-        k = c.num_steps + info.advance.astype(jnp.int32)
-        history = c.history.at[k].set(jnp.where(info.record, info.value.astype(dtype), c.history[k]))
-        value = jnp.where(info.record, info.value, c.value).astype(dtype)
+        k = c.num_steps + xp.asarray(info.advance).astype(xp.int32)
+        history = _write(c.history, k, info.value, info.record)
+        value = xp.where(info.record, info.value, c.value).astype(dtype)
         best_value, best_point = c.best_value, c.best_point
         if keep_best:
             better = value > best_value
@@ -170,10 +184,10 @@ def iterate(solver, problem, tol, max_steps, *, init=None, progress=None, postpr
         elif progress is not None:
             lax.cond(info.advance, lambda: jax.debug.callback(_report, progress, name, k, value, info.statistic,
                                                               False, -1), lambda: None)
-        statistic = None if progress is None else info.statistic.astype(dtype)
+        statistic = None if progress is None else xp.asarray(info.statistic).astype(dtype)
         return _Carry(state, k, c.iteration + 1, history, value, statistic, best_value, best_point)
 
-    statistic0 = None if progress is None else jnp.asarray(jnp.nan, dtype)     # carried only to report it
+    statistic0 = None if progress is None else xp.asarray(xp.nan, dtype)     # carried only to report it
     carry = _Carry(state, zero, zero, history, value0, statistic0, best_value, best_point)
     if host:
         while bool(cond(carry)):
