@@ -15,14 +15,8 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "gkl_jax"
 DRIVER = "gkl_jax/solvers/_iterate.py"
 
 # Known offenders, each to be deleted when the branch that fixes it merges (file, "module.name").
-ALLOWED = {
-    # removed by s3-ml2 merge
-    ("gkl_jax/sklearn/_ml2.py", "gkl_jax.baselines._laplace._laplace_jit"),
-    ("gkl_jax/sklearn/_ml2.py", "gkl_jax.gp._hyper_loop._LBFGS"),
-    ("gkl_jax/sklearn/_ml2.py", "gkl_jax.gp._hyper_loop._Objective"),
-    ("gkl_jax/sklearn/_ml2.py", "gkl_jax.gp._hyper_loop._run"),
-    ("gkl_jax/sklearn/_ml2.py", "gkl_jax.gp._hyper_loop._Settings"),
-}
+ALLOWED: set = set()
+"""(module, imported private name) pairs allowed to cross sub-packages: none."""
 
 
 def _module_parts(path: pathlib.Path) -> list[str]:

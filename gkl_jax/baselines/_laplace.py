@@ -16,6 +16,9 @@ the number scikit-learn's GaussianProcessClassifier reports). Not a bound (`is_b
 For non-log-concave sites (Student-t) W can be negative away from the mode; the Newton direction then uses
 max(W, 0) (a positive-definite majoriser of the curvature), and at the end `converged` is False if A is not
 positive definite at the point found. Potentials that are not twice differentiable (Laplace) are refused.
+
+Internal API: `laplace_program` (the compiled fit, without `laplace`'s checks) is shared with `gkl_jax.sklearn` (its
+G-KL starts) and is not part of the public interface.
 """
 
 import equinox as eqx
@@ -80,7 +83,7 @@ def laplace(model: Model, *, tol: float | None = None, max_steps: int = 100) -> 
     max_steps = check_max_steps(max_steps, "laplace: max_steps")
     dtype = C.dtype_of(model)
     tol = C.default_tol(dtype) if tol is None else check_tol(tol, "laplace: tol")
-    result = _laplace_jit(model, jnp.asarray(tol, dtype), max_steps)  # an array: no recompile per tol
+    result = laplace_program(model, jnp.asarray(tol, dtype), max_steps)  # an array: no recompile per tol
     C.warn_if_not_converged(result.converged, "laplace", "Newton's method did not reach max|grad| <= "
                             f"{tol:g} within max_steps={max_steps}, or the Hessian at the point found is not "
                             "negative definite")
@@ -102,7 +105,7 @@ def _curvature(model, groups, w):
 
 
 @program
-def _laplace_jit(model, tol, max_steps):
+def laplace_program(model, tol, max_steps):
     """One loop (`gkl_jax.solvers.iterate` over `_Newton`) on the gradient-free model: iteration k > 0 takes the
     damped Newton step from w_{k-1} to w_k, and each evaluates log p, its gradient and curvature at w_k
     (history[k]), to the stopping test (`laplace`), max_steps steps or a failed line search. The mode found then

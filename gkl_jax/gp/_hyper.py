@@ -16,11 +16,12 @@ For the other methods the gradient is whatever their `log_z` provides (exact: cl
 Each inner fit is warm-started at the previous optimum (q0), so after the first few outer steps an inner fit
 costs a few iterations. The outer optimiser is L-BFGS (the direction from `gkl_jax._optim.scale_by_lbfgs`, an Armijo
 backtracking line search that treats a failed inner fit as a rejected step) or any `optax.GradientTransformation`
-(every update taken). The whole run is one compiled `lax.while_loop` whose body evaluates (log_z, gradient,
-inner result) at one trial point and then accepts it or halves the step (`_advance`), so the objective has one
-call site and one trace; it is module-level and compiles once per (build, method, shapes), reused across calls.
-The host loop it replaced spent a third of its time between the compiled evaluations. With `jit=False`
-(the baselines) the same `_advance` runs as a host loop.
+(every update taken). The whole run is one compiled program: the loop of `gkl_jax.solvers.iterate` over
+`_hyper_loop.HyperSolver`, whose step evaluates (log_z, gradient, inner result) at one trial point and then accepts
+it or halves the step (`_advance`), so the objective has one call site and one trace; it is module-level and
+compiles once per (build, method, shapes), reused across calls. The host loop it replaced spent a third of its time
+between the compiled evaluations. With `jit=False` (the baselines) `iterate` runs the same steps as a host loop.
+`iterate` keeps the history, the step count and the `RESULTS` status, and reports each step to `progress=`.
 When G-KL runs the site-precision solver (GP models with log-concave likelihoods, or any with
 `method_kwargs={"solver": gk.solvers.SitePrecision()}`) the inner fits are
 `_warm.fit_warm`, which hands on the mean, marginal variances and site precisions W instead of the Full factor C,
@@ -47,6 +48,7 @@ from .._fit import fit
 from .._linalg import full_precision
 from .._model import Model
 from .._optim import default_tol
+from .._progress import reraise_callback_error, resolve_progress
 from .._repr import format_value
 from .._result import Result
 from .._start import model_dtype
@@ -55,7 +57,7 @@ from .._typing import Key
 from .._validate import check_int, check_max_steps, check_nonnegative, strongly_typed
 from .._warm import fit_warm, ml2_solver, warm_fit_applies, warm_result
 from ..potentials import AbstractPotential
-from ._hyper_loop import _LBFGS, _Objective, _run, _run_jit, _Settings
+from ._hyper_loop import OUTER_LBFGS, HyperSolver, Objective, run, run_jit
 
 
 class HyperResult(eqx.Module):
@@ -68,9 +70,8 @@ class HyperResult(eqx.Module):
         result: the inner `gkl_jax.Result` at `params` (the posterior and log_z there).
         log_z: float scalar array, the method's evidence estimate at `params`.
         num_steps: int, accepted outer steps of the best run.
-        converged: bool, whether the best run's stopping rule was met (`status == RESULTS.successful`).
         status: int, the best run's `gkl_jax.RESULTS` code (successful, max_steps_reached, stalled); `message` says
-            it in words.
+            it in words, `converged` is `status == RESULTS.successful`.
         history: float numpy array, log_z at the start and after each accepted outer step of the best run.
         restart_log_z: (restarts + 1,) float numpy array, the final log_z of every run (first entry: the run
             from the given params).
@@ -83,12 +84,16 @@ class HyperResult(eqx.Module):
     result: Result
     log_z: jax.Array
     num_steps: int = eqx.field(static=True)
-    converged: bool = eqx.field(static=True)
     history: np.ndarray
     restart_log_z: np.ndarray
     num_inner_unconverged: int = eqx.field(static=True)
     wall_time: float = eqx.field(static=True)
     status: int = eqx.field(static=True, default=0)
+
+    @property
+    def converged(self) -> bool:
+        """Whether the best run's stopping rule was met (`status == RESULTS.successful`)."""
+        return self.status == RESULTS.successful
 
     @property
     def message(self) -> str:
@@ -154,7 +159,7 @@ def fit_hyperparameters(build: Callable[[Any], Model], params: Any, *, method: U
                         restart_scale: float = 0.5, filter_spec: Any = None,
                         method_kwargs: Optional[dict] = None, warm_start: bool = True,
                         jit: Optional[bool] = None, gradient: Optional[str] = None,
-                        max_step: Optional[float] = 3.0) -> HyperResult:
+                        max_step: Optional[float] = 3.0, progress=False) -> HyperResult:
     """Maximise `method(build(params)).log_z` over the inexact-array leaves of `params` selected by
     `filter_spec` (see the module doc for the gradient); by default (None) every inexact array except the data
     of a likelihood in `params` (its targets `y`). A likelihood's positive parameters (variance, scale, dof) are
@@ -205,13 +210,20 @@ def fit_hyperparameters(build: Callable[[Any], Model], params: Any, *, method: U
         jit: build the model inside the compiled objective (default by method, see above).
         gradient: "reverse" or "forward" (default by method, see above).
         max_step: the largest first move of a parameter in an L-BFGS line search (positive, or None; default 3).
+        progress: False (default), True (each accepted outer step's log_z and max |d log_z / d theta| on stderr),
+            "auto" (True where stderr is a terminal), or a callable receiving a `gkl_jax.solvers.ProgressInfo`
+            after each accepted outer step and once at the end of each run (`bound` is log_z, `solver`
+            "HyperSolver"), as for `gkl_jax.fit`. A callable that raises stops the run with its exception.
+            Each callable is part of the compiled program's key: the first call with a new one compiles again.
 
     Returns:
         `HyperResult`.
 
     Raises:
         ValueError: build not callable or not returning a Model, arrays in method_kwargs, an unknown method or
-            optimizer, or a bad count, tolerance or max_step.
+            optimizer, a bad count, tolerance or max_step, or a `progress` that is not True, False, "auto" or
+            callable.
+        FloatingPointError: log_z is not finite at the initial parameters.
 
     Example:
         >>> import numpy as np, gkl_jax as gk
@@ -231,6 +243,7 @@ def fit_hyperparameters(build: Callable[[Any], Model], params: Any, *, method: U
     if kwargs_contains_arrays(method_kwargs):
         raise ValueError("method_kwargs must hold static options only (no arrays); put data in `build`")
     fn = _resolve_method(method)
+    callback = resolve_progress(progress, "gkl_jax.gp.fit_hyperparameters")
     kwargs = dict(method_kwargs or {})
     use_q0 = warm_start and _accepts_q0(fn)
     check_max_steps(max_steps)
@@ -240,7 +253,7 @@ def fit_hyperparameters(build: Callable[[Any], Model], params: Any, *, method: U
     if max_step is not None and not float(max_step) > 0:
         raise ValueError(f"max_step must be positive or None, got {max_step}")
     if optimizer == "lbfgs":
-        opt = _LBFGS
+        opt = OUTER_LBFGS
         linesearch = True
     elif isinstance(optimizer, optax.GradientTransformation):
         opt = optimizer
@@ -289,10 +302,10 @@ def fit_hyperparameters(build: Callable[[Any], Model], params: Any, *, method: U
 
     start = time.perf_counter()
     dtype = model_dtype(model0)
-    objective = _Objective(build, fn, kwargs, use_q0, static, gradient == "forward", jit)
-    settings = _Settings(opt, linesearch, int(max_steps), np.asarray(gtol, dtype), np.asarray(ftol, dtype),
+    objective = Objective(build, fn, kwargs, use_q0, static, gradient == "forward", jit)
+    solver = HyperSolver(opt, linesearch, int(max_steps), np.asarray(gtol, dtype), np.asarray(ftol, dtype),
                          bool(adaptive), np.asarray(np.inf if max_step is None else max_step, dtype))
-    run = _run_jit if jit else _run
+    one_run = run_jit if jit else run
     if key is None and restarts:
         key = jax.random.PRNGKey(0)   # 0.25 ms; made only where a restart needs it
     runs = []
@@ -305,25 +318,29 @@ def fit_hyperparameters(build: Callable[[Any], Model], params: Any, *, method: U
             leaves = [x + restart_scale * jax.random.normal(k, jnp.shape(x), jnp.result_type(x))
                       for x, k in zip(leaves, subs)]
             dyn = jax.tree.unflatten(treedef, leaves)
-        state = run(objective, settings, dyn, dynamic_kwargs)
-        if int(state.status) == RESULTS.nonfinite:
+        try:
+            solution, state = one_run(objective, solver, dyn, dynamic_kwargs, callback)
+        except jax.errors.JaxRuntimeError as e:     # a progress callable that raised: its own exception
+            reraise_callback_error(callback, e)
+            raise
+        if int(solution.status) == RESULTS.nonfinite:
             raise FloatingPointError("fit_hyperparameters: the objective is not finite at the initial parameters")
-        runs.append(state)
-    log_zs = np.array([-float(state.f) for state in runs])
-    best = runs[int(np.argmax(np.where(np.isfinite(log_zs), log_zs, -np.inf)))]
+        runs.append((solution, state))
+    log_zs = np.array([float(solution.value) for solution, _ in runs])
+    best, best_state = runs[int(np.argmax(np.where(np.isfinite(log_zs), log_zs, -np.inf)))]
     params_best = eqx.combine(best.x, static)
     if warm:
-        model, result = _warm_result(build, params_best, best.res)
+        model, result = _warm_result(build, params_best, best_state.res)
     else:
-        model, result = build(params_best), best.res
-    k, code = int(best.k), int(best.status)
-    converged = code == RESULTS.successful
-    if not converged:
+        model, result = build(params_best), best_state.res
+    k, code = int(best.num_steps), int(best.status)
+    if code != RESULTS.successful:
         warnings.warn(f"gkl_jax.gp.fit_hyperparameters: stopped after {k} steps without meeting gtol or ftol "
                       f"({RESULTS.message(code)}); the returned parameters are the best found", stacklevel=2)
     return HyperResult(params=params_best, model=model, result=result, log_z=result.log_z, num_steps=k,
-                       converged=converged, status=code, history=np.asarray(best.hist)[: k + 1], restart_log_z=log_zs,
-                       num_inner_unconverged=int(best.inner_bad), wall_time=time.perf_counter() - start)
+                       status=code, history=np.asarray(best.history)[: k + 1],
+                       restart_log_z=log_zs, num_inner_unconverged=int(best_state.inner_bad),
+                       wall_time=time.perf_counter() - start)
 
 
 def default_filter_spec(params):

@@ -1,12 +1,17 @@
-"""The ML-II outer loop of `fit_hyperparameters` (Challis & Barber 2013, Section 6.1.3): a state machine that
-evaluates the inner method at one trial point per iteration and accepts the trial or halves the step (`_advance`),
-run as one compiled `lax.while_loop` (`_run_jit`) or, for methods that need concrete values, as a host loop.
+"""The ML-II outer loop of `fit_hyperparameters` (Challis & Barber 2013, Section 6.1.3) as a solver of the one
+loop `gkl_jax.solvers.iterate`: `HyperSolver` evaluates the inner method at one trial point per iteration and
+accepts the trial or halves the step (`_advance`); `iterate` owns the loop, the step count, the history of log_z,
+the `RESULTS` status and the progress callback. `run` is one run, compiled whole through `run_jit` or, for methods
+that need concrete values, run by `iterate` as a host loop (the same iterations).
 
 The line search is a state of this loop rather than a call of `gkl_jax._optim.backtrack` (with that search's
 acceptance test and halving cap, `sufficient_increase` and `MAX_HALVINGS`): every trial is a whole inner fit, so
-the loop has one call site of the objective (one trace) whether a step is accepted or halved."""
+the loop has one call site of the objective (one trace) whether a step is accepted or halved.
 
-from typing import Any, Callable, NamedTuple, Union
+Internal API: `Objective`, `HyperSolver`, `HyperProblem`, `OUTER_LBFGS`, `run` and `run_jit` are shared with
+`gkl_jax.sklearn` (its one-program estimator fits) and are not part of the public interface."""
+
+from typing import Any, Callable, ClassVar, Union
 
 import equinox as eqx
 import jax
@@ -14,17 +19,17 @@ import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax import lax
 
 from .._optim import MAX_HALVINGS, max_abs, scale_by_lbfgs, sufficient_increase
 from .._program import program
 from .._start import initial_q as _initial_q
-from .._status import RESULTS
 from .._warm import WarmPoint, WarmStart, fit_warm
 from ..factors import Full
+from ..solvers import Step, iterate
 from ..solvers._site_precision_parts import initial_point as site_precision_start
 
-_LBFGS = scale_by_lbfgs(memory_size=10)
+OUTER_LBFGS = scale_by_lbfgs(memory_size=10)
+"""The outer L-BFGS directions (optax state; ten curvature pairs)."""
 
 
 _POSITIVE = ("variance", "scale", "dof")
@@ -77,7 +82,7 @@ def _value_and_grad_eager(build, fn, kwargs, use_q0, static, dyn, q0, dynamic_kw
 _value_and_grad = program(_value_and_grad_eager)
 
 
-class _Objective(eqx.Module):
+class Objective(eqx.Module):
     """theta -> (-log_z, d(-log_z)/dtheta, the inner result) of `fn` on `build(theta)`, warm-started at q. Arrays
     in `build` (the data) are traced by the compiled loop, everything else is part of its key."""
 
@@ -106,17 +111,23 @@ class _Objective(eqx.Module):
         return vg(self.build, self.fn, self.kwargs, self.use_q0, self.static, dyn, q, dynamic_kwargs, self.forward)
 
 
-class _Settings(eqx.Module):
-    opt: optax.GradientTransformation
-    linesearch: bool
-    max_steps: int
-    gtol: Union[jax.Array, np.ndarray]
-    ftol: Union[jax.Array, np.ndarray]
-    adaptive: bool = False  # the inner tolerance follows the outer gradient (`_inner_tol`)
-    max_step: Any = np.inf  # the largest |change| of a parameter at a line search's first trial
+class HyperProblem(eqx.Module):
+    """One ML-II run as `HyperSolver` sees it.
+
+    Attributes:
+        objective: an `Objective` (or a module like it: `start`, `__call__`, `jit`).
+        dyn: the starting values of the learned parameters (a pytree).
+        dynamic_kwargs: array options of the inner method (its `tol`), not differentiated.
+    """
+
+    objective: Any
+    dyn: Any
+    dynamic_kwargs: dict
 
 
-class _State(NamedTuple):
+class HyperState(eqx.Module):
+    """The carry of the ML-II loop (the step count, history and status are `iterate`'s)."""
+
     x: Any              # the accepted parameters, their -log_z, gradient and inner result
     f: jax.Array
     g: Any
@@ -128,12 +139,92 @@ class _State(NamedTuple):
     t: jax.Array
     trial: Any          # the parameters the next iteration evaluates
     halvings: jax.Array
-    k: jax.Array        # accepted steps
-    hist: jax.Array     # log_z at the start and after each accepted step (NaN beyond k)
     inner_bad: jax.Array
-    done: jax.Array     # the loop stops
-    status: jax.Array   # a `RESULTS` code once done: successful, max_steps_reached, stalled (a failed line search
-                        # or optimiser step) or nonfinite (the objective at the starting parameters)
+    accepted: jax.Array     # the last trial was accepted
+    converged: jax.Array    # the stopping test holds at x
+    failed: jax.Array       # the last trial failed with nothing left to try (a line search or optimiser step)
+
+
+class HyperSolver(eqx.Module):
+    """The ML-II outer optimiser, a solver of `gkl_jax.solvers.iterate` (`init`, `step`, `terminate`, `point`,
+    `postprocess`; `_advance` has the rules).
+
+    Attributes:
+        opt: the optax transformation giving the directions (`OUTER_LBFGS`) or the updates.
+        linesearch: whether `opt`'s updates are directions of an Armijo line search (L-BFGS) or taken as they are.
+        max_steps: accepted outer steps per run.
+        gtol: the outer gradient tolerance (a float array, the loop's dtype).
+        ftol: the relative change of log_z that settles the loop.
+        adaptive: the inner tolerance follows the outer gradient (`_inner_tol`).
+        max_step: the largest |change| of a parameter at a line search's first trial.
+    """
+
+    opt: optax.GradientTransformation
+    linesearch: bool
+    max_steps: int
+    gtol: Union[jax.Array, np.ndarray]
+    ftol: Union[jax.Array, np.ndarray]
+    adaptive: bool = False
+    max_step: Any = np.inf
+
+    monotone: ClassVar[bool] = True
+    start_in_loop: ClassVar[bool] = True     # the first iteration evaluates the start
+    stop_on_nonfinite: ClassVar[bool] = True
+
+    def init(self, problem: HyperProblem, tol, max_steps):
+        """The state before the first evaluation, and a placeholder log_z (-inf).
+
+        Args:
+            problem: the `HyperProblem`; tol, max_steps: the loop's (unused: the settings are the solver's).
+
+        Returns:
+            (`HyperState`, -inf).
+        """
+        dyn, objective = problem.dyn, problem.objective
+        q = objective.start(dyn)
+        dtype = self.gtol.dtype
+        g0 = jax.tree.map(jnp.zeros_like, dyn)
+        res0 = None
+        if objective.jit:
+            shapes = eqx.filter_eval_shape(objective, dyn, q, problem.dynamic_kwargs)[2]
+            res0 = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype) if isinstance(a, jax.ShapeDtypeStruct) else a,
+                                shapes)
+        zero, int0, false = jnp.zeros((), dtype), jnp.zeros((), int), jnp.asarray(False)
+        state = HyperState(x=dyn, f=jnp.asarray(jnp.inf, dtype), g=g0, res=res0, q=q,
+                           opt_state=_strong(self.opt.init(dyn)), direction=g0, slope=zero, t=jnp.ones((), dtype),
+                           trial=dyn, halvings=int0, inner_bad=int0, accepted=false, converged=false, failed=false)
+        return state, jnp.asarray(-jnp.inf, dtype)
+
+    def step(self, problem: HyperProblem, state: HyperState, tol):
+        """Evaluate the objective at `state.trial` (the one call site) and accept or halve (`_advance`).
+
+        Args:
+            problem: the `HyperProblem`; state: the current `HyperState`; tol: unused.
+
+        Returns:
+            (`HyperState`, `gkl_jax.solvers.Step`): the value is log_z at the accepted point, the statistic the
+            outer max |d log_z / d theta| there.
+        """
+        kwargs, first = problem.dynamic_kwargs, jnp.isinf(state.f)
+        if self.adaptive:
+            inner = _inner_tol(state, kwargs["tol"])
+            new = _advance(state, *problem.objective(state.trial, state.q, {**kwargs, "tol": inner}), self,
+                           exact=inner <= kwargs["tol"])
+        else:
+            new = _advance(state, *problem.objective(state.trial, state.q, kwargs), self)
+        return new, Step(-new.f, new.accepted, new.accepted & ~first, _max_abs(new.g))
+
+    def terminate(self, problem, state: HyperState, tol):
+        """(the stopping test at the accepted point, a failed search or update)."""
+        return state.converged, state.failed
+
+    def point(self, state: HyperState):
+        """The accepted parameters."""
+        return state.x
+
+    def postprocess(self, problem, state, point):
+        """The learned parameters as they are (a pytree), no extras."""
+        return point, None
 
 
 def _select(p, new, old):
@@ -151,7 +242,7 @@ def _dot(a, b):
     return sum(jnp.vdot(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
-def _advance(s: _State, v, g, r, settings: _Settings, exact=True) -> _State:
+def _advance(s: HyperState, v, g, r, settings: HyperSolver, exact=True) -> HyperState:
     """One outer iteration after evaluating the objective at `s.trial`: (v, g, r) = (-log_z, gradient, result).
 
     The first evaluation (the starting point) is accepted if finite. After that, with `linesearch` (L-BFGS) a
@@ -163,8 +254,9 @@ def _advance(s: _State, v, g, r, settings: _Settings, exact=True) -> _State:
     accepted step changes log_z by at most the resolution or the next direction predicts no larger change
     (|<g, d>| <= resolution), or when a rejected trial's predicted change t |<g, d>| was within it (line search
     only; resolution = max(ftol (1 + |log_z|), the inner fits' estimated gaps at both points)), after
-    `max_steps` accepted steps, or when a line search has halved MAX_HALVINGS times. The stopping rules apply
-    only to an evaluation whose inner fit ran at the given tolerance (`exact`; see `_inner_tol`)."""
+    `max_steps` accepted steps (`iterate`'s limit), or when a line search has halved MAX_HALVINGS times (`failed`).
+    The stopping rules apply only to an evaluation whose inner fit ran at the given tolerance (`exact`; see
+    `_inner_tol`)."""
     first = jnp.isinf(s.f)  # f starts at +inf; the starting point is accepted only if finite
     finite = jnp.isfinite(v)
     # the Armijo test of the minimised -log_z (`gkl_jax._optim.sufficient_increase` of log_z)
@@ -174,8 +266,6 @@ def _advance(s: _State, v, g, r, settings: _Settings, exact=True) -> _State:
     pick = lambda new, old: _select(accept, new, old)
     x, f, g, res = pick(s.trial, s.x), jnp.where(accept, v, s.f), pick(g, s.g), pick(r, s.res)
     q = None if s.q is None else pick(r.point if isinstance(r, WarmStart) else r.q, s.q)
-    k = s.k + step.astype(s.k.dtype)
-    hist = jnp.where(accept, s.hist.at[k].set(-v), s.hist)
     inner_bad = s.inner_bad + (accept & ~jnp.asarray(r.converged)).astype(s.inner_bad.dtype)
 
     updates, opt_state = settings.opt.update(g, s.opt_state, x)
@@ -208,13 +298,8 @@ def _advance(s: _State, v, g, r, settings: _Settings, exact=True) -> _State:
     else:
         settled, failed = jnp.asarray(False), ~accept
     converged = exact & ((accept & (max_grad <= settings.gtol)) | settled)
-    out_of_steps = accept & (k >= settings.max_steps)
-    bad_start = first & ~finite
-    done = bad_start | converged | out_of_steps | failed
-    status = jnp.where(out_of_steps, RESULTS.max_steps_reached, RESULTS.stalled)
-    status = jnp.where(bad_start, RESULTS.nonfinite, jnp.where(converged, RESULTS.successful, status))
-    return _State(x, f, g, res, q, opt_state, direction, slope, t, trial, halvings, k, hist, inner_bad, done,
-                  status.astype(jnp.int32))
+    return HyperState(x, f, g, res, q, opt_state, direction, slope, t, trial, halvings, inner_bad,
+                      jnp.asarray(accept), jnp.asarray(converged), jnp.asarray(failed))
 
 
 def _gap(r):
@@ -223,46 +308,35 @@ def _gap(r):
     return r.gap if isinstance(r, WarmStart) else 0.0
 
 
-def _run(objective: _Objective, settings: _Settings, dyn, dynamic_kwargs) -> _State:
-    """One ML-II run from `dyn`: a `lax.while_loop` over `_advance` when `objective.jit` (this function is then
-    called through `_run_jit`, so the whole run is one compiled program with one call site of the objective),
-    else the same iterations as a host loop (methods that must see concrete model values)."""
-    q = objective.start(dyn)
-    dtype = settings.gtol.dtype
-    g0 = jax.tree.map(jnp.zeros_like, dyn)
-    res0 = None
-    if objective.jit:
-        shapes = eqx.filter_eval_shape(objective, dyn, q, dynamic_kwargs)[2]
-        res0 = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype) if isinstance(a, jax.ShapeDtypeStruct) else a,
-                            shapes)
-    zero, int0 = jnp.zeros((), dtype), jnp.zeros((), int)
-    state = _State(x=dyn, f=jnp.asarray(jnp.inf, dtype), g=g0, res=res0, q=q,
-                   opt_state=_strong(settings.opt.init(dyn)), direction=g0, slope=zero, t=jnp.ones((), dtype),
-                   trial=dyn, halvings=int0, k=int0, hist=jnp.full((settings.max_steps + 1,), jnp.nan, dtype),
-                   inner_bad=int0, done=jnp.asarray(False), status=jnp.asarray(RESULTS.stalled, jnp.int32))
-    cond = lambda s: ~s.done
+def run(objective: Objective, solver: HyperSolver, dyn, dynamic_kwargs, progress=None):
+    """One ML-II run from `dyn`: `gkl_jax.solvers.iterate` over `solver`, as one `lax.while_loop` when
+    `objective.jit` (this function is then called through `run_jit`, so the whole run is one compiled program with
+    one call site of the objective), else the same iterations as a host loop (methods that must see concrete model
+    values).
 
-    def body(s):
-        if not settings.adaptive:
-            return _advance(s, *objective(s.trial, s.q, dynamic_kwargs), settings)
-        tol = _inner_tol(s, dynamic_kwargs["tol"])
-        return _advance(s, *objective(s.trial, s.q, {**dynamic_kwargs, "tol": tol}), settings,
-                        exact=tol <= dynamic_kwargs["tol"])
+    Args:
+        objective: an `Objective` (or a module like it).
+        solver: the `HyperSolver` (its settings).
+        dyn: the starting values of the learned parameters.
+        dynamic_kwargs: array options of the inner method.
+        progress: None, or a callable receiving a `gkl_jax.solvers.ProgressInfo` after each accepted step (log_z
+            as `bound`, the outer max |d log_z / d theta| as `gradient`) and at the end (static).
 
-    if objective.jit:
-        return lax.while_loop(cond, body, state)
-    while bool(cond(state)):
-        state = body(state)
-    return state
+    Returns:
+        (`gkl_jax.solvers.Solution`: x the learned `dyn`, value the log_z there, history, num_steps, status;
+        the final `HyperState`: the inner result `res` there and the count of unconverged inner fits).
+    """
+    problem = HyperProblem(objective, dyn, dynamic_kwargs)
+    return iterate(solver, problem, solver.gtol, solver.max_steps, progress=progress, host=not objective.jit)
 
 
-_run_jit = program(_run)
+run_jit = program(run)
 
 INNER_TOL_SCALE, INNER_TOL_MAX = 1e-3, 1e-2
 """The inner tolerance of a G-KL ML-II evaluation: clip(INNER_TOL_SCALE max|g|, tol, max(tol, INNER_TOL_MAX))."""
 
 
-def _inner_tol(s: _State, tol):
+def _inner_tol(s: HyperState, tol):
     """The inner fits' tolerance for the next evaluation: loose while the outer gradient g at the current point
     is large, `tol` (gtol / 10) from max|g| <= tol / INNER_TOL_SCALE = 100 gtol on; the first evaluation at the
     loosest. An inexact inner optimum perturbs the envelope gradient at first order, so the outer direction

@@ -15,11 +15,13 @@ Gradient (Section 6): by the envelope theorem only the explicit dependence on K 
 obtained here by differentiating the surrogate 1/2 alpha^T K(theta) alpha - 1/2 tr(T K(theta)) with (alpha, T) held
 at the optimum.
 
-Optimiser: L-BFGS (`gkl_jax._optim.lbfgs_direction`) with an Armijo backtracking search, run on the host around one
-compiled program (`_solve`: the inner fit warm-started from the current optimum (App. E.3), the bound, its
-gradient and T), so a learning run compiles that program once per (n, C, d, variant) and never the outer loop. The
-single compiled `lax.while_loop` over the outer steps that this replaced held the inner fit twice (the cold first
-fit and the line-search fits) and was slow to compile (design-decisions page).
+Optimiser: L-BFGS (`gkl_jax._optim.lbfgs_direction`) with an Armijo backtracking search, run on the host
+(`_hyper_host.HostLBFGS`, in the host loop of `gkl_jax.solvers.iterate`, which keeps the history, the step count,
+the `RESULTS` status and the progress callback as for gp's ML-II) around one compiled program (`_solve`: the inner
+fit warm-started from the current optimum (App. E.3), the bound, its gradient and T), so a learning run compiles
+that program once per (n, C, d, variant) and never the outer loop. The single compiled `lax.while_loop` over the
+outer steps that this replaced held the inner fit twice (the cold first fit and the line-search fits) and was slow
+to compile (design-decisions page).
 With K^c = I, K = (K^x + jitter I) (x) I_C is factorised through the (n, n) Cholesky factor of K^x + jitter I.
 """
 
@@ -33,8 +35,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._linalg import full_precision
-from .._optim import backtrack_host, lbfgs_direction, sufficient_increase
 from .._program import program
+from .._progress import resolve_progress
+from .._status import RESULTS
 from .._validate import (
     check_indices,
     check_int,
@@ -45,9 +48,13 @@ from .._validate import (
     is_concrete,
 )
 from .._xla_options import LAPACK_BOUND
+from ..solvers import iterate
 from ._blocks import blockdiag_dense, blockdiag_left, placeholder_sites, sym
 from ._contrast import lift_contrasts, to_contrasts
 from ._full import COVARIANCES, SITES, Posterior, one_hot_labels, prior_covariance
+from ._hyper_host import ADAPTIVE_INNER_TOL as ADAPTIVE_INNER_TOL
+from ._hyper_host import LOOSEST_INNER_TOL as LOOSEST_INNER_TOL
+from ._hyper_host import HostLBFGS, Learning, _flatten, _unflatten
 from ._sparse_hyper import sparse_posterior, sparse_solver
 from ._sweep import contrasts_of, fit_core, initial_state
 from ._threads import single_threaded
@@ -56,10 +63,6 @@ TRACE_COUNT = {"hyper": 0}
 # One S_i update per (b, S) round in the inner fits: the Newton V step sets S_i = S^fx(V_i) anyway, and on glass three
 # updates per sweep (the `fit_full` default) gave the same sweeps and bound at 15% more time.
 INNER_S_SWEEPS = 1
-ADAPTIVE_INNER_TOL = True
-LOOSEST_INNER_TOL = 3e-3
-"""The loosest tolerance of a line-search inner fit (relative rise per sweep, `fit_core`): 1e-5 took 10-25% more
-sweeps on iris, wine and glass ML-II for learned bounds equal to 1e-3 nats (design-decisions page)."""
 
 
 def trainable_filter(kernel, fixed=()):
@@ -95,8 +98,10 @@ class HyperResult(eqx.Module):
         posterior: the `Posterior` at the learned kernel (it holds the kernel and inputs, so `predict` takes it); a
             `SparsePosterior` for ML-II of the sparse bound (`inducing`).
         log_z: float scalar array, the optimised bound log Z_h* at the learned kernel.
-        converged: bool scalar array, whether the outer loop settled (see `fit_hyperparameters`).
-        num_steps: int scalar array, outer steps taken.
+        status: int32 scalar array, the `gkl_jax.RESULTS` code of the outer loop (successful: it settled;
+            max_steps_reached; stalled: a failed line search); `message` says it in words, `converged` is
+            `status == RESULTS.successful`.
+        num_steps: int32 scalar array, outer steps taken.
         history: (max_steps + 1,) float array, log Z_h* at the start and after each outer step (NaN after).
         t_matrix: (nC, nC) float T = W - W V W at the optimum (Chai 2012, eq. 75: the predictive covariance is
             K_** - K_*^T T K_*); None for a sparse fit.
@@ -107,12 +112,22 @@ class HyperResult(eqx.Module):
     kernel: eqx.Module
     posterior: Posterior
     log_z: jax.Array
-    converged: jax.Array
+    status: jax.Array
     num_steps: jax.Array
     history: jax.Array
     t_matrix: Optional[jax.Array]
     num_inner_fits: int = eqx.field(static=True, default=0)
     wall_time: float = eqx.field(static=True, default=0.0)
+
+    @property
+    def converged(self) -> jax.Array:
+        """Whether the outer loop settled (bool scalar array, `status == RESULTS.successful`)."""
+        return self.status == RESULTS.successful
+
+    @property
+    def message(self) -> str:
+        """Why the outer loop stopped, in words (`RESULTS.message(status)`)."""
+        return RESULTS.message(self.status)
 
     @property
     def params(self):
@@ -144,77 +159,11 @@ def _solve(params, static, X, Y, class_covariance, jitter, warm, cold, inner_tol
     return st, k, ok, stat, g, T
 
 
-def _flatten(tree):
-    leaves = jax.tree.leaves(tree)
-    return np.concatenate([np.ravel(np.asarray(leaf, np.float64)) for leaf in leaves])
-
-
-def _unflatten(like, x):
-    leaves, treedef = jax.tree.flatten(like)
-    out, i = [], 0
-    for leaf in leaves:
-        size = int(np.size(leaf))
-        out.append(device_array(x[i:i + size].reshape(np.shape(leaf)), leaf.dtype))
-        i += size
-    return jax.tree.unflatten(treedef, out)
-
-
-def _learn(solve, x0, params0, max_steps, ftol, max_step, memory, inner_tol):
-    """L-BFGS ascent on the host over the flat parameters x; `solve(params, warm, cold, tol)` -> (value, gradient,
-    state, aux). Returns (x, value, state, aux, steps, converged, history, evaluations).
-
-    The inner fits of a line search need the bound only to a fraction of the gain the step is expected to make:
-    their tolerance is 1e-2 of the last accepted gain (relative to 1 + |f|), between `inner_tol` and
-    `LOOSEST_INNER_TOL` (also the first fit's), so the early steps, whose gains are nats, do not pay for digits the
-    later ones recompute (iris: 274 -> 180 sweeps with 1e-5 as the loosest; `GPClassifier` on six splits of iris,
-    wine and glass, median sweeps 94 / 81 / 38.5 with 1e-5 and 76.5 / 70 / 35.5 with 3e-3).
-    The settling test compares gains below ftol (1 + |f|), where the tolerance is back at `inner_tol`."""
-    params_of = lambda x: _unflatten(params0, x)
-    tol = LOOSEST_INNER_TOL if ADAPTIVE_INNER_TOL else inner_tol
-    f, g, st, aux = solve(params_of(x0), None, True, tol)  # rebuilt as every later point is (same dtypes)
-    x, hist, pairs, evaluations, status, k = x0, [f], [], 1, 0, 0
-    while k < max_steps and status == 0:
-        d = lbfgs_direction(g, pairs)
-        if not d @ g > 0:
-            d = g  # keep an ascent direction
-        d = d * min(1.0, max_step / max(float(np.max(np.abs(d))), 1e-30))
-        slope = float(g @ d)
-
-        def trial(t, x=x, d=d, st=st, tol=tol):
-            nonlocal evaluations
-            evaluations += 1
-            return solve(params_of(x + t * d), st, False, tol)
-
-        t, (f_t, g_t, st_t, aux_t), accepted = backtrack_host(
-            trial, lambda t, out, f=f, slope=slope: sufficient_increase(out[0], f, t, slope), max_halvings=9)
-        # settled: an accepted step that raised the bound by <= ftol (1 + |f|), or a failed line search where the
-        # first-order gain of the full step is itself below that (round-off at the optimum); a failed line search
-        # with a larger predicted gain is a stall (status 2), reported as not converged
-        if accepted:
-            s_vec, y_vec = t * d, -(g_t - g)  # pairs for minimising -f
-            if s_vec @ y_vec > 1e-12:
-                pairs = (pairs + [(s_vec, y_vec)])[-memory:]
-            small = ftol * (1 + abs(f_t))
-            status = 1 if f_t - f <= small else 0
-            x, f, g, st, aux = x + t * d, f_t, g_t, st_t, aux_t
-            if ADAPTIVE_INNER_TOL:
-                tol = min(LOOSEST_INNER_TOL, max(inner_tol, 1e-2 * (f_t - hist[-1]) / (1 + abs(f_t))))
-        else:
-            status = 1 if slope <= ftol * (1 + abs(f)) else 2
-        k += 1
-        hist.append(f)
-    if tol > inner_tol:  # the returned optimum at the requested tolerance
-        f, g, st, aux = solve(params_of(x), st, False, inner_tol)
-        evaluations += 1
-        hist[-1] = f
-    return x, f, st, aux, k, status == 1, hist, evaluations
-
-
 @full_precision
 @single_threaded
 def fit_hyperparameters(kernel, X, y, *, num_classes=None, fixed=(), class_covariance=None, jitter=1e-6,
                         site="theorem6", covariance="full", max_steps=50, ftol=1e-7, inner_tol=1e-8, inner_steps=100,
-                        max_step=1.0, memory=10, inducing=None, noise=1e-6) -> HyperResult:
+                        max_step=1.0, memory=10, inducing=None, noise=1e-6, progress=False) -> HyperResult:
     """Maximise log Z_h*(theta) (Section 6) over the kernel's unconstrained parameters (all inexact arrays except
     the attribute names in `fixed`), by L-BFGS on the host with warm-started compiled inner fits.
 
@@ -246,6 +195,10 @@ def fit_hyperparameters(kernel, X, y, *, num_classes=None, fixed=(), class_covar
             inner fit O(n C^3 + n C s^2 + s^3)); the posterior is then a `SparsePosterior` and t_matrix None.
             Needs class_covariance None and covariance "full". None (default): the full bound.
         noise: the inducing variables' noise variance (sparse only, as `fit_sparse`).
+        progress: False (default), True (each outer step's bound and max |d log Z_h* / d theta| on stderr), "auto"
+            (True where stderr is a terminal), or a callable receiving a `gkl_jax.solvers.ProgressInfo` after each
+            outer step and once at the end (`solver` "HostLBFGS"), as for `gkl_jax.fit`. A callable that raises
+            stops the run with its exception.
 
     Returns:
         A `HyperResult`: the learned kernel, the posterior at it (for `gk.multiclass.predict`), log Z_h*,
@@ -254,8 +207,10 @@ def fit_hyperparameters(kernel, X, y, *, num_classes=None, fixed=(), class_covar
 
     Raises:
         ValueError: a kernel that is not an Equinox module, inputs that are not finite (n, d), labels that do not
-            match them, an unknown `fixed` name, or a bad option, count or tolerance.
+            match them, an unknown `fixed` name, a bad option, count or tolerance, or a `progress` that is not
+            True, False, "auto" or callable.
     """
+    callback = resolve_progress(progress, "gkl_jax.multiclass.fit_hyperparameters")
     if not isinstance(kernel, eqx.Module):
         raise ValueError(f"kernel must be a gkl_jax.kernels kernel (an Equinox module), got {type(kernel).__name__}")
     X = device_array(X)
@@ -307,27 +262,27 @@ def fit_hyperparameters(kernel, X, y, *, num_classes=None, fixed=(), class_covar
         solve = sparse_solver(static, X, Y, inducing, noise=noise, jitter=jitter, km=flags[0], max_steps=inner_steps,
                               flatten=_flatten)
 
-    x, f, st, aux, k, done, hist, evals = _learn(solve, _flatten(params), params, int(max_steps), float(ftol),
-                                                 float(max_step), int(memory), float(inner_tol))
-    if not done and max_steps > 0:
-        warnings.warn(f"gkl_jax.multiclass.fit_hyperparameters: {int(k)} steps without the bound settling (step "
-                      "limit or a failed line search); the returned hyper-parameters are the best found",
-                      stacklevel=2)
-    done = device_array(done or max_steps == 0)
-    history_host = np.full((int(max_steps) + 1,), np.nan, dt)
-    history_host[:len(hist)] = hist
-    history = device_array(history_host)
+    learner = HostLBFGS(int(max_steps), float(ftol), float(max_step), int(memory), float(inner_tol), dt)
+    solution, _ = iterate(learner, Learning(solve, params), np.asarray(ftol, dt), int(max_steps),
+                          progress=callback, host=True)
+    x, (f, st, aux, evals) = solution.x, solution.extras
+    code, k = solution.status, solution.num_steps
+    if int(code) != RESULTS.successful:
+        warnings.warn(f"gkl_jax.multiclass.fit_hyperparameters: {int(k)} steps without the bound settling "
+                      f"({RESULTS.message(code)}); the returned hyper-parameters are the best found", stacklevel=2)
+    history = np.array(solution.history)
+    history[int(k)] = f     # the last entry at `inner_tol` (`HostLBFGS.postprocess`)
+    history, k = device_array(history), device_array(k)
     new_kernel = eqx.combine(_unflatten(params, x), static)
     f = device_array(f, dt)
-    k = device_array(k)
     if inducing is not None:
         post = sparse_posterior(st, aux, Y, new_kernel, X, inducing, noise, jitter)
-        return HyperResult(kernel=new_kernel, posterior=post, log_z=f, converged=done, num_steps=k, history=history,
+        return HyperResult(kernel=new_kernel, posterior=post, log_z=f, status=code, num_steps=k, history=history,
                            t_matrix=None, num_inner_fits=evals, wall_time=time.perf_counter() - start)
     inner_ok, stat, T = aux
     post = Posterior(Y=Y, b=st.b, S=st.S, W=st.W, V_blocks=st.Vb, log_z=f, converged=inner_ok, num_steps=k,
                      history=history, stationarity=stat, kernel=new_kernel, X=X,
                      class_covariance=None if class_covariance is None else jnp.asarray(class_covariance, dt),
                      jitter=float(jitter), site=site, covariance_family=covariance)
-    return HyperResult(kernel=new_kernel, posterior=post, log_z=f, converged=done, num_steps=k, history=history,
+    return HyperResult(kernel=new_kernel, posterior=post, log_z=f, status=code, num_steps=k, history=history,
                        t_matrix=T, num_inner_fits=evals, wall_time=time.perf_counter() - start)

@@ -1,6 +1,6 @@
 """ML-II on the sparse bound: maximise log Z~_h*(theta) (Chai 2012, eq. 32 at its optimum over q(z), b, S) over the
-kernel's parameters for a given inducing set, by the host L-BFGS of `fit_hyperparameters` (`_hyper._learn`: the
-same directions, line search, adaptive inner tolerance and stopping rules).
+kernel's parameters for a given inducing set, by the host L-BFGS of `fit_hyperparameters`
+(`_hyper_host.HostLBFGS`: the same directions, line search, adaptive inner tolerance and stopping rules).
 
 Each evaluation is one compiled program (`_sparse_solve`): the prior covariances at theta, the sparse fit
 warm-started from the last optimum (`_sparse.sparse_core`), and the envelope gradient of App. C.4 (autodiff of
@@ -47,7 +47,7 @@ def _sparse_solve(params, static, X, Y, inducing, noise, jitter, warm, cold, km,
 
 
 def sparse_solver(static, X, Y, inducing, *, noise, jitter, km, max_steps, flatten):
-    """`solve(params, state, cold, tol)` -> (value, flat gradient, state, aux) for `_hyper._learn`.
+    """`solve(params, state, cold, tol)` -> (value, flat gradient, state, aux) for `_hyper_host.HostLBFGS`.
 
     Args:
         static: the kernel's fixed part (`eqx.partition`).
@@ -55,7 +55,7 @@ def sparse_solver(static, X, Y, inducing, *, noise, jitter, km, max_steps, flatt
         noise, jitter: as `fit_sparse`.
         km: whether the site bound is Knowles-Minka's.
         max_steps: the most sweeps per inner fit.
-        flatten: pytree -> flat numpy vector (`_hyper._flatten`).
+        flatten: pytree -> flat numpy vector (`_hyper_host._flatten`).
 
     Returns:
         The solve function; aux = (converged, stationarity, history) of the inner fit.

@@ -1,6 +1,7 @@
 """ML-II of the estimators as one compiled program per fit: the outer L-BFGS loop of
-`gkl_jax.gp.fit_hyperparameters` (its `_run` state machine: the same directions, line search and stopping rules),
-the inner fits and the fitted outputs in a single call, with no eager model building around it.
+`gkl_jax.gp.fit_hyperparameters` (its `HyperSolver` in `gkl_jax.solvers.iterate`: the same directions, line search
+and stopping rules), the inner fits and the fitted outputs in a single call, with no eager model building around
+it.
 
 Why (issue 39, diabetes 331 x 10, warm fits on the shared 2-core machine): `fit_hyperparameters` builds and
 validates the model eagerly before and after its compiled loop and the estimators then derived their outputs by
@@ -26,28 +27,28 @@ from .._fit import fit as gk_fit
 from .._linalg import diagonal
 from .._program import program
 from .._start import model_dtype
-from .._status import RESULTS
-from ..baselines._laplace import _laplace_jit
-from ..gp._hyper_loop import _LBFGS, _Objective, _run, _Settings
+from ..baselines._laplace import laplace_program
+from ..gp._hyper_loop import OUTER_LBFGS, HyperSolver, Objective
+from ..gp._hyper_loop import run as run_ml2
 
 GTOL, FTOL = 1e-4, 1e-9
 """Outer stopping tolerances, `fit_hyperparameters`' defaults (the linear estimators' `tol` replaces GTOL); G-KL
 inner fits stop at gtol / 10 as there."""
 
 
-def settings(max_steps: int, max_step: float = 3.0, adaptive: bool = False, gtol: float = GTOL) -> _Settings:
+def settings(max_steps: int, max_step: float = 3.0, adaptive: bool = False, gtol: float = GTOL) -> HyperSolver:
     """L-BFGS settings of the outer loop.
 
     Args:
         max_steps: outer steps.
         max_step: the largest first move of a (log-)parameter in a line search.
-        adaptive: loose inner tolerances while the outer gradient is large (`gkl_jax.gp._hyper_loop._inner_tol`).
+        adaptive: loose inner tolerances while the outer gradient is large (as `gkl_jax.gp.fit_hyperparameters`).
         gtol: the outer gradient tolerance.
 
     Returns:
         The loop's settings (float64 tolerances).
     """
-    return _Settings(_LBFGS, True, int(max_steps), np.asarray(gtol), np.asarray(FTOL), bool(adaptive),
+    return HyperSolver(OUTER_LBFGS, True, int(max_steps), np.asarray(gtol), np.asarray(FTOL), bool(adaptive),
                      np.asarray(max_step))
 
 
@@ -99,8 +100,8 @@ def data_start(H, z, likelihood, intercept):
     return prior_variance, scale ** 2 if likelihood == "gaussian" else scale
 
 
-class _LaplaceStart(_Objective):
-    """`_Objective` whose first inner fit starts from the Laplace approximation N(w*, A^-1) at the starting
+class _LaplaceStart(Objective):
+    """`Objective` whose first inner fit starts from the Laplace approximation N(w*, A^-1) at the starting
     hyperparameters (`gkl_jax.baselines.laplace`'s Newton iteration to a loose mode) instead of the prior."""
 
     def start(self, dyn):
@@ -126,7 +127,7 @@ def laplace_start(model):
     Returns:
         A `gkl_jax.Gaussian` with a Full factor.
     """
-    return _laplace_jit(model, jnp.asarray(LAPLACE_TOL, model_dtype(model)), LAPLACE_STEPS).q
+    return laplace_program(model, jnp.asarray(LAPLACE_TOL, model_dtype(model)), LAPLACE_STEPS).q
 
 
 def linear_objective(build, method, kwargs, learn, params, start_at_laplace=False, gtol=GTOL):
@@ -146,16 +147,16 @@ def linear_objective(build, method, kwargs, learn, params, start_at_laplace=Fals
     """
     dyn, static = eqx.partition(params, learn)
     dynamic = {"tol": np.asarray(0.1 * gtol)} if method is gk_fit and "tol" not in kwargs else {}
-    objective = _LaplaceStart if start_at_laplace else _Objective
+    objective = _LaplaceStart if start_at_laplace else Objective
     return objective(build, method, dict(kwargs), method is gk_fit, static, False, True), dyn, static, dynamic
 
 
 @program
-def run(objective, config: _Settings, dyn, dynamic_kwargs, finish):
+def run(objective, config: HyperSolver, dyn, dynamic_kwargs, finish):
     """One ML-II run and the fitted outputs, compiled as one program.
 
     Args:
-        objective: an `_Objective`-like module: `start(dyn)`, `__call__(dyn, q, dynamic_kwargs)` ->
+        objective: an `Objective`-like module: `start(dyn)`, `__call__(dyn, q, dynamic_kwargs)` ->
             (-log_z, gradient, result with `converged`), `jit = True`.
         config: `settings(...)`.
         dyn: the starting values of the learned parameters.
@@ -165,8 +166,8 @@ def run(objective, config: _Settings, dyn, dynamic_kwargs, finish):
     Returns:
         (finish's outputs, converged: bool array, accepted outer steps: int array).
     """
-    state = _run(objective, config, dyn, dynamic_kwargs)
-    return finish(state.x, state.res), state.status == RESULTS.successful, state.k
+    solution, state = run_ml2(objective, config, dyn, dynamic_kwargs)
+    return finish(solution.x, state.res), solution.converged, solution.num_steps
 
 
 @jax.custom_vjp

@@ -9,11 +9,13 @@ at the current point is new: the history is written). The stopping rules shared 
 a non-finite objective) are the driver's; the solver's `terminate` adds its own (its stopping test, a stall).
 """
 
+import functools
 from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from .._status import RESULTS, status
@@ -92,11 +94,23 @@ class _Carry(eqx.Module):
     best_point: Any
 
 
+def _write(history, k, value, record):
+    """The history with entry k set to `value` where `record`: in place in a host (NumPy) buffer, which only the
+    host loop's carry holds."""
+    if isinstance(history, np.ndarray):
+        if bool(record):
+            history[int(k)] = value
+        return history
+    if record is True:
+        return history.at[k].set(value)
+    return history.at[k].set(jnp.where(record, value.astype(history.dtype), history[k]))
+
+
 def _report(callback, name, step, value, statistic, done, code):
     callback(ProgressInfo(int(step), float(value), float(statistic), name, bool(done), int(code)))
 
 
-def iterate(solver, problem, tol, max_steps, *, init=None, progress=None, postprocess=True):
+def iterate(solver, problem, tol, max_steps, *, init=None, progress=None, postprocess=True, host=False):
     """Run `solver` on `problem` in one `lax.while_loop` to its stopping test, `max_steps` steps, a non-finite
     objective or the solver's own stop.
 
@@ -126,19 +140,22 @@ def iterate(solver, problem, tol, max_steps, *, init=None, progress=None, postpr
             None compiles no callback.
         postprocess: False to skip `solver.postprocess` (x is then the point itself, extras None: for callers that
             read the final state instead).
+        host: run the same iterations as a Python loop, outside any trace (for a step that must see concrete
+            values: ML-II of the baselines, `gkl_jax.gp.fit_hyperparameters(jit=False)`).
 
     Returns:
         (`Solution`, state): the solution (with `value`, the objective at x) and the solver's final state.
     """
     state, value0 = solver.init(problem, tol, max_steps) if init is None else init
     forced = solver.start_in_loop
-    value0 = jnp.asarray(value0)
+    xp = np if host else jnp    # on the host the driver's own bookkeeping is NumPy: no dispatch per step
+    value0 = xp.asarray(value0)
     dtype = value0.dtype
-    history = jnp.full((max_steps + 1,), jnp.nan, dtype).at[0].set(value0)
+    history = _write(xp.full((max_steps + 1,), xp.nan, dtype), 0, value0, True)
     keep_best = not solver.monotone
     best_point = solver.point(state) if keep_best else None
     best_value = value0 if keep_best else None
-    zero = jnp.zeros((), jnp.int32)
+    zero = xp.zeros((), xp.int32)
     name = type(solver).__name__
 
     finite_only = getattr(solver, "stop_on_nonfinite", True)
@@ -146,30 +163,37 @@ def iterate(solver, problem, tol, max_steps, *, init=None, progress=None, postpr
     def done(c):
         converged, stop = solver.terminate(problem, c.state, tol)
         stop = stop | (c.num_steps >= max_steps)
-        return converged | (stop | ~jnp.isfinite(c.value) if finite_only else stop)
+        return converged | (stop | ~xp.isfinite(c.value) if finite_only else stop)
 
     def cond(c):
         return (c.iteration == 0) | ~done(c) if forced else ~done(c)
 
     def body(c):
         state, info = solver.step(problem, c.state, tol)
-        k = c.num_steps + info.advance.astype(jnp.int32)
-        history = c.history.at[k].set(jnp.where(info.record, info.value.astype(dtype), c.history[k]))
-        value = jnp.where(info.record, info.value, c.value).astype(dtype)
+        k = c.num_steps + xp.asarray(info.advance).astype(xp.int32)
+        history = _write(c.history, k, info.value, info.record)
+        value = xp.where(info.record, info.value, c.value).astype(dtype)
         best_value, best_point = c.best_value, c.best_point
         if keep_best:
             better = value > best_value
             best_value = jnp.where(better, value, best_value)
             best_point = jax.tree.map(lambda a, b: jnp.where(better, a, b), solver.point(state), best_point)
-        if progress is not None:
+        if progress is not None and host:
+            if bool(info.advance):
+                _report(progress, name, k, value, info.statistic, False, -1)
+        elif progress is not None:
             lax.cond(info.advance, lambda: jax.debug.callback(_report, progress, name, k, value, info.statistic,
                                                               False, -1), lambda: None)
-        statistic = None if progress is None else info.statistic.astype(dtype)
+        statistic = None if progress is None else xp.asarray(info.statistic).astype(dtype)
         return _Carry(state, k, c.iteration + 1, history, value, statistic, best_value, best_point)
 
-    statistic0 = None if progress is None else jnp.asarray(jnp.nan, dtype)     # carried only to report it
+    statistic0 = None if progress is None else xp.asarray(xp.nan, dtype)     # carried only to report it
     carry = _Carry(state, zero, zero, history, value0, statistic0, best_value, best_point)
-    carry = lax.while_loop(cond, body, carry)
+    if host:
+        while bool(cond(carry)):
+            carry = body(carry)
+    else:
+        carry = lax.while_loop(cond, body, carry)
     converged, _ = solver.terminate(problem, carry.state, tol)
     point, value = solver.point(carry.state), carry.value
     if keep_best:
@@ -177,6 +201,7 @@ def iterate(solver, problem, tol, max_steps, *, init=None, progress=None, postpr
         value = jnp.where(converged, value, carry.best_value)
     code = status(converged, value, carry.num_steps, max_steps)
     if progress is not None:
-        jax.debug.callback(_report, progress, name, carry.num_steps, value, carry.statistic, True, code)
+        report = _report if host else functools.partial(jax.debug.callback, _report)
+        report(progress, name, carry.num_steps, value, carry.statistic, True, code)
     x, extras = solver.postprocess(problem, carry.state, point) if postprocess else (point, None)
     return Solution(x, carry.num_steps, code == RESULTS.successful, carry.history, code, extras, value), carry.state
