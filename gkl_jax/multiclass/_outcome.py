@@ -4,6 +4,7 @@
 import dataclasses
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 
 from .._repr import format_value
@@ -49,8 +50,14 @@ def set_fields(obj, status_code, converged, values) -> None:
 
 
 class FitOutcome(eqx.Module):
-    """The status protocol shared by `Posterior` and `SparsePosterior` (fields `log_z`, `status`, `num_steps`,
-    `history` in the subclasses)."""
+    """The status protocol shared by `Posterior` and `SparsePosterior` (their fields below)."""
+
+    Y: eqx.AbstractVar[jax.Array]
+    log_z: eqx.AbstractVar[jax.Array]
+    status: eqx.AbstractVar[jax.Array]
+    num_steps: eqx.AbstractVar[jax.Array]
+    history: eqx.AbstractVar[jax.Array]
+    stationarity: eqx.AbstractVar[jax.Array]
 
     @property
     def converged(self):

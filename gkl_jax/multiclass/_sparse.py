@@ -33,14 +33,18 @@ from jax import lax
 from .._linalg import diagonal, full_precision, invert_lower, tdot
 from .._progress import reraise_callback_error, resolve_progress
 from .._status import RESULTS
-from .._validate import check_indices, check_int, check_max_steps, check_tol, is_concrete
+from .._validate import check_max_steps, check_tol, is_concrete
 from .._xla import LAPACK_BOUND, program
 from ._ascent import ascend
 from ._blocks import blockdiag_left, per_datum, placeholder_sites, sym
 from ._full import V_UPDATES, check_one_hot
 from ._outcome import FitOutcome, set_fields
 from ._qcg import q_conjugate_gradient
-from ._site import monotone_step, profile_sensitivity, s_fixed_point_profile, site_bound_free, site_statistics
+from ._site import monotone_step, profile_sensitivity, s_fixed_point_profile, site_statistics
+from ._sparse_prior import inducing_prior as inducing_prior
+from ._sparse_prior import masked_prior as masked_prior
+from ._sparse_prior import sparse_log_z as sparse_log_z
+from ._sparse_prior import whitened_cross as whitened_cross
 from ._sweep import s_sweeps, site_terms
 from ._threads import single_threaded
 
@@ -49,34 +53,6 @@ V_CG_RTOL = 1e-3
 """Relative tolerance of the sparse V step's conjugate gradients (the full solver's `_qcg.NEWTON_RTOL` is 1e-2): at
 large kernel variances the sparse ascent needs the closer Newton direction (n = 5000, C = 10, ML-II to variance
 ~1240: 785 s at 1e-2, 553 s at 1e-3, the same bound; design-decisions page)."""
-
-
-def inducing_prior(kernel, X, num_classes, sites, *, noise=1e-6, jitter=1e-6, class_covariance=None):
-    """(K_zz, K_zf, K_ff blocks) for inducing variables z_a = f^{c_a}(x_{i_a}) + eps_a at the training latents
-    `sites` (indices p = i C + c), with eps_a ~ N(0, noise) (Remark 13); the latent prior carries `jitter`."""
-    C = check_int(num_classes, "num_classes", 2)
-    X = jnp.asarray(X)
-    sites = check_indices(sites, X.shape[0] * C, "sites")
-    Kc = jnp.eye(C, dtype=X.dtype) if class_covariance is None else jnp.asarray(class_covariance, X.dtype)
-    ii, cc = sites // C, sites % C
-    Kzx = kernel.gram(X[ii], X)  # (s, n)
-    Kzz = kernel.gram(X[ii]) * Kc[cc][:, cc] + noise * jnp.eye(sites.shape[0], dtype=X.dtype)
-    Kzf = (Kzx[:, :, None] * Kc[cc][:, None, :]).reshape(sites.shape[0], -1)
-    Kff = kernel.diag(X)[:, None, None] * Kc + jitter * jnp.eye(C, dtype=X.dtype)
-    return Kzz, Kzf, Kff
-
-
-def masked_prior(Kzz, Kzf, mask):
-    """K_zz and K_zf with the inducing variables outside `mask` made inert (identity rows, zero cross-covariance)."""
-    mm = mask[:, None] & mask[None, :]
-    eye = jnp.eye(Kzz.shape[0], dtype=Kzz.dtype)
-    return jnp.where(mm, Kzz, eye), jnp.where(mask[:, None], Kzf, 0.0)
-
-
-def whitened_cross(Kzz, Kzf):
-    """Ltil = K_zf^T L^{-T}, K_zz = L L^T: (nC, s)."""
-    L = jnp.linalg.cholesky(Kzz)
-    return jsl.solve_triangular(L, Kzf, lower=True).T
 
 
 class SparsePosterior(FitOutcome):
@@ -394,28 +370,3 @@ def fit_sparse(Kzz, Kzf, Kff_blocks, Y, *, mask=None, site="theorem6", v_update=
                       f"settling ({RESULTS.name(sol.status)}){why}", stacklevel=2)
     return SparsePosterior(Y=Y, b=st.b, S=st.S, W=st.W, Vf_blocks=st.Vb, log_z=st.value, status=sol.status,
                            num_steps=sol.num_steps, history=sol.history, stationarity=stat)
-
-
-def sparse_log_z(Kzz, Kzf, Kff_blocks, Y, m, V, b, S, mask=None):
-    """log Z~_h of eq. 32 at arbitrary q(z) = N(m, V) and (b, S), by the textbook formulas (eq. 31) with K_zz^{-1}
-    through its Cholesky factor. Differentiable in the covariances: with the variational parameters held at the
-    optimum its gradient is d log Z~_h*/d theta (App. C.4, envelope theorem)."""
-    if mask is not None:
-        Kzz, Kzf = masked_prior(Kzz, Kzf, mask)
-    n, C = Y.shape
-    s = Kzz.shape[0]
-    L = jnp.linalg.cholesky(Kzz)
-    A = jsl.solve_triangular(L, Kzf, lower=True)  # L^{-1} K_f
-    LV = jnp.linalg.cholesky(V)
-    B = jsl.solve_triangular(L, LV, lower=True)
-    a = jsl.solve_triangular(L, m, lower=True)
-    logdet = 2 * (jnp.sum(jnp.log(diagonal(LV))) - jnp.sum(jnp.log(diagonal(L))))
-    neg_kl = 0.5 * (logdet - jnp.sum(B * B) - a @ a + s)
-    mf = tdot(A, a)
-    G = jsl.solve_triangular(L.T, A, lower=False)  # K^{-1} K_f
-    Gr = G.reshape(s, n, C)
-    Ar = A.reshape(s, n, C)
-    VG = jnp.einsum("st,tia->sia", V, Gr)
-    Vf = Kff_blocks - jnp.einsum("sia,sib->iab", Ar, Ar) + jnp.einsum("sia,sib->iab", Gr, VG)
-    sites = per_datum(lambda y, mm, VV, bb, SS: site_bound_free(mm, VV, bb, SS) + mm @ y)
-    return neg_kl + jnp.sum(sites(Y, mf.reshape(n, C), sym(Vf), b, S))
