@@ -14,8 +14,9 @@ q(f) = N(m, V) and the sites together.
     sel = gk.multiclass.select_inducing(kernel, X, y, 30) # the sparse bound (Section 4) on an active inducing set
     gk.multiclass.GPClassifier().fit(X, y).predict_proba(X_new)   # the scikit-learn-style estimator
 
-Results are Equinox modules: `Posterior` and `SparsePosterior` (log_z, converged, num_steps, history as in
-`gk.Result`, the site parameters, and the kernel and inputs for `predict`), `HyperResult` (the fields of
+Results are Equinox modules: `Posterior` and `SparsePosterior` (log_z, status with its message, converged,
+num_steps, history as in `gk.Result`, the site parameters, and the kernel and inputs for `predict`; `fit` and
+`fit_sparse` take `progress=` as `gk.fit` does), `HyperResult` (the fields of
 `gk.gp.HyperResult` that apply), `Selection` and `Predictive`. Closed-form bounds: `expected_log_softmax_bound`
 (Theorem 6 at its optimum), `gram_bound` (Theorem 9), `correlation_bound` (Theorem 10) and
 `joint_predictive_bound` (Theorem 12). The solvers on given covariance matrices, the per-site updates, the
@@ -34,9 +35,9 @@ Why the multinomial-logit site is not a potential of `gk.Model` (issue 36 asked;
   further variational parameters per datum maximised jointly with q (the V step needs S_i at its optimum for
   every trial V). The engine optimises (m, C) only; adding per-site auxiliary parameters and vector-valued
   projections would change every factor, solver and warm start of `gk.fit` for one likelihood.
-So the multiclass bound keeps its own block-coordinate solver here and shares the engine's pieces: the
-backtracking line search (`gkl_jax._optim.backtrack`), the L-BFGS direction, `gk.kernels`, and the compiled-program
-options.
+So the multiclass bound keeps its own block-coordinate updates here and shares the engine's pieces: the loop
+(`gkl_jax.solvers.iterate`, with its history, status and progress), the backtracking line search
+(`gkl_jax._optim.backtrack`), the L-BFGS direction, `gk.kernels`, and the compiled-program options.
 """
 
 from ._api import fit as fit

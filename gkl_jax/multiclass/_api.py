@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 
 from .._linalg import full_precision, tdot
+from .._progress import resolve_progress
 from .._validate import as_float_array, check_finite, check_indices, check_nonnegative
 from ..kernels import AbstractKernel
 from ._blocks import blockdiag_left, sym
@@ -47,7 +48,7 @@ def _class_covariance(class_covariance, C, dtype):
 
 @full_precision
 def fit(kernel, X, y, *, num_classes=None, class_covariance=None, jitter=1e-6, site="theorem6", covariance="full",
-        v_update="newton", tol=1e-10, max_steps=200, init=None) -> Posterior:
+        v_update="newton", tol=1e-10, max_steps=200, init=None, progress=False) -> Posterior:
     """Fit the variational posterior of the multinomial-logit GP by maximising the bound log Z_h of Chai (2012),
     eq. 21 (its site bound is Theorem 6), under the prior K = K^x (x) K^c + jitter I, K^x = kernel.gram(X).
 
@@ -70,15 +71,21 @@ def fit(kernel, X, y, *, num_classes=None, class_covariance=None, jitter=1e-6, s
         max_steps: the most sweeps (int >= 1).
         init: a `Posterior` for the same (n, C), possibly under another kernel, to warm-start from
             (App. E.3).
+        progress: False (default), True (a line per sweep on stderr: the bound and its relative rise, the
+            "gradient" of `gkl_jax.solvers.ProgressInfo`), "auto" (True where stderr is a terminal), or a callable
+            receiving a `ProgressInfo` after each sweep and once at the end (a new callable compiles the fit
+            again; an exception it raises stops the fit and is raised).
 
     Returns:
-        `Posterior` holding the kernel and inputs (for `predict`); `converged` is False, with a warning, when
-        `max_steps` sweeps did not settle.
+        `Posterior` holding the kernel and inputs (for `predict`), with `status` (`message`) and `converged`;
+        `converged` is False, with a warning, when `max_steps` sweeps did not settle.
 
     Raises:
         ValueError: a kernel that is not a `gk.kernels` kernel, inputs that are not finite (n, d), labels that
-            do not match the inputs, a bad option, or a prior that is not positive definite.
+            do not match the inputs, a bad option (`progress` not True, False, "auto" or a callable), or a prior
+            that is not positive definite.
     """
+    resolve_progress(progress, "gkl_jax.multiclass.fit")
     X = _inputs(kernel, X)
     Y = one_hot_labels(y, X.shape[0], num_classes, X.dtype)
     C = Y.shape[1]
@@ -86,13 +93,13 @@ def fit(kernel, X, y, *, num_classes=None, class_covariance=None, jitter=1e-6, s
     check_nonnegative(jitter, "jitter")
     K = prior_covariance(kernel, X, C, Kc, jnp.asarray(jitter, X.dtype))
     post = fit_full(K, Y, site=site, covariance=covariance, v_update=v_update, tol=tol, max_steps=max_steps,
-                    init=init, kron=Kc is None)
+                    init=init, kron=Kc is None, progress=progress)
     return dataclasses.replace(post, kernel=kernel, X=X, class_covariance=Kc, jitter=float(jitter))
 
 
 @full_precision
 def fit_sparse(kernel, X, y, inducing, *, num_classes=None, mask=None, noise=1e-6, jitter=1e-6, site="theorem6",
-               v_update="newton", tol=1e-10, max_steps=200, init=None) -> SparsePosterior:
+               v_update="newton", tol=1e-10, max_steps=200, init=None, progress=False) -> SparsePosterior:
     """Fit the sparse variational posterior of Chai (2012), Section 4: maximise log Z~_h (eq. 32) over q(z) of
     the inducing latents z_a = f^{c_a}(x_{i_a}) + eps_a (eps_a ~ N(0, noise); Remarks 13-14), K^c = I.
 
@@ -114,13 +121,17 @@ def fit_sparse(kernel, X, y, inducing, *, num_classes=None, mask=None, noise=1e-
         tol: the sweeps stop when one raises the bound by at most tol (1 + |log Z~_h|).
         max_steps: the most sweeps (int >= 1).
         init: a `SparsePosterior` for the same data to warm-start from.
+        progress: as `fit`'s.
 
     Returns:
-        `SparsePosterior` holding the kernel, inputs and inducing set (for `predict`).
+        `SparsePosterior` holding the kernel, inputs and inducing set (for `predict`), with `status` and
+        `converged`.
 
     Raises:
-        ValueError: bad inputs or labels, indices outside 0..nC-1, a mask of another length, or a bad option.
+        ValueError: bad inputs or labels, indices outside 0..nC-1, a mask of another length, or a bad option
+            (`progress` as `fit`'s).
     """
+    resolve_progress(progress, "gkl_jax.multiclass.fit_sparse")
     X = _inputs(kernel, X)
     Y = one_hot_labels(y, X.shape[0], num_classes, X.dtype)
     check_nonnegative(noise, "noise")
@@ -130,7 +141,7 @@ def fit_sparse(kernel, X, y, inducing, *, num_classes=None, mask=None, noise=1e-
         raise ValueError("inducing must hold at least one latent index")
     Kzz, Kzf, Kff = inducing_prior(kernel, X, Y.shape[1], inducing, noise=noise, jitter=jitter)
     post = _fit_sparse_matrices(Kzz, Kzf, Kff, Y, mask=mask, site=site, v_update=v_update, tol=tol,
-                                max_steps=max_steps, init=init)
+                                max_steps=max_steps, init=init, progress=progress)
     mask = None if mask is None else jnp.asarray(mask, bool)
     return dataclasses.replace(post, kernel=kernel, X=X, inducing=inducing, mask=mask,
                                noise=float(noise), jitter=float(jitter))

@@ -31,12 +31,15 @@ import numpy as np
 
 from .._linalg import diagonal, full_precision
 from .._program import program
+from .._progress import reraise_callback_error, resolve_progress
+from .._status import RESULTS
 from .._validate import check_max_steps, check_tol, device_array, host_view, is_concrete
 from .._xla_options import LAPACK_BOUND
 from ..priors._priors import dense_cholesky
 from ._blocks import blockdiag_dense, blockdiag_left, blocks, per_datum, placeholder_sites, sym
+from ._outcome import FitOutcome, set_fields
 from ._site import site_bound_free
-from ._sweep import _covariance, fit_core, initial_state
+from ._sweep import _covariance, full_sweeps, initial_state
 from ._threads import single_threaded
 
 SITES = ("theorem6", "knowles_minka")
@@ -61,7 +64,7 @@ def log_z_h(K, Y, m, V, b, S):
     return neg_kl + jnp.sum(sites(Y, m.reshape(n, C), blocks(V, C), b, S))
 
 
-class Posterior(eqx.Module):
+class Posterior(FitOutcome):
     """The maximiser of log Z_h (Chai 2012, eq. 21) over q = N(m, V), {b_i}, {S_i}: the result of `fit`.
 
     The latent values are datum-major nC-vectors (entry i C + c is f^c(x_i)). The mean is tied to the sites,
@@ -76,7 +79,8 @@ class Posterior(eqx.Module):
         W: (n, C, C) float site precisions of V (eq. 28).
         V_blocks: (n, C, C) float diagonal blocks V_i of the posterior covariance.
         log_z: float scalar array, the bound log Z_h (a lower bound on log p(y)).
-        converged: bool scalar array, whether the sweeps settled to `tol`.
+        status: int32 scalar array, why the sweeps stopped: a `gkl_jax.RESULTS` code (`message` says it in words;
+            `converged` is `status == RESULTS.successful`).
         num_steps: int scalar array, sweeps taken.
         history: (max_steps + 1,) float array, the bound after each sweep (non-decreasing; NaN after the last).
         stationarity: float scalar array, max_i |b_i - gbar_i| (0 at the optimum, Lemma 26 of Chai 2012).
@@ -87,6 +91,10 @@ class Posterior(eqx.Module):
         jitter: float added to the prior's diagonal (static).
         site: "theorem6" or "knowles_minka", the site bound (static).
         covariance_family: "full" or "class_factorised" (static).
+
+    Args:
+        the attributes by name; `status`, or (where it is None) `converged`, a bool scalar from which the status
+        follows as the loop's (`gkl_jax._status.status`, with the step limit len(history) - 1).
     """
 
     Y: jax.Array
@@ -95,7 +103,7 @@ class Posterior(eqx.Module):
     W: jax.Array
     V_blocks: jax.Array
     log_z: jax.Array
-    converged: jax.Array
+    status: jax.Array
     num_steps: jax.Array
     history: jax.Array
     stationarity: jax.Array
@@ -105,6 +113,13 @@ class Posterior(eqx.Module):
     jitter: float = eqx.field(static=True, default=1e-6)
     site: str = eqx.field(static=True, default="theorem6")
     covariance_family: str = eqx.field(static=True, default="full")
+
+    def __init__(self, *, status=None, converged=None, **fields):
+        set_fields(self, status, converged, fields)
+
+    def _repr_items(self):
+        return super()._repr_items() + [("site", self.site), ("covariance_family", self.covariance_family),
+                                        ("kernel", self.kernel)]
 
     @property
     def alpha(self):
@@ -198,14 +213,14 @@ def prior_covariance(kernel, X, num_classes, class_covariance=None, jitter=1e-6)
 
 
 @program(cpu_options=LAPACK_BOUND)
-def _fit_jit(K, Y, warm, cold, km, mf, newton, tol, max_steps, s_sweeps, init_scale, kron=False):
-    """One compiled fit per (shapes, variant): km, mf, newton, max_steps and `kron` are static Python values.
-    `kron`: K = K^x (x) I_C (+ jitter I), factorised through the (n, n) Cholesky factor of its every C-th
-    row and column."""
+def _fit_jit(K, Y, warm, cold, km, mf, newton, tol, max_steps, s_sweeps, init_scale, kron=False, progress=None):
+    """One compiled fit per (shapes, variant): km, mf, newton, max_steps, `kron` and `progress` are static Python
+    values. `kron`: K = K^x (x) I_C (+ jitter I), factorised through the (n, n) Cholesky factor of its every C-th
+    row and column. Returns (state, `gkl_jax.solvers.Solution`, stationarity)."""
     TRACE_COUNT["fit_full"] += 1
     Lx = jnp.linalg.cholesky(K[::Y.shape[1], ::Y.shape[1]]) if kron else None
     st0 = initial_state(K, Y, km, mf, init_scale, warm, cold, Lx)
-    return fit_core(K, Y, st0, km, mf, newton, tol, max_steps, s_sweeps, Lx=Lx)
+    return full_sweeps(K, Y, st0, km, mf, newton, tol, max_steps, s_sweeps, Lx=Lx, progress=progress)
 
 
 def warm_start(post):
@@ -292,7 +307,7 @@ def check_labels_matrix(K, Y):
 @full_precision
 @single_threaded
 def fit_full(K, Y, *, site="theorem6", covariance="full", v_update="newton", tol=1e-10, max_steps=200,
-             init=None, s_sweeps=3, init_scale=1.0, kron=False) -> Posterior:
+             init=None, s_sweeps=3, init_scale=1.0, kron=False, progress=False) -> Posterior:
     """Maximise log Z_h (eq. 21) for the prior N(0, K) (datum-major (nC, nC)) and one-hot labels Y (n, C).
 
     `init` (a Posterior for the same (n, C), possibly fitted under another K) warm-starts from its (b, S, W)
@@ -301,7 +316,9 @@ def fit_full(K, Y, *, site="theorem6", covariance="full", v_update="newton", tol
     `converged` is False (with a warning outside of tracing) when `max_steps` sweeps did not. `kron=True`
     declares K = K^x (x) I_C + jitter I (as `prior_covariance` builds it without a class covariance), which makes
     each V step work on the n (C - 1) class contrasts (`_contrast`), O((n (C - 1))^3) instead of O((nC)^3).
+    `progress` as `gkl_jax.multiclass.fit`'s (one line per sweep: the bound and its relative rise).
     """
+    callback = resolve_progress(progress, "gkl_jax.multiclass.fit")
     for name, value, allowed in (("site", site, SITES), ("covariance", covariance, COVARIANCES),
                                  ("v_update", v_update, V_UPDATES)):
         if value not in allowed:
@@ -319,13 +336,18 @@ def fit_full(K, Y, *, site="theorem6", covariance="full", v_update="newton", tol
     else:
         warm = jax.tree.map(lambda x: jnp.asarray(x, K.dtype), warm_start(init))
     flags = (site == "knowles_minka", covariance == "class_factorised", v_update == "newton")
-    st, k, converged, hist, stat = _fit_jit(K, Y, warm, jnp.asarray(init is None), *flags, jnp.asarray(tol, K.dtype),
-                                            int(max_steps), jnp.asarray(int(s_sweeps)),
-                                            jnp.asarray(check_tol(init_scale, "init_scale"), K.dtype), bool(kron))
-    if is_concrete(converged) and not bool(converged):
+    init_scale = jnp.asarray(check_tol(init_scale, "init_scale"), K.dtype)
+    try:
+        st, sol, stat = _fit_jit(K, Y, warm, jnp.asarray(init is None), *flags, jnp.asarray(tol, K.dtype),
+                                 int(max_steps), jnp.asarray(int(s_sweeps)), init_scale, bool(kron), callback)
+    except jax.errors.JaxRuntimeError as e:     # a progress callable that raised: its own exception
+        reraise_callback_error(callback, e)
+        raise
+    if is_concrete(sol.status) and int(sol.status) != RESULTS.successful:
         valid = ("the result is a valid bound but not the optimum" if bool(jnp.isfinite(st.value)) else
                  f"the bound is {float(st.value)}: is K positive definite?")
-        warnings.warn(f"gkl_jax.multiclass.fit_full stopped after {int(k)} sweeps without the bound settling to "
-                      f"tol={tol:g}; {valid}", stacklevel=2)
-    return Posterior(Y=Y, b=st.b, S=st.S, W=st.W, V_blocks=st.Vb, log_z=st.value, converged=converged,
-                         num_steps=k, history=hist, stationarity=stat, site=site, covariance_family=covariance)
+        warnings.warn(f"gkl_jax.multiclass.fit_full stopped after {int(sol.num_steps)} sweeps without the bound "
+                      f"settling to tol={tol:g} ({RESULTS.name(sol.status)}); {valid}", stacklevel=2)
+    return Posterior(Y=Y, b=st.b, S=st.S, W=st.W, V_blocks=st.Vb, log_z=st.value, status=sol.status,
+                     num_steps=sol.num_steps, history=sol.history, stationarity=stat, site=site,
+                     covariance_family=covariance)

@@ -51,5 +51,6 @@ def q_conjugate_gradient(Q, D, R, max_iters, rtol=NEWTON_RTOL, QR=None):
         return x, z, r, z + beta * p, r + beta * Qp, rz_new, k + 1, bad
 
     init = (jnp.zeros_like(R), R, QR, R, QR, rz0, 0, ~(rz0 > 0))
+    # separate loop: its preconditioner is Q^{-1}, applied implicitly (Q p carried); the shared CG would need Q^{-1}
     x, *_ = lax.while_loop(cond, body, init)
     return jnp.where(jnp.any(x != 0), x, R)

@@ -23,10 +23,10 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
-from jax import lax
 
 from .._linalg import diagonal
 from .._optim import backtrack
+from ..solvers import AbstractIterativeSolver, Step, iterate
 
 STEP_HALVINGS = 10
 """The most halvings of a step (t >= 1/1024): near the optimum round-off makes every step fail, and each trial of
@@ -131,13 +131,51 @@ def b_newton_direction(b, gbar, S_inv):
 
 class SiteOptimum(eqx.Module):
     """The maximiser (b, S) of h for one Gaussian marginal N(m, V), the maximum of the label-free part
-    `value` = max h - m^T y, and the solver's bookkeeping."""
+    `value` = max h - m^T y, and the solver's bookkeeping (`status` a `gkl_jax.RESULTS` code)."""
 
     b: jax.Array
     S: jax.Array
     value: jax.Array
     converged: jax.Array
     num_steps: jax.Array
+    status: jax.Array
+
+
+class _SiteProblem(eqx.Module):
+    m: jax.Array
+    V: jax.Array
+    b: jax.Array
+    S: jax.Array
+
+
+class _SiteState(eqx.Module):
+    b: jax.Array
+    S: jax.Array
+    value: jax.Array
+    prev: jax.Array     # h before the last step (inf before the first)
+
+
+class SiteAscent(AbstractIterativeSolver):
+    """Alternating b and S updates of one datum's site bound h (`b_step`, `s_step`; Section 3.1-3.2), run by
+    `gkl_jax.solvers.iterate` until one step raises h by at most tol (1 + |h|)."""
+
+    start_in_loop = False
+
+    def init(self, problem, tol, max_steps):
+        value = site_bound_free(problem.m, problem.V, problem.b, problem.S)
+        return _SiteState(problem.b, problem.S, value, jnp.asarray(jnp.inf, value.dtype)), value
+
+    def step(self, problem, state, tol):
+        b, v1 = b_step(problem.m, problem.V, state.b, state.S, state.value)
+        S, v2 = s_step(problem.m, problem.V, b, state.S, v1)
+        rise = jnp.abs(v2 - state.value) / (1 + jnp.abs(v2))
+        return _SiteState(b, S, v2, state.value), Step(v2, jnp.asarray(True), jnp.asarray(True), rise)
+
+    def terminate(self, problem, state, tol):
+        return jnp.abs(state.value - state.prev) <= tol * (1 + jnp.abs(state.value)), jnp.asarray(False)
+
+    def point(self, state):
+        return state
 
 
 def initial_site_parameters(V):
@@ -174,27 +212,17 @@ def optimise_site(m, V, b=None, S=None, *, tol=1e-12, max_steps=500):
     """Maximise h over (b, S) for one marginal N(m, V) by alternating the b and S updates; vmap over data.
 
     Starts from (b, S) when given (warm start), else from `initial_site_parameters`. Stops when one sweep raises
-    the bound by at most tol * (1 + |h|). Returns a `SiteOptimum`.
+    the bound by at most tol * (1 + |h|), after `max_steps` sweeps or at a non-finite h (`SiteAscent` in
+    `gkl_jax.solvers.iterate`). Returns a `SiteOptimum`.
     """
     if b is None or S is None:
         b0, S0 = initial_site_parameters(V)
         b = b0 if b is None else b
         S = S0 if S is None else S
-    val0 = site_bound_free(m, V, b, S)
-
-    def cond(state):
-        _, _, val, prev, k = state
-        return (k < max_steps) & ~(jnp.abs(val - prev) <= tol * (1 + jnp.abs(val)))
-
-    def body(state):
-        b, S, val, _, k = state
-        b, v1 = b_step(m, V, b, S, val)
-        S, v2 = s_step(m, V, b, S, v1)
-        return b, S, v2, val, k + 1
-
-    b, S, val, prev, k = lax.while_loop(cond, body, (b, S, val0, jnp.asarray(jnp.inf, val0.dtype), 0))
-    converged = jnp.abs(val - prev) <= tol * (1 + jnp.abs(val))
-    return SiteOptimum(b=b, S=S, value=val, converged=converged, num_steps=k)
+    sol, st = iterate(SiteAscent(), _SiteProblem(m, V, b, S), jnp.asarray(tol, V.dtype), max_steps,
+                      postprocess=False)
+    return SiteOptimum(b=st.b, S=st.S, value=st.value, converged=sol.converged, num_steps=sol.num_steps,
+                       status=sol.status)
 
 
 @functools.partial(jax.jit, static_argnames=("max_steps",))

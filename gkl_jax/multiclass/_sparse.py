@@ -32,13 +32,21 @@ from jax import lax
 
 from .._linalg import diagonal, full_precision, invert_lower, tdot
 from .._program import program
-from .._validate import check_indices, check_int, check_max_steps, check_tol, is_concrete
+from .._progress import reraise_callback_error, resolve_progress
+from .._status import RESULTS
+from .._validate import check_max_steps, check_tol, is_concrete
 from .._xla_options import LAPACK_BOUND
+from ._ascent import ascend
 from ._blocks import blockdiag_left, per_datum, placeholder_sites, sym
 from ._full import V_UPDATES, check_one_hot
+from ._outcome import FitOutcome, set_fields
 from ._qcg import q_conjugate_gradient
-from ._site import monotone_step, profile_sensitivity, s_fixed_point_profile, site_bound_free, site_statistics
-from ._sweep import ascend, s_sweeps, site_terms
+from ._site import monotone_step, profile_sensitivity, s_fixed_point_profile, site_statistics
+from ._sparse_prior import inducing_prior as inducing_prior
+from ._sparse_prior import masked_prior as masked_prior
+from ._sparse_prior import sparse_log_z as sparse_log_z
+from ._sparse_prior import whitened_cross as whitened_cross
+from ._sweep import s_sweeps, site_terms
 from ._threads import single_threaded
 
 TRACE_COUNT = {"fit_sparse": 0}
@@ -48,35 +56,7 @@ large kernel variances the sparse ascent needs the closer Newton direction (n = 
 ~1240: 785 s at 1e-2, 553 s at 1e-3, the same bound; design-decisions page)."""
 
 
-def inducing_prior(kernel, X, num_classes, sites, *, noise=1e-6, jitter=1e-6, class_covariance=None):
-    """(K_zz, K_zf, K_ff blocks) for inducing variables z_a = f^{c_a}(x_{i_a}) + eps_a at the training latents
-    `sites` (indices p = i C + c), with eps_a ~ N(0, noise) (Remark 13); the latent prior carries `jitter`."""
-    C = check_int(num_classes, "num_classes", 2)
-    X = jnp.asarray(X)
-    sites = check_indices(sites, X.shape[0] * C, "sites")
-    Kc = jnp.eye(C, dtype=X.dtype) if class_covariance is None else jnp.asarray(class_covariance, X.dtype)
-    ii, cc = sites // C, sites % C
-    Kzx = kernel.gram(X[ii], X)  # (s, n)
-    Kzz = kernel.gram(X[ii]) * Kc[cc][:, cc] + noise * jnp.eye(sites.shape[0], dtype=X.dtype)
-    Kzf = (Kzx[:, :, None] * Kc[cc][:, None, :]).reshape(sites.shape[0], -1)
-    Kff = kernel.diag(X)[:, None, None] * Kc + jitter * jnp.eye(C, dtype=X.dtype)
-    return Kzz, Kzf, Kff
-
-
-def masked_prior(Kzz, Kzf, mask):
-    """K_zz and K_zf with the inducing variables outside `mask` made inert (identity rows, zero cross-covariance)."""
-    mm = mask[:, None] & mask[None, :]
-    eye = jnp.eye(Kzz.shape[0], dtype=Kzz.dtype)
-    return jnp.where(mm, Kzz, eye), jnp.where(mask[:, None], Kzf, 0.0)
-
-
-def whitened_cross(Kzz, Kzf):
-    """Ltil = K_zf^T L^{-T}, K_zz = L L^T: (nC, s)."""
-    L = jnp.linalg.cholesky(Kzz)
-    return jsl.solve_triangular(L, Kzf, lower=True).T
-
-
-class SparsePosterior(eqx.Module):
+class SparsePosterior(FitOutcome):
     """The maximiser of log Z~_h (Chai 2012, eq. 32): the result of `fit_sparse`.
 
     q(u) = N(Ltil^T (y - b), (I + Ltil^T W Ltil)^{-1}) in the whitened coordinates u = L^{-1} z of the inducing
@@ -89,7 +69,8 @@ class SparsePosterior(eqx.Module):
         W: (n, C, C) float site precisions of the latent covariance.
         Vf_blocks: (n, C, C) float diagonal blocks of the latent covariance V_f (eq. 31).
         log_z: float scalar array, the bound log Z~_h (a lower bound on log p(y)).
-        converged: bool scalar array, whether the sweeps settled to `tol`.
+        status: int32 scalar array, why the sweeps stopped: a `gkl_jax.RESULTS` code (`message` says it in words;
+            `converged` is `status == RESULTS.successful`).
         num_steps: int scalar array, sweeps taken.
         history: (max_steps + 1,) float array, the bound after each sweep (NaN after the last).
         stationarity: float scalar array, max_i |b_i - gbar_i| (0 at the optimum).
@@ -99,6 +80,9 @@ class SparsePosterior(eqx.Module):
         mask: (s,) bool, the active inducing variables, or None (all).
         noise: float variance added to each inducing variable (static).
         jitter: float added to the latent prior's diagonal (static).
+
+    Args:
+        the attributes by name; `status`, or (where it is None) `converged`, as `Posterior`'s.
     """
 
     Y: jax.Array
@@ -107,7 +91,7 @@ class SparsePosterior(eqx.Module):
     W: jax.Array
     Vf_blocks: jax.Array
     log_z: jax.Array
-    converged: jax.Array
+    status: jax.Array
     num_steps: jax.Array
     history: jax.Array
     stationarity: jax.Array
@@ -117,6 +101,13 @@ class SparsePosterior(eqx.Module):
     mask: Any = None
     noise: float = eqx.field(static=True, default=1e-6)
     jitter: float = eqx.field(static=True, default=1e-6)
+
+    def __init__(self, *, status=None, converged=None, **fields):
+        set_fields(self, status, converged, fields)
+
+    def _repr_items(self):
+        s = None if self.inducing is None else len(self.inducing)
+        return super()._repr_items() + [("num_inducing", s), ("kernel", self.kernel)]
 
     def inducing_moments(self, Kzz=None, Kzf=None, mask=None):
         """(m, V) of q(z) (eq. 31's m and V), dense.
@@ -294,34 +285,49 @@ def _initial(Lt, Kff, Y, km, warm, cold, scale=1.0):
     return _SState(b=b, S=S, W=W, Vb=Vb, Z=Z, logdet=ld, trace=tr, value=_value(Lt, Y, b, S, Vb, ld, tr, km))
 
 
-def sparse_core(Lt, Kff, Y, st0, km, newton, tol, max_steps, s_sweeps, cg_iters=50):
-    def step(st, prev):
+def sparse_sweeps(Lt, Kff, Y, st0, km, newton, tol, max_steps, s_sweeps, cg_iters=50, progress=None):
+    """The sparse block-coordinate ascent from `st0` (b, S, V once per sweep; `km`, `newton` traced flags), on the
+    package's one loop (`_ascent.ascend`).
+
+    Returns:
+        (state, `gkl_jax.solvers.Solution`, stationarity max_i |b_i - gbar_i|).
+    """
+    def sweep(st, prev):
         st = _b_step(Lt, Y, st, km)
         st = _s_step(Lt, Y, st, km, s_sweeps)
         return _v_step(Lt, Kff, Y, st, km, newton, cg_iters)
 
-    st, k, converged, hist = ascend(step, st0, tol, max_steps)
+    st, solution = ascend(st0, tol, max_steps, sweep, progress=progress)
     gbar, A = _gbar(Lt, Y, st.b, st.S, st.Vb, km)
     st = eqx.tree_at(lambda s: s.S, st, jnp.where(km, sym(_inv(st.Vb) + A), st.S))
-    return st, k, converged, hist, jnp.max(jnp.abs(st.b - gbar))
+    return st, solution, jnp.max(jnp.abs(st.b - gbar))
+
+
+def sparse_core(Lt, Kff, Y, st0, km, newton, tol, max_steps, s_sweeps, cg_iters=50):
+    """`sparse_sweeps` as the tuple (state, num_steps, converged, history, stationarity) (the sparse ML-II's
+    inner fits, `_sparse_hyper`)."""
+    st, solution, stat = sparse_sweeps(Lt, Kff, Y, st0, km, newton, tol, max_steps, s_sweeps, cg_iters)
+    return st, solution.num_steps, solution.converged, solution.history, stat
 
 
 @program(cpu_options=LAPACK_BOUND)
-def _sparse_jit(Kzz, Kzf, Kff, Y, mask, warm, cold, km, newton, tol, max_steps, s_sweeps):
+def _sparse_jit(Kzz, Kzf, Kff, Y, mask, warm, cold, km, newton, tol, max_steps, s_sweeps, progress=None):
     TRACE_COUNT["fit_sparse"] += 1
     Kzz, Kzf = masked_prior(Kzz, Kzf, mask)
     Lt = whitened_cross(Kzz, Kzf)
     st0 = _initial(Lt, Kff, Y, km, warm, cold)
-    return sparse_core(Lt, Kff, Y, st0, km, newton, tol, max_steps, s_sweeps)
+    return sparse_sweeps(Lt, Kff, Y, st0, km, newton, tol, max_steps, s_sweeps, progress=progress)
 
 
 @full_precision
 @single_threaded
 def fit_sparse(Kzz, Kzf, Kff_blocks, Y, *, mask=None, site="theorem6", v_update="newton", tol=1e-10,
-               max_steps=200, init=None, s_sweeps=3) -> SparsePosterior:
+               max_steps=200, init=None, s_sweeps=3, progress=False) -> SparsePosterior:
     """Maximise log Z~_h (eq. 32) for inducing prior K_zz (s, s), cross-covariance K_zf (s, nC) (datum-major
     columns), latent blocks K_ff,i (n, C, C) and one-hot labels Y (n, C). `mask` (s,) selects the active
-    inducing variables (default all); `init` (a SparsePosterior for the same data) warm-starts from (b, S, W)."""
+    inducing variables (default all); `init` (a SparsePosterior for the same data) warm-starts from (b, S, W);
+    `progress` as `gkl_jax.multiclass.fit_sparse`'s."""
+    callback = resolve_progress(progress, "gkl_jax.multiclass.fit_sparse")
     if site not in ("theorem6", "knowles_minka"):
         raise ValueError(f"site must be 'theorem6' or 'knowles_minka', got {site!r}")
     if v_update not in V_UPDATES:
@@ -351,39 +357,17 @@ def fit_sparse(Kzz, Kzf, Kff_blocks, Y, *, mask=None, site="theorem6", v_update=
         warm = placeholder_sites(n, C, Kzz.dtype)
     else:
         warm = (init.b, init.S, init.W)
-    st, k, converged, hist, stat = _sparse_jit(Kzz, Kzf, Kff, Y, mask, warm, jnp.asarray(init is None),
-                                               jnp.asarray(site == "knowles_minka"),
-                                               jnp.asarray(v_update == "newton"), jnp.asarray(tol, Kzz.dtype),
-                                               int(max_steps), jnp.asarray(int(s_sweeps)))
-    if is_concrete(converged) and not bool(converged):
+    try:
+        st, sol, stat = _sparse_jit(Kzz, Kzf, Kff, Y, mask, warm, jnp.asarray(init is None),
+                                    jnp.asarray(site == "knowles_minka"), jnp.asarray(v_update == "newton"),
+                                    jnp.asarray(tol, Kzz.dtype), int(max_steps), jnp.asarray(int(s_sweeps)), callback)
+    except jax.errors.JaxRuntimeError as e:     # a progress callable that raised: its own exception
+        reraise_callback_error(callback, e)
+        raise
+    if is_concrete(sol.status) and int(sol.status) != RESULTS.successful:
         why = "" if bool(jnp.isfinite(st.value)) else (
             f" (the bound is {float(st.value)}: are Kzz and Kff positive definite?)")
-        warnings.warn(f"gkl_jax.multiclass.fit_sparse stopped after {int(k)} sweeps without the bound settling{why}",
-                      stacklevel=2)
-    return SparsePosterior(Y=Y, b=st.b, S=st.S, W=st.W, Vf_blocks=st.Vb, log_z=st.value, converged=converged,
-                           num_steps=k, history=hist, stationarity=stat)
-
-
-def sparse_log_z(Kzz, Kzf, Kff_blocks, Y, m, V, b, S, mask=None):
-    """log Z~_h of eq. 32 at arbitrary q(z) = N(m, V) and (b, S), by the textbook formulas (eq. 31) with K_zz^{-1}
-    through its Cholesky factor. Differentiable in the covariances: with the variational parameters held at the
-    optimum its gradient is d log Z~_h*/d theta (App. C.4, envelope theorem)."""
-    if mask is not None:
-        Kzz, Kzf = masked_prior(Kzz, Kzf, mask)
-    n, C = Y.shape
-    s = Kzz.shape[0]
-    L = jnp.linalg.cholesky(Kzz)
-    A = jsl.solve_triangular(L, Kzf, lower=True)  # L^{-1} K_f
-    LV = jnp.linalg.cholesky(V)
-    B = jsl.solve_triangular(L, LV, lower=True)
-    a = jsl.solve_triangular(L, m, lower=True)
-    logdet = 2 * (jnp.sum(jnp.log(diagonal(LV))) - jnp.sum(jnp.log(diagonal(L))))
-    neg_kl = 0.5 * (logdet - jnp.sum(B * B) - a @ a + s)
-    mf = tdot(A, a)
-    G = jsl.solve_triangular(L.T, A, lower=False)  # K^{-1} K_f
-    Gr = G.reshape(s, n, C)
-    Ar = A.reshape(s, n, C)
-    VG = jnp.einsum("st,tia->sia", V, Gr)
-    Vf = Kff_blocks - jnp.einsum("sia,sib->iab", Ar, Ar) + jnp.einsum("sia,sib->iab", Gr, VG)
-    sites = per_datum(lambda y, mm, VV, bb, SS: site_bound_free(mm, VV, bb, SS) + mm @ y)
-    return neg_kl + jnp.sum(sites(Y, mf.reshape(n, C), sym(Vf), b, S))
+        warnings.warn(f"gkl_jax.multiclass.fit_sparse stopped after {int(sol.num_steps)} sweeps without the bound "
+                      f"settling ({RESULTS.name(sol.status)}){why}", stacklevel=2)
+    return SparsePosterior(Y=Y, b=st.b, S=st.S, W=st.W, Vf_blocks=st.Vb, log_z=st.value, status=sol.status,
+                           num_steps=sol.num_steps, history=sol.history, stationarity=stat)

@@ -37,6 +37,7 @@ import numpy as np
 from jax import lax
 
 from .._linalg import diagonal, tdot
+from ._ascent import ascend
 from ._blocks import blockdiag_dense, blockdiag_left, per_datum, sandwich_blocks, spd_inverse, sym
 from ._contrast import contrast_basis, contrast_covariance_times, from_contrasts, to_contrasts
 from ._qcg import q_conjugate_gradient
@@ -325,11 +326,21 @@ did: with one round per V step the ascent was slow at large kernel variances, wh
 variance e^5: 70 sweeps against 20-25), and with four always glass ML-II took 40% longer (design-decisions page)."""
 
 
-def fit_core(K, Y, st0, km, mf, newton, tol, max_steps, s_sweeps_, cg_iters=50, Lx=None):
-    """The block-coordinate ascent from state `st0` (traceable; shared by `fit_full` and hyper-parameter learning;
-    `Lx` as in `initial_state`; `km`, `mf`, `newton` Python booleans; at most `BS_ROUNDS` (b, S) rounds per V step).
+def full_sweeps(K, Y, st0, km, mf, newton, tol, max_steps, s_sweeps_, cg_iters=50, Lx=None, progress=None):
+    """The block-coordinate ascent from state `st0` (traceable; `Lx` as in `initial_state`; `km`, `mf`, `newton`
+    Python booleans; at most `BS_ROUNDS` (b, S) rounds per V step), on the package's one loop (`_ascent.ascend`).
 
-    Returns (state, num_steps, converged, history, stationarity)."""
+    Args:
+        K: (nC, nC) prior covariance; Y: (n, C) one-hot labels; st0: the starting `State`.
+        km, mf, newton: the variant (site="knowles_minka", covariance="class_factorised", v_update="newton").
+        tol: relative tolerance on the rise of the bound per sweep; max_steps: the most sweeps (int).
+        s_sweeps_: S_i updates per (b, S) round; cg_iters: the most CG iterations of a Newton V step.
+        Lx: the (n, n) factor of K^x where K = K^x (x) I_C, or None.
+        progress: None, or a progress callable (`gkl_jax.solvers.ProgressInfo` after each sweep; static).
+
+    Returns:
+        (state, `gkl_jax.solvers.Solution`, stationarity max_i |b_i - gbar_i|).
+    """
     P = contrasts_of(Lx, mf, Y.shape[1], K.dtype)
     LK = prior_factor(K, Lx, P)
     Kx = None if Lx is None else K[::Y.shape[1], ::Y.shape[1]]
@@ -338,54 +349,19 @@ def fit_core(K, Y, st0, km, mf, newton, tol, max_steps, s_sweeps_, cg_iters=50, 
         st = b_step(K, Y, st, km, Kx)
         return s_sweeps(_means(K, Y, st.b), st, km, s_sweeps_)
 
-    def more(carry):
-        st, k, gain = carry
-        return (k < BS_ROUNDS) & ((k == 0) | (gain > st.v_gain))
-
-    def one_round(carry):
-        st, k, _ = carry
-        new = b_and_s(st)
-        return new, k + 1, new.value - st.value
-
-    def step(st, prev):
-        st, *_ = lax.while_loop(more, one_round, (st, 0, jnp.asarray(jnp.inf, st.value.dtype)))
+    def v(st, prev):
         return v_step(K, LK, Y, st, km, mf, newton, cg_iters, Lx,
                       skip_below=tol * (1 + jnp.abs(st.value)) - (st.value - prev), P=P)
 
-    st, k, converged, hist = ascend(step, st0, tol, max_steps)
+    st, solution = ascend(st0, tol, max_steps, v, b_and_s, BS_ROUNDS, progress)
     gbar, A = site_moments(K, Y, st.b, st.S, st.Vb, km)
     if km:
         st = eqx.tree_at(lambda s: s.S, st, sym(spd_inverse(st.Vb) + A))
-    return st, k, converged, hist, jnp.max(jnp.abs(st.b - gbar))
+    return st, solution, jnp.max(jnp.abs(st.b - gbar))
 
 
-def ascend(step, st0, tol, max_steps):
-    """Repeat `st <- step(st, prev)` (prev: the value before the step) from `st0` until the value rises by at most
-    tol (1 + |value|), stops being finite, or after `max_steps` steps: the outer loop of the full and the sparse
-    block-coordinate ascents.
-
-    Args:
-        step: (state, previous value) -> state; states have a scalar `value`.
-        st0: the starting state.
-        tol: relative tolerance on the rise of the value.
-        max_steps: the most steps.
-
-    Returns:
-        (state, num_steps, settled, history): history[k] the value after step k (NaN past the last).
-    """
-    hist0 = jnp.full((max_steps + 1,), jnp.nan, st0.value.dtype).at[0].set(st0.value)
-    settled = lambda v, prev: (v - prev <= tol * (1 + jnp.abs(v))) & jnp.isfinite(v)
-
-    def cond(carry):
-        st, prev, k, _ = carry
-        return (k < max_steps) & ~settled(st.value, prev) & jnp.isfinite(st.value)
-
-    def body(carry):
-        st, _, k, hist = carry
-        prev = st.value
-        st = step(st, prev)
-        return st, prev, k + 1, hist.at[k + 1].set(st.value)
-
-    init = (st0, jnp.asarray(-jnp.inf, st0.value.dtype), 0, hist0)
-    st, prev, k, hist = lax.while_loop(cond, body, init)
-    return st, k, settled(st.value, prev), hist
+def fit_core(K, Y, st0, km, mf, newton, tol, max_steps, s_sweeps_, cg_iters=50, Lx=None):
+    """`full_sweeps` as the tuple (state, num_steps, converged, history, stationarity) (the dense ML-II's inner
+    fits, `_hyper`)."""
+    st, solution, stat = full_sweeps(K, Y, st0, km, mf, newton, tol, max_steps, s_sweeps_, cg_iters, Lx)
+    return st, solution.num_steps, solution.converged, solution.history, stat
