@@ -183,3 +183,10 @@ def test_nan_history_buffers_and_while_loops_only_in_the_driver():
         assert not re.search(r"jnp\.full\(.*jnp\.nan", text), name
         assert "while_loop(" not in text, name
     assert re.search(r"jnp\.full\(.*jnp\.nan", (PACKAGE / "solvers/_iterate.py").read_text())
+
+
+def test_ais_result_status():
+    """AIS has no stopping test: its result is `successful` where log Z is finite (converged derived from it)."""
+    res = gk.ais(_logistic(), jax.random.PRNGKey(0), num_chains=16, num_temperatures=10)
+    assert np.isfinite(float(res.log_z)) and int(res.status) == gk.RESULTS.successful and bool(res.converged)
+    assert res.message.startswith("successful")
