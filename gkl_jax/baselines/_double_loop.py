@@ -34,6 +34,8 @@ K < D), and r = eps^(2/3) nu_hat a relative ridge (3.7e-11 in float64) that only
 ever formed. For K < D, q is nearly degenerate outside the Krylov space: its entropy is not meaningful there.
 """
 
+from typing import Callable
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -42,14 +44,16 @@ from .. import _lanczos
 from .._adjoint import forward_mode_only
 from .._gaussian import Gaussian
 from .._linalg import full_precision
+from .._model import Model
 from .._optim import backtrack, conjugate_gradient, sufficient_increase
 from .._program import program
 from .._progress import reraise_callback_error, resolve_progress
 from .._result import Result
 from .._status import status_from
+from .._typing import Key
 from .._validate import as_int, check_int, check_key, check_tol
 from ..factors import FactorAnalysis
-from ..solvers._iterate import Step, iterate
+from ..solvers._iterate import ProgressInfo, Step, iterate
 from . import _common as C
 from ._site_bounds import super_gaussian, tangent_coefficients
 
@@ -57,8 +61,9 @@ TRACE_COUNT = {"double_loop": 0}
 
 
 @full_precision
-def double_loop(model, rank: int, *, key=None, max_outer: int = 20, max_inner: int = 50, max_cg: int = 200,
-                num_probes: int = 4, tol: float = 1e-4, progress=False) -> Result:
+def double_loop(model: Model, rank: int, *, key: Key | None = None, max_outer: int = 20, max_inner: int = 50,
+                max_cg: int = 200, num_probes: int = 4, tol: float = 1e-4,
+                progress: bool | str | Callable[[ProgressInfo], object] = False) -> Result:
     """The glm-ie double loop with K = `rank` Lanczos vectors (Nickisch 2010, Alg. 3.1; Challis & Barber 2013,
     Section 5.2.2; module docstring); matrix-free in H and Sigma^{-1}. Stops when the tangent points xi change by
     at most `tol` (relative) or after `max_outer` outer steps; warns when it did not settle.

@@ -12,6 +12,7 @@ one compiled `gkl_jax.solvers.iterate` loop (`PPA`), with the library's status a
 
 import time
 import warnings
+from typing import Callable
 
 import equinox as eqx
 import jax
@@ -20,15 +21,17 @@ import jax.scipy.linalg as jsl
 import numpy as np
 from jax import lax
 from jax.scipy.special import ndtr
+from jaxtyping import Array, ArrayLike, Float
 
 from .._linalg import full_precision, tdot
 from .._program import program
 from .._progress import reraise_callback_error, resolve_progress
 from .._status import RESULTS
+from .._typing import Inputs, ScalarLike
 from .._validate import as_float_array, check_finite, check_int, check_nonnegative, check_positive, strongly_typed
 from ..kernels import AbstractKernel
 from ..potentials import Logistic, Probit
-from ..solvers._iterate import Step, iterate, new_history
+from ..solvers._iterate import ProgressInfo, Step, iterate, new_history
 from ._ppa_steps import PPAParams as PPAParams
 from ._ppa_steps import PPAStats as PPAStats
 from ._ppa_steps import _gram, e_step_stats, m_step_params
@@ -153,7 +156,7 @@ def _ppa_jit(params, lik, X, jitter, tol, gtol, corrected, max_iters, m_steps, e
         solution.num_steps, solution.status
 
 
-def _labels(y):
+def _labels(y) -> jax.Array:
     y = as_float_array(y, "y")
     if y.ndim != 1:
         raise ValueError(f"y must be 1-D, got shape {y.shape}")
@@ -163,9 +166,10 @@ def _labels(y):
 
 
 @full_precision
-def ppa(kernel: AbstractKernel, X, y, *, noise=1.0, corrected: bool = True, likelihood: str = "probit",
-        max_iters: int = 1000, tol: float = 1e-4, m_steps: int = 10, m_gtol: float = 1e-6,
-        e_sweeps: int = 20, learn_noise: bool = True, jitter: float = 1e-6, progress=False) -> PPAResult:
+def ppa(kernel: AbstractKernel, X: Inputs, y: Float[ArrayLike, " n"], *, noise: ScalarLike = 1.0,
+        corrected: bool = True, likelihood: str = "probit", max_iters: int = 1000, tol: float = 1e-4,
+        m_steps: int = 10, m_gtol: float = 1e-6, e_sweeps: int = 20, learn_noise: bool = True,
+        jitter: float = 1e-6, progress: bool | str | Callable[[ProgressInfo], object] = False) -> PPAResult:
     """Fit PPA GP classification with hyperparameter learning (Algorithm 1) and the standard or the
     KL-corrected M-step; `noise` is the initial v = 1 / beta. Each E-step makes up to `e_sweeps` sweeps of q
     updates (both schemes alike). With `learn_noise=False` v stays fixed: the exact marginal likelihood depends
@@ -244,7 +248,8 @@ def ppa(kernel: AbstractKernel, X, y, *, noise=1.0, corrected: bool = True, like
                      corrected_m_step=bool(corrected))
 
 
-def ppa_predict(result: PPAResult, X_new, jitter: float = 1e-6):
+def ppa_predict(result: PPAResult, X_new: Inputs, jitter: float = 1e-6
+                ) -> tuple[Float[Array, " m"], Float[Array, " m"], Float[Array, " m"]]:
     """PPA predictive at X_new: latent N(k_*^T (K + v I)^{-1} <f>, k_** - k_*^T (K + v I)^{-1} k_*) for fbar_* and
     p(y_* = +1) = Phi(mean / sqrt(1 + v + var)) (probit) (King & Lawrence 2006).
 

@@ -30,8 +30,10 @@ import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 from jax.flatten_util import ravel_pytree
+from jaxtyping import Array, Float
 
 from .._linalg import diagonal
+from .._typing import Scalar, ScalarLike
 from ..kernels import AbstractKernel
 from ..solvers._iterate import Step, iterate
 from ..solvers._quasi_newton import lbfgs
@@ -77,7 +79,7 @@ def _log_z(lik, mut, v):
     return log_predictive_density(lik, mut, jnp.broadcast_to(v, mut.shape))
 
 
-def standard_bound(params, stats, X, jitter):
+def standard_bound(params: PPAParams, stats: PPAStats, X: Float[Array, "n d"], jitter: ScalarLike) -> Scalar:
     """The standard bound L(theta, v) of King & Lawrence (2006), eq. 6, at the fixed q(fbar) = N(mu, C) and q(f)
     of `stats`.
 
@@ -105,7 +107,7 @@ def standard_bound(params, stats, X, jitter):
     return prior + link + entropy + stats.const
 
 
-def corrected_bound(params, stats, X, jitter):
+def corrected_bound(params: PPAParams, stats: PPAStats, X: Float[Array, "n d"], jitter: ScalarLike) -> Scalar:
     """The KL-corrected bound L'(theta, v) of King & Lawrence (2006), eq. 9-10:
     log N(<f> | 0, K + v I) - sum_n Var(f_n) / (2 v) + const.
 
