@@ -38,6 +38,7 @@ from ._whiten import check_whiten, whitened_structure, whitening
 from .factors import AbstractFactor, AbstractRefinableFactor, Diagonal, Full
 from .priors._priors import AbstractDensePrior
 from .solvers import AbstractSolver, Optax, Problem, ProgressInfo, default_solver, default_whiten
+from .solvers._iterate import append_history, new_history
 
 TRACE_COUNT = {"fit": 0}
 
@@ -288,10 +289,10 @@ def _refine_and_solve(model, q_init, solver, tol, max_steps, scale, progress=Non
         value = bound(work, lax.stop_gradient(solved.q))
         better = jnp.isfinite(value) & (value >= best)
         q = jax.tree.map(lambda a, b: jnp.where(better, a, b), solved.q, q)
-        return q, k + solved.num_steps, _splice(hist, solved.history, k), jnp.where(better, value, best)
+        return q, k + solved.num_steps, append_history(hist, solved.history, k), jnp.where(better, value, best)
 
     f0 = bound(work, lax.stop_gradient(q_init))
-    hist0 = jnp.full((max_steps + 1,), jnp.nan, dtype=f0.dtype).at[0].set(f0)
+    hist0 = new_history(max_steps, f0)
     # best: the bound at the carried q (-inf where not finite), which the next refinement compares against
     init = (q_init, jnp.zeros((), jnp.int32), hist0, jnp.where(jnp.isfinite(f0), f0, -jnp.inf))
     q, k, hist, best = lax.fori_loop(0, rounds, round_, init)
@@ -300,8 +301,3 @@ def _refine_and_solve(model, q_init, solver, tol, max_steps, scale, progress=Non
     ok = jnp.isfinite(best) & stationary(ravel_pytree(grad)[0], ravel_pytree(params)[0], best, tol, scale)
     return implicit(model, q), k, ok, hist
 
-
-def _splice(hist, hist2, k):
-    """hist[: k + 1] followed by hist2[1:], truncated to len(hist)."""
-    idx = jnp.arange(hist.shape[0])
-    return jnp.where(idx <= k, hist, hist2[jnp.clip(idx - k, 0, hist2.shape[0] - 1)])

@@ -33,6 +33,7 @@ from .._model import Model
 from .._program import program
 from .._result import Result
 from .._start import check_start
+from .._status import RESULTS, status_from
 from .._typing import Key
 from .._validate import check_int, check_key, check_tol, is_concrete
 from ..factors import Full
@@ -50,6 +51,8 @@ class AISResult(eqx.Module):
         log_weights: (R,) float array of per-chain log importance weights, R = num_chains.
         acceptance: float scalar array, the mean HMC acceptance rate.
         ess: float scalar array, the effective sample size of the weights.
+        status: int32 scalar array, a `gkl_jax.RESULTS` code: successful (every temperature ran and log Z is
+            finite; a low acceptance rate only warns) or nonfinite; `message` says it in words.
     """
 
     log_z: jax.Array
@@ -57,6 +60,17 @@ class AISResult(eqx.Module):
     log_weights: jax.Array
     acceptance: jax.Array
     ess: jax.Array
+    status: jax.Array
+
+    @property
+    def converged(self):
+        """bool scalar array: `status == RESULTS.successful` (AIS has no stopping test: the estimate is finite)."""
+        return self.status == RESULTS.successful
+
+    @property
+    def message(self) -> str:
+        """Why the run ended as it did, in words (`RESULTS.message(status)`; '?' under tracing)."""
+        return RESULTS.message(self.status)
 
 
 @full_precision
@@ -80,7 +94,7 @@ def ais(model: Model, key: Key, *, q: Gaussian | Result | None = None, num_chain
         inflation: the start's scale factor (>= 1, default 1.2).
 
     Returns:
-        `AISResult`.
+        `AISResult` (with `status`, `message` and `converged` as every result).
 
     Raises:
         ValueError: a model that cannot be fitted or has variance offsets, a bad key, counts, q, step_size or
@@ -183,4 +197,6 @@ def _ais_jit(model, q, key, num_chains, num_temperatures, num_leapfrog, step_siz
     w = jnp.exp(log_w - jnp.max(log_w))
     stderr = jnp.std(w, ddof=1) / (jnp.sqrt(num_chains) * jnp.mean(w))
     ess = jnp.sum(w) ** 2 / jnp.sum(w**2)
-    return AISResult(log_z=log_z, stderr=stderr, log_weights=log_w, acceptance=jnp.mean(acc), ess=ess)
+    finite = jnp.isfinite(log_z)
+    return AISResult(log_z=log_z, stderr=stderr, log_weights=log_w, acceptance=jnp.mean(acc), ess=ess,
+                     status=status_from(finite, nonfinite=~finite))

@@ -169,10 +169,6 @@ def prior_only_result(model, method: str, is_bound: bool) -> Result:
                   history=zero[None], method=method, is_bound=is_bound)
 
 
-def history_buffer(max_steps, value):
-    return jnp.full((max_steps + 1,), jnp.nan, dtype=jnp.result_type(value)).at[0].set(value)
-
-
 def warn_if_not_converged(converged, method: str, detail: str) -> None:
     """The baselines' honest failure report: converged=False plus a warning (outside of tracing)."""
     if is_concrete(converged) and not bool(converged):

@@ -34,20 +34,26 @@ K < D), and r = eps^(2/3) nu_hat a relative ridge (3.7e-11 in float64) that only
 ever formed. For K < D, q is nearly degenerate outside the Krylov space: its entropy is not meaningful there.
 """
 
+from typing import Callable
+
+import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 from .. import _lanczos
 from .._adjoint import forward_mode_only
 from .._gaussian import Gaussian
 from .._linalg import full_precision
+from .._model import Model
 from .._optim import backtrack, conjugate_gradient, sufficient_increase
 from .._program import program
+from .._progress import reraise_callback_error, resolve_progress
 from .._result import Result
 from .._status import status_from
+from .._typing import Key
 from .._validate import as_int, check_int, check_key, check_tol
 from ..factors import FactorAnalysis
+from ..solvers._iterate import ProgressInfo, Step, iterate
 from . import _common as C
 from ._site_bounds import super_gaussian, tangent_coefficients
 
@@ -55,8 +61,9 @@ TRACE_COUNT = {"double_loop": 0}
 
 
 @full_precision
-def double_loop(model, rank: int, *, key=None, max_outer: int = 20, max_inner: int = 50, max_cg: int = 200,
-                num_probes: int = 4, tol: float = 1e-4) -> Result:
+def double_loop(model: Model, rank: int, *, key: Key | None = None, max_outer: int = 20, max_inner: int = 50,
+                max_cg: int = 200, num_probes: int = 4, tol: float = 1e-4,
+                progress: bool | str | Callable[[ProgressInfo], object] = False) -> Result:
     """The glm-ie double loop with K = `rank` Lanczos vectors (Nickisch 2010, Alg. 3.1; Challis & Barber 2013,
     Section 5.2.2; module docstring); matrix-free in H and Sigma^{-1}. Stops when the tangent points xi change by
     at most `tol` (relative) or after `max_outer` outer steps; warns when it did not settle.
@@ -70,16 +77,22 @@ def double_loop(model, rank: int, *, key=None, max_outer: int = 20, max_inner: i
         max_cg: conjugate-gradient steps per Newton step (int >= 1, default 200).
         num_probes: Rademacher probes of the log-det estimate (int >= 1, default 4).
         tol: relative tolerance on the tangent points (positive, default 1e-4).
+        progress: False (default), True (the outer step, the evidence estimate and the relative change of the
+            tangent points on stderr), "auto" (True where stderr is a terminal) or a callable receiving a
+            `gkl_jax.solvers.ProgressInfo` after each outer step and once at the end (as in `gkl_jax.fit`; turning
+            it on compiles the program once more; a callable that raises stops the run with its exception).
 
     Returns:
         `gkl_jax.Result` with `is_bound=False` (an estimate of log Z, not a bound), q a rank-K `FactorAnalysis`
-        Gaussian, and `history[k]` the (single-probe) evidence estimate at the start of outer step k.
+        Gaussian, `history[k]` the (single-probe) evidence estimate at the start of outer step k, and `status`
+        (`message`): successful where the tangent points settled, max_steps_reached after `max_outer` outer
+        steps, nonfinite where the iteration or the estimate lost finiteness.
         Derivatives in the model: forward mode only (jax.jacfwd, jax.jvp, through the iterations); reverse mode
         (jax.grad) raises a ValueError that says so.
 
     Raises:
         ValueError: rank outside [1, D], potentials without a super-Gaussian bound (probit, Poisson, Custom), a
-            model that cannot be fitted, or bad counts, key or tol.
+            model that cannot be fitted, or bad counts, key, tol or progress.
 
     Example:
         >>> import numpy as np, gkl_jax as gk
@@ -101,12 +114,17 @@ def double_loop(model, rank: int, *, key=None, max_outer: int = 20, max_inner: i
                         ("num_probes", num_probes)):
         check_int(value, f"double_loop: {name}", 1)
     tol = check_tol(tol, "double_loop: tol")
+    callback = resolve_progress(progress, "gkl_jax.double_loop")
     key = jax.random.PRNGKey(0) if key is None else check_key(key)
     model = forward_mode_only(model, "double_loop: reverse-mode derivatives (jax.grad, jax.vjp, jax.linearize) of "
                               "its result are not available: the Lanczos fixed point has no implicit rule; take "
                               "forward-mode derivatives with jax.jacfwd or jax.jvp")
-    result = _double_loop_jit(model, key, int(rank), int(max_outer), int(max_inner), int(max_cg), int(num_probes),
-                              jnp.asarray(tol, C.dtype_of(model)))
+    try:
+        result = _double_loop_jit(model, key, int(rank), int(max_outer), int(max_inner), int(max_cg),
+                                  int(num_probes), jnp.asarray(tol, C.dtype_of(model)), callback)
+    except jax.errors.JaxRuntimeError as e:     # a progress callable that raised: its own exception
+        reraise_callback_error(callback, e)
+        raise
     C.warn_if_not_converged(result.converged, "double_loop", f"the outer loop did not settle (relative change "
                             f"of the variational parameters > tol={tol:g}) within max_outer={max_outer} steps")
     return result
@@ -133,25 +151,33 @@ def _site_terms(forms, xs, zs):
     return out
 
 
-def _inner(model, groups, forms, zs, u0, max_inner, max_cg):
-    """Newton-CG (IRLS) on the smoothed MAP objective with an MVM-free backtracking line search."""
-    mu = jnp.zeros_like(u0) if model.prior is None else model.prior.mean
+class _InnerState(eqx.Module):
+    u: jax.Array
+    done: jax.Array     # the Newton decrement is at round-off, or the line search failed
+    skip: jax.Array     # nothing to solve (the outer loop's first iteration)
 
-    def objective_parts(u):
+
+class _InnerNewton(eqx.Module):
+    """The inner problem as a `gkl_jax.solvers.iterate` loop: Newton-CG (IRLS) on the smoothed MAP objective at
+    fixed variances `zs`, with an MVM-free backtracking line search (thesis Ch. 3.5.5)."""
+
+    model: object
+    groups: list
+    forms: list
+    zs: list
+    max_cg: int = eqx.field(static=True)
+    monotone = True
+    start_in_loop = False
+    stop_on_nonfinite = False   # a non-finite objective fails the line search, which stops the loop
+
+    def step(self, problem, s, tol):
+        model, groups, forms, zs, u = self.model, self.groups, self.forms, self.zs, s.u
+        mu = jnp.zeros_like(u) if model.prior is None else model.prior.mean
         xs = C.projections(groups, u)
         gp = -C.prior_precision_mv(model, u - mu)
         terms = _site_terms(forms, xs, zs)
         value = 0.5 * (u - mu) @ gp + sum(jnp.sum(t[0]) for t in terms)
         grad = gp + sum(op.rmv(t[1]) for (op, _, _), t in zip(groups, terms))
-        return xs, gp, terms, value, grad
-
-    def cond(state):
-        _, k, done = state
-        return ~done & (k < max_inner)
-
-    def body(state):
-        u, k, _ = state
-        xs, gp, terms, value, grad = objective_parts(u)
         weights = [jnp.maximum(-t[2], 0.0) for t in terms]  # a PSD curvature (exact for log-concave sites)
 
         def hess_mv(v):
@@ -160,7 +186,7 @@ def _inner(model, groups, forms, zs, u0, max_inner, max_cg):
                 out = out + op.rmv(w * op.mv(v))
             return out
 
-        d = conjugate_gradient(hess_mv, grad, max_iters=max_cg, rtol=1e-10)
+        d = conjugate_gradient(hess_mv, grad, max_iters=self.max_cg, rtol=1e-10)
         d = jnp.where(jnp.all(jnp.isfinite(d)), d, grad)
         slope = grad @ d
         # MVM-free line search: H d and Sigma^{-1} d once, then only elementwise work (thesis Ch. 3.5.5).
@@ -178,10 +204,25 @@ def _inner(model, groups, forms, zs, u0, max_inner, max_cg):
         u_new = jnp.where(good, u + t * d, u)
         tiny = 1e-13 * (1 + jnp.abs(value))
         done = ~good | (0.5 * slope <= tiny)
-        return u_new, k + 1, done
+        return _InnerState(u_new, done, s.skip), Step(jnp.where(good, f_new, value), jnp.asarray(True),
+                                                       jnp.asarray(True), slope)
 
-    u, k, _ = lax.while_loop(cond, body, (u0, jnp.asarray(0), jnp.asarray(False)))
-    return u, k
+    def terminate(self, problem, s, tol):
+        return s.done, s.skip
+
+    def point(self, s):
+        return s.u
+
+    def postprocess(self, problem, s, point):
+        return point, None
+
+
+def _inner(model, groups, forms, zs, u0, max_inner, max_cg, tol, skip=False):
+    """Up to `max_inner` Newton steps of `_InnerNewton` from u0 (none where `skip`); returns u."""
+    start = _InnerState(u0, jnp.asarray(False), jnp.asarray(skip))
+    solution, _ = iterate(_InnerNewton(model, groups, forms, zs, max_cg), None, tol, max_inner,
+                          init=(start, jnp.zeros((), u0.dtype)), postprocess=False)
+    return solution.x
 
 
 def _coefficients(forms, xis):
@@ -226,57 +267,103 @@ def _lanczos_step(model, groups, taus, start, rank):
     return zs, jnp.sum(jnp.square(W), axis=1), logdet, W
 
 
-def _run(model, key, rank, max_outer, max_inner, max_cg, tol):
-    """The outer loop; returns (u, xi per group, number of outer steps, history, converged)."""
+class _State(eqx.Module):
+    """The outer loop's carry: the mean u, the tangent points xi, and the Lanczos estimates at xi (the variances
+    z, the diagonal nu_hat and W of the low-rank inverse, the single-probe log det)."""
+
+    u: jax.Array
+    xis: list
+    zs: list
+    nu_hat: jax.Array
+    logdet: jax.Array
+    W: jax.Array
+    settled: jax.Array  # the tangent points changed by at most tol (relative)
+    failed: jax.Array   # u or xi lost finiteness
+    fresh: jax.Array    # before the first iteration (which evaluates the start)
+
+
+class DoubleLoop(eqx.Module):
+    """The glm-ie outer loop as a `gkl_jax.solvers.iterate` loop: an iteration solves the inner problem at the
+    current variances (`_inner`; the first iteration, none), moves the tangent points to
+    xi_n <- (x_n - center_n)^2 + z_n, and runs Lanczos at the new xi, whose evidence estimate is history[k]."""
+
+    model: object
+    groups: list
+    forms: list
+    start: jax.Array
+    rank: int = eqx.field(static=True)
+    max_inner: int = eqx.field(static=True)
+    max_cg: int = eqx.field(static=True)
+    monotone = True
+    start_in_loop = True
+    stop_on_nonfinite = False   # the evidence estimate may be non-finite while u and xi are (as before)
+
+    def init(self, u0, xis0):
+        dtype, dim = u0.dtype, u0.shape[0]
+        zero, false = jnp.zeros((), dtype), jnp.asarray(False)
+        state = _State(u0, xis0, [jnp.zeros_like(x) for x in xis0], jnp.zeros(dim, dtype), zero,
+                       jnp.zeros((dim, self.rank), dtype), false, false, jnp.asarray(True))
+        return state, zero
+
+    def step(self, problem, s, tol):
+        model, groups, forms = self.model, self.groups, self.forms
+        u = _inner(model, groups, forms, s.zs, s.u, self.max_inner, self.max_cg, tol, skip=s.fresh)
+        new = [(x - f.center) ** 2 + z for f, x, z in zip(forms, C.projections(groups, u), s.zs)]
+        change = jnp.max(jnp.asarray([jnp.max(jnp.abs(a - b) / (jnp.abs(b) + 1e-12), initial=0.0)
+                                      for a, b in zip(new, s.xis)]))
+        ok = jnp.all(jnp.asarray([jnp.all(jnp.isfinite(a)) for a in new])) & jnp.all(jnp.isfinite(u))
+        xis = [jnp.where(s.fresh, b, a) for a, b in zip(new, s.xis)]
+        taus, _, _ = _coefficients(forms, xis)
+        zs, nu_hat, logdet, W = _lanczos_step(model, groups, taus, self.start, self.rank)
+        value = _evidence(model, groups, forms, xis, u, logdet)
+        state = _State(u, xis, zs, nu_hat, logdet, W, ~s.fresh & (change <= tol), ~s.fresh & ~ok,
+                       jnp.asarray(False))
+        return state, Step(value, jnp.asarray(True), ~s.fresh, jnp.where(s.fresh, jnp.inf, change))
+
+    def terminate(self, problem, s, tol):
+        return s.settled, s.failed
+
+    def point(self, s):
+        return s.u
+
+    def postprocess(self, problem, s, point):
+        return point, None
+
+
+def _run(model, key, rank, max_outer, max_inner, max_cg, tol, progress=None):
+    """The outer loop; returns (u, xi per group, number of outer steps, history, the final `_State`)."""
     groups = C.operators(model)
     forms = [super_gaussian(pot, "double_loop") for _, _, pot in groups]
     dtype = C.dtype_of(model)
     u0 = jnp.zeros(model.dim, dtype) if model.prior is None else model.prior.mean.astype(dtype)
     xis0 = [jnp.broadcast_to((x - f.center) ** 2 + f.xi0, x.shape).astype(dtype)
             for f, x in zip(forms, C.projections(groups, u0))]
-    start = _rademacher(key, model.dim, dtype)
-
-    def cond(state):
-        _, _, k, _, done = state
-        return ~done & (k < max_outer)
-
-    def body(state):
-        u, xis, k, hist, _ = state
-        taus, _, _ = _coefficients(forms, xis)
-        zs, _, logdet, _ = _lanczos_step(model, groups, taus, start, rank)
-        hist = hist.at[k].set(_evidence(model, groups, forms, xis, u, logdet))
-        u, _ = _inner(model, groups, forms, zs, u, max_inner, max_cg)
-        new = [(x - f.center) ** 2 + z for f, x, z in zip(forms, C.projections(groups, u), zs)]
-        change = jnp.max(jnp.asarray([jnp.max(jnp.abs(a - b) / (jnp.abs(b) + 1e-12), initial=0.0)
-                                      for a, b in zip(new, xis)]))
-        ok = jnp.all(jnp.asarray([jnp.all(jnp.isfinite(a)) for a in new])) & jnp.all(jnp.isfinite(u))
-        return u, new, k + 1, hist, (change <= tol) | ~ok
-
-    hist0 = jnp.full((max_outer + 1,), jnp.nan, dtype)
-    u, xis, k, hist, done = lax.while_loop(cond, body, (u0, xis0, jnp.asarray(0), hist0, jnp.asarray(False)))
-    return u, xis, k, hist, done
+    loop = DoubleLoop(model, groups, forms, _rademacher(key, model.dim, dtype), rank, max_inner, max_cg)
+    solution, state = iterate(loop, None, jnp.asarray(tol, dtype), max_outer, init=loop.init(u0, xis0),
+                              progress=progress, postprocess=False)
+    return state.u, state.xis, solution.num_steps, solution.history, state
 
 
 @program
-def _double_loop_jit(model, key, rank, max_outer, max_inner, max_cg, num_probes, tol):
+def _double_loop_jit(model, key, rank, max_outer, max_inner, max_cg, num_probes, tol, progress=None):
     TRACE_COUNT["double_loop"] += 1
     groups = C.operators(model)
     forms = [super_gaussian(pot, "double_loop") for _, _, pot in groups]
     dtype = C.dtype_of(model)
-    u, xis, k, hist, done = _run(model, key, rank, max_outer, max_inner, max_cg, tol)
-    taus, _, _ = _coefficients(forms, xis)
-    # Probe 0 is the loop's own start vector (its variances are the returned estimates); with K = D the log
-    # determinant is exact and one probe suffices.
-    num_probes = 1 if rank == model.dim else num_probes
-    extra = jax.random.split(jax.random.fold_in(key, 1), num_probes)[1:]
-    starts = jnp.concatenate([_rademacher(key, model.dim, dtype)[None],
-                              jax.vmap(lambda k: _rademacher(k, model.dim, dtype))(extra)])
-    _, nu_hats, logdets, Ws = jax.vmap(lambda s: _lanczos_step(model, groups, taus, s, rank))(starts)
-    nu_hat, logdet, W = nu_hats[0], jnp.mean(logdets), Ws[0]
+    u, xis, k, hist, state = _run(model, key, rank, max_outer, max_inner, max_cg, tol, progress)
+    # Probe 0 is the loop's own start vector (its Lanczos run at the final xi is the loop's last: the returned
+    # variances); with K = D the log determinant is exact and one probe suffices.
+    nu_hat, logdet, W = state.nu_hat, state.logdet, state.W
+    if rank < model.dim and num_probes > 1:
+        taus, _, _ = _coefficients(forms, xis)
+        extra = jax.random.split(jax.random.fold_in(key, 1), num_probes)[1:]
+        starts = jax.vmap(lambda k: _rademacher(k, model.dim, dtype))(extra)
+        logdets = jax.vmap(lambda s: _lanczos_step(model, groups, taus, s, rank)[2])(starts)
+        logdet = jnp.mean(jnp.concatenate([logdet[None], logdets]))
     log_z = _evidence(model, groups, forms, xis, u, logdet)
     hist = hist.at[k].set(log_z)
     ok = jnp.isfinite(log_z) & jnp.all(jnp.isfinite(u)) & jnp.all(nu_hat > 0)
     ridge = jnp.finfo(dtype).eps ** (2 / 3) * jnp.maximum(nu_hat, jnp.finfo(dtype).tiny)
     q = Gaussian(u, FactorAnalysis(rank, W, jnp.sqrt(ridge), floor=0.0))   # exactly W W^T + ridge
-    code = status_from(done & ok, max_steps_reached=~done, nonfinite=~ok)
+    code = status_from(state.settled & ok, max_steps_reached=~(state.settled | state.failed), nonfinite=~ok)
     return Result(q=q, log_z=log_z, status=code, num_steps=k, history=hist, method="double_loop", is_bound=False)

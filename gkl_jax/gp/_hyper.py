@@ -57,6 +57,7 @@ from .._typing import Key
 from .._validate import check_int, check_max_steps, check_nonnegative, strongly_typed
 from .._warm import fit_warm, ml2_solver, warm_fit_applies, warm_result
 from ..potentials import AbstractPotential
+from ..solvers import ProgressInfo
 from ._hyper_loop import OUTER_LBFGS, HyperSolver, Objective, run, run_jit
 
 
@@ -159,7 +160,8 @@ def fit_hyperparameters(build: Callable[[Any], Model], params: Any, *, method: U
                         restart_scale: float = 0.5, filter_spec: Any = None,
                         method_kwargs: Optional[dict] = None, warm_start: bool = True,
                         jit: Optional[bool] = None, gradient: Optional[str] = None,
-                        max_step: Optional[float] = 3.0, progress=False) -> HyperResult:
+                        max_step: Optional[float] = 3.0,
+                        progress: bool | str | Callable[[ProgressInfo], object] = False) -> HyperResult:
     """Maximise `method(build(params)).log_z` over the inexact-array leaves of `params` selected by
     `filter_spec` (see the module doc for the gradient); by default (None) every inexact array except the data
     of a likelihood in `params` (its targets `y`). A likelihood's positive parameters (variance, scale, dof) are

@@ -4,6 +4,7 @@ import equinox as eqx
 import jax.numpy as jnp
 
 from ._base import AbstractSolver, Problem, Solution
+from ._iterate import append_history, new_history
 
 
 class Chain(AbstractSolver):
@@ -40,8 +41,7 @@ class Chain(AbstractSolver):
 
     def solve(self, problem: Problem, tol, max_steps: int) -> Solution:
         loose = jnp.maximum(tol, jnp.sqrt(tol))
-        x, total, history, filled = problem.x0, jnp.zeros((), jnp.int32), None, jnp.zeros((), jnp.int32)
-        history = jnp.full((max_steps + 1,), jnp.nan, dtype=x.dtype)
+        x, total, history = problem.x0, jnp.zeros((), jnp.int32), None
         solution = None
         for i, stage in enumerate(self.stages):
             last = i == len(self.stages) - 1
@@ -49,10 +49,11 @@ class Chain(AbstractSolver):
             stage_steps = stage.max_steps or type(stage).default_max_steps
             stage_problem = eqx.tree_at(lambda p: p.q0, problem, problem.to_q(x))
             solution = stage.solve(stage_problem, stage_tol, stage_steps)
-            history = _append(history, solution.history, filled, first=i == 0)
-            filled = filled + solution.num_steps + (1 if i == 0 else 0)
+            if history is None:     # the first stage's start is the chain's
+                history = new_history(max_steps, solution.history[0])
+            history = append_history(history, solution.history, total)
             x, total = solution.x, total + solution.num_steps
-        assert solution is not None     # stages is non-empty (__check_init__)
+        assert solution is not None and history is not None     # stages is non-empty (__check_init__)
         # each stage runs its own loop (`iterate`): the chain itself has none
         return Solution(x, total, solution.converged, history, solution.status, solution.extras, solution.value)
 
@@ -60,12 +61,3 @@ class Chain(AbstractSolver):
         """The last stage's bound at the solution (its `log_z`)."""
         return self.stages[-1].log_z(model, q, solution)
 
-
-def _append(history, part, filled, first):
-    """history with `part` written from position `filled` (part[0], the stage's starting value, is skipped
-    after the first stage)."""
-    idx = jnp.arange(history.shape[0])
-    offset = 0 if first else 1
-    source = jnp.clip(idx - filled + offset, 0, part.shape[0] - 1)
-    take = (idx >= filled) & (idx - filled + offset < part.shape[0])
-    return jnp.where(take & ~jnp.isnan(part[source]), part[source], history)

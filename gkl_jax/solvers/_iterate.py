@@ -106,6 +106,40 @@ def _write(history, k, value, record):
     return history.at[k].set(jnp.where(record, value.astype(history.dtype), history[k]))
 
 
+def new_history(max_steps, value0):
+    """A history buffer: `value0` first, NaN after (the one place such a buffer is built; `iterate`'s own, a
+    chain's or a refinement's across its solves, a loop's second series).
+
+    Args:
+        max_steps: the step limit (int); the buffer holds max_steps + 1 values.
+        value0: the objective at the start (scalar; its dtype is the buffer's).
+
+    Returns:
+        (max_steps + 1,) float array.
+    """
+    value0 = jnp.asarray(value0)
+    return jnp.full((max_steps + 1,), jnp.nan, value0.dtype).at[0].set(value0)
+
+
+def append_history(history, part, start):
+    """`history` continued by a later run's history `part` (whose part[0], that run's start, is history[start]):
+    part[j] is written at start + j for j >= 1, inside `history` and where part[j] is not NaN (past that run's
+    steps).
+
+    Args:
+        history: (M,) the history so far, filled up to index `start`.
+        part: (P,) the next run's history.
+        start: int scalar, the steps taken before that run.
+
+    Returns:
+        (M,) float array.
+    """
+    j = jnp.arange(history.shape[0]) - start
+    source = part[jnp.clip(j, 0, part.shape[0] - 1)]
+    take = (j >= 1) & (j < part.shape[0]) & ~jnp.isnan(source)
+    return jnp.where(take, source, history)
+
+
 def _report(callback, name, step, value, statistic, done, code):
     callback(ProgressInfo(int(step), float(value), float(statistic), name, bool(done), int(code)))
 
