@@ -34,9 +34,9 @@ def default_solver(model, factor) -> AbstractSolver:
       optima there: on the hard robust-GP tier, Student-t sites with 20-30% outliers, one start alone stopped
       0.6-43 nats short on 7 of 40 cases, the pair on none; `benchmarks/robust_defaults.py --hard`).
       Otherwise (another factor under such a prior, or no GP or dense prior) `Newton()` for a concave factor: on a
-      regression with Gaussian sites, one Student-t site on the intercept and no prior (26 coefficients, cond(X^T X) = 4e5), L-BFGS spent its 2000
-      steps unconverged on 11 of 11 cases (even to tol 1e-2), Newton-CG converged in 12-18
-      (`benchmarks/robust_defaults.py --linear`); `LBFGS()` for non-concave factors (FactorAnalysis).
+      regression with Gaussian sites, one Student-t site on the intercept and no prior (26 coefficients,
+      cond(X^T X) = 4e5), L-BFGS spent its 2000 steps unconverged on 11 of 11 cases (even to tol 1e-2), Newton-CG
+      converged in 12-18 (`benchmarks/robust_defaults.py --linear`); `LBFGS()` for non-concave factors (FactorAnalysis).
     - Log-concave sites: `SitePrecision()` for the Full factor under a GP or dense prior with identity sites;
       `FixedPoint()` for the Full factor otherwise (its closed-form stationary factor replaces the O(D^2)
       parameters' Newton solve); in float32 `Chain((FixedPoint(tol=1e-3), LBFGS()))`, where L-BFGS takes over if
