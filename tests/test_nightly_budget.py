@@ -293,8 +293,10 @@ def test_extended_nightly_case(index):
             f.write(json.dumps(tally) + "\n")
 
 
+@pytest.mark.slow
 def test_one_case_of_each_family():
-    """The default run: the first case of each family (indices 0-4), so that the generators stay runnable."""
+    """The default run: the first case of the gp, baselines, multiclass and estimators families (indices 1-4), so
+    that the generators stay runnable."""
     for index in range(1, len(FAMILIES)):
         tally = {}
         nightly_case(index, tally)
