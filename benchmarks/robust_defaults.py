@@ -239,6 +239,7 @@ def main():
     p.add_argument("--show", action="store_true", help="print the table and summary of --out, run nothing")
     p.add_argument("--linear", action="store_true", help="only the robust linear regressions (Isotropic prior)")
     p.add_argument("--hard", type=int, default=0, help="only the first HARD robust-GP cases (issue 63; 40 in all)")
+    p.add_argument("--hard-from", type=int, default=0, help="with --hard: skip the cases before this one")
     p.add_argument("--append", action="store_true", help="keep the results in --out, run only the cases not there")
     p.add_argument("--big-methods", default="newton-w,lbfgs-w,lbfgs-w+newton-w,local>newton-w,local>lbfgs-w",
                    help="the methods run at N >= 200 (unwhitened Newton takes 200 steps of up to 100 CG products "
@@ -261,7 +262,7 @@ def main():
     from robust_tiers import run_hard, run_linear  # benchmarks/ is on the path when run as a script
 
     if args.hard:
-        results = run_hard(args.hard)
+        results = run_hard(args.hard, args.hard_from)
         print(summary(results))
         path = args.out.replace(".json", "_hard.json")
         os.makedirs(os.path.dirname(path), exist_ok=True)

@@ -28,6 +28,7 @@ from _results_pages import (  # noqa: E402
     figures_page,
     thesis_page,
 )
+from _results_reliability import RELIABILITY_JSON, reliability_page  # noqa: E402
 
 OUT = os.path.join(ROOT, "docs", "results")
 
@@ -234,10 +235,11 @@ PAGES = {
     "chai-figure-5.md": chai_figure_page,
     "king-lawrence.md": king_lawrence_page,
     "thesis-ch4.md": thesis_page,
+    "reliability.md": reliability_page,
 }
 SOURCES = {"tables-2-4.md": TABLES_JSON, "table-1.md": TABLE1_JSON, "figures-8-10.md": SED_SYN_JSON,
            "chai-tables-3-5.md": CHAI_JSON, "chai-figure-5.md": None, "king-lawrence.md": KL_JSON,
-           "thesis-ch4.md": GPC_JSON}
+           "thesis-ch4.md": GPC_JSON, "reliability.md": RELIABILITY_JSON}
 
 
 def index_page():

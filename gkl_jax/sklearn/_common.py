@@ -61,6 +61,10 @@ def validate_fit(estimator, X, y, *, classifier: bool):
     """
     if not classifier and y is not None:
         y = numeric_targets(y)
+    if y is not None:
+        rows, entries = _length(X), _length(y)
+        if rows is not None and entries is not None and rows != entries:
+            raise ValueError(f"y has {entries} entries but X has {rows} rows (inconsistent numbers of samples)")
     X, y = _validate_data(estimator, X, y, dtype=np.float64, y_numeric=not classifier, ensure_min_samples=2)
     check_magnitude(X, "X")
     if classifier:
@@ -70,6 +74,17 @@ def validate_fit(estimator, X, y, *, classifier: bool):
             raise ValueError("Input y contains NaN or infinity.")
         check_magnitude(np.reshape(y, (len(y), -1)), "y")
     return X, y
+
+
+def _length(a):
+    """The number of rows of an array-like (None where it has no length, e.g. a scalar)."""
+    shape = getattr(a, "shape", None)
+    if shape is not None:
+        return shape[0] if len(shape) else None
+    try:
+        return len(a)
+    except TypeError:
+        return None
 
 
 def numeric_targets(y):

@@ -23,3 +23,5 @@ from ._newton import Newton as Newton
 from ._quasi_newton import LBFGS as LBFGS
 from ._quasi_newton import Optax as Optax
 from ._site_precision import SitePrecision as SitePrecision
+from ._two_starts import TwoStarts as TwoStarts
+from ._two_starts import inflated_noise_start as inflated_noise_start
