@@ -5,7 +5,7 @@ For each data set both schemes start from the same kernel (SE, variance 1, lengt
 run Algorithm 1 (E-step: sweeps of q(fbar), q(f_n) updates; M-step: up to `--m-steps` L-BFGS iterations on the
 standard bound L (q(fbar) fixed) or on the KL-corrected bound L') until the monitored bound changes by less than
 `--tol`, and we report outer iterations, wall time, the final bound, the test error, and the sandwich
-L <= L' checked at every E-step (L' <= log p(y | X) is checked exactly on small problems in tests/test_gp.py).
+L <= L' checked at every E-step (L' <= log p(y | X) is checked exactly on small problems in tests/test_gp_ppa.py).
 
 Data: pima (IDA "diabetis" sizes 468/300), german (700/300), twonorm (20-D, N(+-a 1, I), a = 2 / sqrt(20), 400/7000),
 ringnorm (20-D, N(0, 4 I) vs N(a 1, I), a = 1 / sqrt(20), 400/7000), moons (banana-like, noise 0.3, 400/4900),

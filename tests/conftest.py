@@ -15,7 +15,7 @@ for _flag in ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitte
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 # The CLI keeps compiled programs in a persistent cache under ~/.cache; the tests that run it in-process would
-# turn that on for the whole session. Off here; tests/test_cli.py checks the cache in subprocesses.
+# turn that on for the whole session. Off here; tests/test_cli_process.py checks the cache in subprocesses.
 os.environ.setdefault("GKL_JAX_CACHE_DIR", "")
 # The library clears JAX's caches when a compilation crosses its mapping limit (gkl_jax._memory);
 # inside a test that would recompile what the test is counting. The suite releases between tests instead (below);

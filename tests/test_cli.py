@@ -1,75 +1,19 @@
-"""The `gkl-jax` command line: demo, fit for every likelihood, JSON output, label mapping, error handling."""
+"""The `gkl-jax` command line: demo, fit for every likelihood, JSON output, label mapping, error handling, input
+hints. Save and predict: tests/test_cli_predict.py; the process (broken pipes, entry point, compilation cache):
+tests/test_cli_process.py."""
 
-import importlib.metadata
 import json
-import os
-import shutil
-import subprocess
-import sys
 
+import _helpers_cli
 import numpy as np
 import pytest
+from _helpers_cli import D, N, _one_line_error, _write, run
 
 import gkl_jax as gk
-from gkl_jax import _cli_input, cli
+from gkl_jax import _cli_input
 
-N, D = 40, 3
-
-
-def _write(path, header, rows):
-    with open(path, "w") as f:
-        if header is not None:
-            f.write(",".join(header) + "\n")
-        for row in rows:
-            f.write(",".join(str(v) for v in row) + "\n")
-    return str(path)
-
-
-@pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    """Small CSV files sharing one shape (N rows, D inputs) so that fits reuse the compiled solver."""
-    d = tmp_path_factory.mktemp("csv")
-    rng = np.random.default_rng(0)
-    X = np.round(rng.normal(size=(N, D)), 4)
-    f = X @ np.array([1.0, -2.0, 0.5])
-    yes = rng.uniform(size=N) < 1 / (1 + np.exp(-f))
-    counts = rng.poisson(np.exp(0.3 * f))
-    y_reg = np.round(f + 0.3 * rng.normal(size=N), 4)
-    names = ["a", "b", "c"]
-    out = {
-        "strings": _write(d / "strings.csv", names + ["label"],
-                          [list(x) + ["yes" if t else "no"] for x, t in zip(X, yes)]),
-        "zero_one_first": _write(d / "zero_one.csv", None, [[int(t)] + list(x) for x, t in zip(X, yes)]),
-        "regression": _write(d / "regression.csv", names + ["y"], [list(x) + [v] for x, v in zip(X, y_reg)]),
-        "counts": _write(d / "counts.csv", names + ["n"], [list(x) + [c] for x, c in zip(X, counts)]),
-        "dir": str(d),
-    }
-    rows = [list(x) + ["yes" if t else "no"] for x, t in zip(X, yes)]
-    bad = {
-        "non_numeric": [r[:1] + ["abc"] + r[2:] for r in rows[:3]] + rows[3:],
-        "nan": rows[:5] + [[rows[5][0], "nan"] + rows[5][2:]] + rows[6:],
-        "inf": rows[:1] + [rows[1][:2] + ["-inf"] + rows[1][3:]] + rows[2:],
-        "empty_field": rows[:2] + [[rows[2][0], ""] + rows[2][2:]] + rows[3:],
-        "three_labels": rows[:-1] + [rows[-1][:-1] + ["maybe"]],
-        "one_label": [r[:-1] + ["yes"] for r in rows],
-        "ragged": rows[:4] + [rows[4][:-2]] + rows[5:],
-        "underscore": rows[:1] + [["1_000"] + rows[1][1:]] + rows[2:],
-        "huge": [[f"{2e200 * float(r[0]):.17g}"] + r[1:] for r in rows],
-    }
-    for key, body in bad.items():
-        out[key] = _write(d / f"{key}.csv", names + ["label"], body)
-    out["negative_counts"] = _write(d / "neg.csv", names + ["n"], [list(x) + [-c] for x, c in zip(X, counts + 1)])
-    out["fractional_counts"] = _write(d / "frac.csv", names + ["n"], [list(x) + [c + 0.5] for x, c in zip(X, counts)])
-    out["header_only"] = _write(d / "header_only.csv", names + ["label"], [])
-    out["empty"] = _write(d / "empty.csv", None, [])
-    out["X"], out["yes"], out["y_reg"], out["counts_y"] = X, yes, y_reg, counts
-    return out
-
-
-def run(capsys, *argv):
-    code = cli.main([str(a) for a in argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
+# fixtures shared with the other test_cli_* files (defined in _helpers_cli.py)
+files = _helpers_cli.files
 
 
 # ------------------------------------------------------------------------------------------------ basics
@@ -220,17 +164,6 @@ def test_binary_label_mapping_positive_label():
     assert mapping == {"yes": 1.0}
 
 
-# ------------------------------------------------------------------------------------------------ errors
-
-
-def _one_line_error(code, out, err, fragment):
-    assert code == 2
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith("gkl-jax: error: ") and fragment in lines[0], lines[0]
-    assert "Traceback" not in err and out == ""
-
-
 @pytest.mark.parametrize("args, fragment", [
     (["{dir}/missing.csv"], "file not found"),
     (["{dir}"], "is a directory"),
@@ -298,88 +231,6 @@ def test_demo_bad_seed(capsys, tmp_path, seed):
     assert not out_dir.exists()
 
 
-def test_broken_pipe_exits_quietly_in_process(capsys, monkeypatch):
-    def closed_pipe(args):
-        raise BrokenPipeError(32, "Broken pipe")
-
-    monkeypatch.setattr(cli, "_run_fit", closed_pipe)
-    code, out, err = run(capsys, "--no-cache", "fit", "unused.csv", "--quiet")
-    assert code == 141 and out == "" and err == ""
-
-
-_FLOOD = """
-import sys
-from gkl_jax import cli
-
-def flood(args):
-    for i in range(200000):
-        print("row", i)
-    return 0
-
-cli._run_fit = flood
-sys.exit(cli.main(["--no-cache", "fit", "unused.csv", "--quiet"]))
-"""
-
-
-def test_broken_pipe_exits_quietly_in_a_subprocess():
-    """`gkl-jax fit ... | head -1`: the reader closes the pipe; no traceback, status 141 (128 + SIGPIPE), and no
-    'Exception ignored' from the interpreter's last flush. `_run_fit` is replaced by a printer of 2 MB."""
-    proc = subprocess.Popen([sys.executable, "-c", _FLOOD], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL)
-    assert proc.stdout.readline() == b"row 0\n"
-    proc.stdout.close()
-    err = proc.stderr.read().decode()
-    assert proc.wait(timeout=60) == 141 and err == ""
-
-
-# ------------------------------------------------------------------------------------------------ entry point
-
-
-def _entry_point():
-    try:
-        importlib.metadata.distribution("gkl-jax")
-    except importlib.metadata.PackageNotFoundError:
-        pytest.skip("gkl-jax is not installed (pip install -e .), so there is no gkl-jax script")
-    script = os.path.join(os.path.dirname(sys.executable), "gkl-jax")
-    return script if os.path.exists(script) else shutil.which("gkl-jax")
-
-
-def test_installed_entry_point_runs_as_a_subprocess(files):
-    script = _entry_point()
-    assert script, "the gkl-jax console script is not on PATH"
-    done = subprocess.run([script, "fit", files["three_labels"]], capture_output=True, text=True, timeout=120,
-                          stdin=subprocess.DEVNULL)
-    assert done.returncode == 2 and done.stdout == ""
-    assert done.stderr.strip().splitlines() == [
-        "gkl-jax: error: bad labels in target column 'label': a binary likelihood needs two classes (0/1, -1/+1 "
-        "or two distinct strings), found 3: 'maybe', 'no', 'yes'"]
-
-
-def test_compiled_programs_are_cached_between_runs_unless_turned_off(files, tmp_path):
-    """Each CLI run is a new process: the compiled programs go to the persistent cache in GKL_JAX_CACHE_DIR, and
-    nowhere with --no-cache."""
-    script = _entry_point()
-    assert script, "the gkl-jax console script is not on PATH"
-    for flags, cache in (([], tmp_path / "on"), (["--no-cache"], tmp_path / "off")):
-        env = dict(os.environ, GKL_JAX_CACHE_DIR=str(cache))
-        env.pop("JAX_COMPILATION_CACHE_DIR", None)
-        done = subprocess.run([script, *flags, "fit", files["strings"], "--quiet"], capture_output=True, text=True,
-                              timeout=300, stdin=subprocess.DEVNULL, env=env)
-        assert done.returncode == 0, done.stderr
-        entries = list(cache.iterdir()) if cache.exists() else []
-        assert (len(entries) > 0) == (not flags)
-
-
-def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
-    monkeypatch.setenv("GKL_JAX_CACHE_DIR", str(tmp_path / "x"))
-    assert cli.cache_dir() == str(tmp_path / "x")
-    monkeypatch.setenv("GKL_JAX_CACHE_DIR", "")
-    assert cli.cache_dir() is None
-    monkeypatch.delenv("GKL_JAX_CACHE_DIR")
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert cli.cache_dir() == os.path.join(str(tmp_path / "xdg"), "gkl-jax", "xla")
-
-
 # ------------------------------------------------------------------------------------------------ hints (issue 64)
 
 
@@ -412,72 +263,3 @@ def test_large_scale_binary_inputs_get_a_standardize_note(capsys, files, tmp_pat
     assert code == 0 and len(notes) == 1 and f"'b' (sd {X[:, 1].std():.3g})" in notes[0] and "'a'" not in notes[0], err
     code, _, err = run(capsys, "fit", path, "--quiet", "--standardize")
     assert code == 0 and "sd above" not in err
-
-
-# ------------------------------------------------------------------------------------------------ fit --save, predict
-
-
-def _predictions(text):
-    lines = text.strip().splitlines()
-    return lines[0].split(","), np.array([[float(v) for v in line.split(",")] for line in lines[1:]])
-
-
-def test_fit_save_then_predict_probabilities(capsys, files, tmp_path):
-    """`fit --save` then `predict` on the same file (its target column ignored): the probability of the +1
-    label is gk.predict's predictive integral under the library's own fit."""
-    model_path = tmp_path / "model.gkl"
-    code, _, err = run(capsys, "fit", files["strings"], "--save", model_path, "--quiet")
-    assert code == 0, err
-    code, out, err = run(capsys, "predict", model_path, files["strings"])
-    assert code == 0 and err == "", err
-    header, table = _predictions(out)
-    H = np.hstack([files["X"], np.ones((N, 1))])
-    model = gk.Model(gk.priors.Isotropic(dim=D + 1, variance=1.0),
-                     gk.Sites(H, gk.potentials.Logistic(np.where(files["yes"], 1.0, -1.0))))
-    reference = gk.predict(gk.fit(model), H, "logistic").probability
-    assert header == ["probability_yes"] and table.shape == (N, 1)
-    np.testing.assert_allclose(table[:, 0], reference, rtol=1e-9)
-
-
-def test_fit_save_then_predict_regression_in_the_target_units(capsys, files, tmp_path):
-    """Standardised inputs and target, columns reordered and no target in the prediction file: the predictive
-    mean and sd (noise included) are the conjugate closed form's, in the target's units."""
-    model_path, out_path = tmp_path / "reg.gkl", tmp_path / "pred.csv"
-    code, _, err = run(capsys, "fit", files["regression"], "--likelihood", "gaussian", "--standardize",
-                       "--standardize-target", "--save", model_path, "--quiet")
-    assert code == 0, err
-    X, y = files["X"], files["y_reg"]
-    new = X[:5] + 0.5
-    data = _write(tmp_path / "new.csv", ["c", "a", "b"], [[r[2], r[0], r[1]] for r in new])
-    code, out, err = run(capsys, "predict", model_path, data, "--output", out_path)
-    assert code == 0 and out == "", err
-    header, table = _predictions(out_path.read_text())
-    mu, sd = X.mean(0), X.std(0)
-    H = np.hstack([(X - mu) / sd, np.ones((N, 1))])
-    c, s = y.mean(), y.std()
-    S = np.linalg.inv(H.T @ H + np.eye(D + 1))
-    m = S @ H.T @ ((y - c) / s)
-    Hn = np.hstack([(new - mu) / sd, np.ones((5, 1))])
-    assert header == ["mean", "sd"]
-    np.testing.assert_allclose(table[:, 0], c + s * Hn @ m, rtol=1e-7)
-    np.testing.assert_allclose(table[:, 1], s * np.sqrt(np.einsum("nd,de,ne->n", Hn, S, Hn) + 1.0), rtol=1e-7)
-
-
-def test_predict_errors_are_one_line_with_status_2(capsys, files, tmp_path):
-    """Columns that do not match name the missing and extra ones; a file that is not a --save model (a Result
-    saved by gk.save, a CSV, a truncated model) and a --save path that cannot be written are refused."""
-    model_path = tmp_path / "model.gkl"
-    assert run(capsys, "fit", files["strings"], "--save", model_path, "--quiet")[0] == 0
-    data = _write(tmp_path / "cols.csv", ["a", "c", "d", "e"], [[1, 2, 3, 4]])
-    _one_line_error(*run(capsys, "predict", model_path, data), "missing 'b'; extra 'd', 'e'")
-    result_path = tmp_path / "result.gkl"
-    gk.save(result_path, gk.fit(gk.Model(gk.priors.Isotropic(2, 1.0), gk.Sites(np.eye(2), gk.potentials.Logistic(
-        [1.0, -1.0])))))
-    _one_line_error(*run(capsys, "predict", result_path, files["strings"]), "holds a Result, not a model saved by "
-                                                                            "'gkl-jax fit --save'")
-    _one_line_error(*run(capsys, "predict", files["strings"], files["strings"]), "is not a gkl-jax model file")
-    truncated = tmp_path / "truncated.gkl"
-    truncated.write_bytes(model_path.read_bytes()[:-30])
-    _one_line_error(*run(capsys, "predict", truncated, files["strings"]), f"{truncated} is corrupt")
-    _one_line_error(*run(capsys, "fit", files["strings"], "--save", tmp_path / "no" / "m.gkl"),
-                    "cannot write --save")

@@ -1,6 +1,6 @@
-"""Executable documentation: the README quickstart; every notebooks/*.ipynb is its build script's cells with the
-outputs of a full-setting run (default run), and executes in the small setting, GKL_SMALL=1 (extended tier:
-`pytest --extended`, 15-40 s of compilation each)."""
+"""Executable documentation: the README's commands are CI's; every notebooks/*.ipynb is its build script's cells
+with the outputs of a full-setting run (default run), and executes in the small setting, GKL_SMALL=1 (extended
+tier: `pytest --extended`, 15-40 s of compilation each). The README's Python blocks run in tests/test_docs.py."""
 
 import json
 import os
@@ -49,20 +49,6 @@ def test_notebook_executes(path, kernel_env):
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
               if o.get("output_type") == "error"]
     assert not errors
-
-
-def _readme_quickstart():
-    text = (ROOT / "README.md").read_text()
-    section = text.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
-    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
-    assert blocks, "README.md has no ```python block under ## Quickstart"
-    return "\n".join(blocks)
-
-
-def test_readme_quickstart_runs(capsys):
-    exec(compile(_readme_quickstart(), "README.md:quickstart", "exec"), {"__name__": "readme"})
-    out = capsys.readouterr().out
-    assert "log Z >=" in out and "converged: True" in out
 
 
 def test_readme_commands_match_ci():

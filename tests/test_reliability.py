@@ -13,9 +13,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _helpers_properties import FACTORS, factor_of
 
 import gkl_jax as gk
-from tests.test_properties import FACTORS, factor_of
 
 QUASI_DIM, QUASI_SITES = 4, 16
 
@@ -192,7 +192,7 @@ def test_float32_default_converges_where_lbfgs_does_on_separable_sets_with_a_vag
 
 # ------------------------------------------------------------------------------------------ the nightly budget
 # GKL_RELIABILITY_CASES (default 1000) cases, cycling through the issue's generators; GKL_PROPERTY_TALLY=path
-# appends one JSON line per case (kind and the invariants it checked), as test_properties' extended tier does.
+# appends one JSON line per case (kind and the invariants it checked), as the property tests' extended tier does.
 
 RELIABILITY_CASES = int(os.environ.get("GKL_RELIABILITY_CASES", "1000"))
 KINDS = ("improper", "poisson_prior_mean", "estimator_scale", "estimator_targets", "gaussian_evidence")
@@ -253,7 +253,7 @@ def _reliability_case(index, tally):
             est.fit(X, target)
         tally.update(value_error_names_argument=1)
     else:
-        from tests.test_properties import Case, exact_gaussian_evidence
+        from _helpers_properties import Case, exact_gaussian_evidence
 
         case = Case(int(rng.integers(1 << 30)), 3, 12, "gaussian", str(rng.choice(["isotropic", "diagonal", "dense"])))
         res = _quiet(gk.fit, case.model())

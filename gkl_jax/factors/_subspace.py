@@ -57,7 +57,7 @@ class Subspace(AbstractRefinableFactor):
       its own approximation (the non-zero eigenvectors of H Gamma' H^T) returns the largest ones. For a Gaussian
       target the optimal (S_1, c) give KL = (D - K)/2 log(AM/GM) of the eigenvalues of A left outside the
       subspace, minimised by taking extreme eigenvalues from either end: with N < D (the smallest eigenvalues all
-      1/v) the largest win by a wide margin, with N > D the smallest often do (tests/test_factors.py checks both).
+      1/v) the largest win by a wide margin, with N > D the smallest often do (the factor tests check both).
       One Krylov space serves both ends (see the docs' design-decisions page). With an `Isotropic` prior, one dense site
       group and N + K <= D (p > n regression) the same Krylov degree is reached in the row space of H, from N x N
       products (`_row_space_refine`; the D-space update where the best split takes any of the smallest eigenvalues).
