@@ -20,13 +20,15 @@ from .._xla import program
 from . import _ml2 as ml2
 
 QUICK_COMPILE = {"xla_backend_optimization_level": 0}
-QUICK_COMPILE_MAX_ROWS = 1024
+QUICK_COMPILE_MAX_ROWS = 512
 """Up to this many padded training rows the program is compiled with LLVM's optimisation level 0 on the CPU
 (`gkl_jax._xla.program`'s options): there compilation is most of a first fit. The dense classifier's program
-(synthetic 2-D problem, single-threaded, ratios in one sitting): at 512 rows it compiled in 0.30 of the time
-(2.1 s instead of 6.9 s) and ran 1.45x as long (1.08 s instead of 0.74 s); at 1024 rows 0.28 of the compile
-time and 1.2x the run time; at 2048 rows the run time dominates (five cross-validation folds run it five times)
-and the default level stays. The arithmetic is the same IEEE arithmetic (no fast-math)."""
+(synthetic 2-D problem, single-threaded, ratios in one sitting on a loaded machine): at 512 rows it compiled in
+0.30 of the time (2.1 s instead of 6.9 s) and ran 1.45x as long (1.08 s instead of 0.74 s), the first fit 4.2 s
+instead of 12.9 s. At 1024 rows it compiled in 0.28 of the time and ran 1.2x as long, but the five folds of
+`cross_val_score` (832 rows) then cost 2.16 first fits (1.37 before): the run time, paid once per fold, is the
+larger part there, so larger buckets keep the default level. The arithmetic is the same IEEE arithmetic (no
+fast-math)."""
 
 _run_quick = program(ml2.run_and_finish, cpu_options=QUICK_COMPILE)
 
