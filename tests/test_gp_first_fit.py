@@ -8,8 +8,7 @@ import pytest
 
 from gkl_jax.gp import fit_hyperparameters
 from gkl_jax.kernels import SquaredExponential
-from gkl_jax.sklearn import GPClassifier
-from gkl_jax.sklearn import _gp_ml2
+from gkl_jax.sklearn import GPClassifier, _gp_ml2
 from gkl_jax.sklearn._gp_model import GPBuild, pad_rows, rows_bucket
 
 jax.config.update("jax_enable_x64", True)
