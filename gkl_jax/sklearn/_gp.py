@@ -48,6 +48,7 @@ from ._common import (
     validate_predict,
     warn_not_converged,
 )
+from ._gp_ml2 import fit_gkl_ml2
 from ._gp_model import DEFAULT_INDUCING, DENSE_MAX, GPBuild, inducing_inputs, pad_rows, rows_bucket
 from ._gp_start import ScaledBuild, fisher_factor, robust_scale, scaled_start
 from ._outputs import ProbabilisticClassifierMixin, StandardisedRegressorMixin
@@ -106,7 +107,7 @@ def _fit_gp(est, data, y, likelihood, noise, learn_noise, dof=1.0, kernel=None, 
     """
     Xp, mask = data
     yp = pad_rows(y, len(mask), 1.0 if likelihood in _LIKELIHOODS else 0.0)
-    build = GPBuild(jnp.asarray(Xp), jnp.asarray(yp), jnp.asarray(mask), jnp.asarray(float(dof)), likelihood,
+    build = GPBuild(Xp, yp, mask, np.asarray(float(dof)), likelihood,
                     check_positive_float(est.jitter, "jitter"), Z is not None)
     params = {"kernel": _kernel(est.kernel) if kernel is None else kernel,
               "log_noise": np.asarray(np.log(noise))}
@@ -124,16 +125,21 @@ def _fit_gp(est, data, y, likelihood, noise, learn_noise, dof=1.0, kernel=None, 
                                        _Combine(static))
         result = gp_exact(build(params))
         converged = bool(converged) and bool(result.converged)
+        prior = build(params).prior
     elif R is not None and learn and learn_noise:   # Student-t: ML-II in u = R theta (`_gp_start`)
         # the inner fits: ML-II's default there, the site-precision solver from the last optimum (`_gp_start`)
         scaled = ScaledBuild(build, jnp.asarray(np.linalg.inv(R)), params["kernel"])
-        result, u, converged = fit_hyperparameters_or_once(scaled, scaled_start(params["kernel"], float(
-            params["log_noise"]), R), {"u": True}, method, check_steps(est.max_steps))
+        start = scaled_start(params["kernel"], float(params["log_noise"]), R)
+        result, prior, u, converged = fit_gkl_ml2(scaled, start, {"u": True}, check_steps(est.max_steps), len(mask))
         params = scaled.params(u["u"])
+    elif method is gk_fit and any(jax.tree.leaves(flags)):     # G-KL ML-II in one program (`_gp_ml2`)
+        result, prior, params, converged = fit_gkl_ml2(build, params, flags, check_steps(est.max_steps),
+                                                         len(mask))
     else:
         result, params, converged = fit_hyperparameters_or_once(build, params, flags, method,
                                                                  check_steps(est.max_steps))
-    return result, build(params).prior, params, converged, float(result.log_z) - build.padding_log_z()
+        prior = build(params).prior
+    return result, prior, params, converged, float(result.log_z) - build.padding_log_z()
 
 
 def _predict_padded(result, prior, X, family, z=None):
@@ -144,8 +150,8 @@ def _predict_padded(result, prior, X, family, z=None):
     Xp = pad_rows(X, rows_bucket(n))
     if z is not None:
         family = with_targets(family, jnp.asarray(pad_rows(z, Xp.shape[0])), Xp.shape[0])
-    pred = gp_predict(result, prior, jnp.asarray(Xp), family=family) if z is None else \
-        gp_predict(result, prior, jnp.asarray(Xp), family)
+    pred = gp_predict(result, prior, Xp, family=family) if z is None else \
+        gp_predict(result, prior, Xp, family)
     return jax.tree.map(lambda a: np.asarray(a)[:n] if np.ndim(a) >= 1 else a, pred)
 
 

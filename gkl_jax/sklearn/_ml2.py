@@ -27,6 +27,8 @@ from .._fit import fit as gk_fit
 from .._linalg import diagonal
 from .._program import program
 from .._start import model_dtype
+from .._status import RESULTS
+from .._warm import fit_warm, ml2_solver, warm_fit_applies
 from ..baselines._laplace import laplace_program
 from ..gp._hyper_loop import OUTER_LBFGS, HyperSolver, Objective
 from ..gp._hyper_loop import run as run_ml2
@@ -151,9 +153,31 @@ def linear_objective(build, method, kwargs, learn, params, start_at_laplace=Fals
     return objective(build, method, dict(kwargs), method is gk_fit, static, False, True), dyn, static, dynamic
 
 
-@program
-def run(objective, config: HyperSolver, dyn, dynamic_kwargs, finish):
-    """One ML-II run and the fitted outputs, compiled as one program.
+def gp_objective(build, learn, params, model, gtol=GTOL):
+    """The ML-II objective of G-KL on `build(params)` as `gkl_jax.gp.fit_hyperparameters` sets it up by default:
+    inner fits warm-started at the last optimum, by `fit_warm` (site precisions, the Full factor not formed) where
+    `warm_fit_applies` to the model's default ML-II solver, else by `gkl_jax.fit`; inner tolerance gtol / 10.
+
+    Args:
+        build: params -> `gkl_jax.Model` (an `eqx.Module` holding the data).
+        learn: dict of bools, the keys of `params`.
+        params: the starting parameters (float64 leaves).
+        model: `build(params)` or its abstract evaluation (`eqx.filter_eval_shape`): only its structure is read.
+        gtol: the outer loop's gradient tolerance.
+
+    Returns:
+        (objective, dyn: the learned leaves, static: the others, dynamic_kwargs, warm: whether the inner fits are
+        `fit_warm`'s, whose results `gkl_jax._warm.warm_result` turns into a `Result`).
+    """
+    dyn, static = eqx.partition(params, learn)
+    warm = warm_fit_applies(model, ml2_solver(model))
+    method = fit_warm if warm else gk_fit
+    objective = Objective(build, method, {}, True, static, False, True)
+    return objective, dyn, static, {"tol": np.asarray(0.1 * gtol)}, warm
+
+
+def run_and_finish(objective, config: HyperSolver, dyn, dynamic_kwargs, finish):
+    """One ML-II run and the fitted outputs (compiled as one program by `run`).
 
     Args:
         objective: an `Objective`-like module: `start(dyn)`, `__call__(dyn, q, dynamic_kwargs)` ->
@@ -164,10 +188,16 @@ def run(objective, config: HyperSolver, dyn, dynamic_kwargs, finish):
         finish: (dyn at the end, the inner result there) -> any pytree of outputs.
 
     Returns:
-        (finish's outputs, converged: bool array, accepted outer steps: int array).
+        (finish's outputs, converged: bool array, accepted outer steps: int array, -1 where the objective was
+        not finite at the starting parameters).
     """
     solution, state = run_ml2(objective, config, dyn, dynamic_kwargs)
-    return finish(solution.x, state.res), solution.converged, solution.num_steps
+    steps = jnp.where(solution.status == RESULTS.nonfinite, -1, solution.num_steps)
+    return finish(solution.x, state.res), solution.converged, steps
+
+
+run = program(run_and_finish)
+"""`run_and_finish` compiled as one program."""
 
 
 @jax.custom_vjp
