@@ -8,6 +8,8 @@ import time
 from typing import Optional
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 
@@ -158,9 +160,23 @@ STEP_REPORTS = 100
 step and after the last one (`FitProgress` prints at most one of them per second off a terminal)."""
 
 
+def _bits(x):
+    """A float64 scalar as its two uint32 words (a float32 one as it is): `jax.debug.callback` puts its arguments
+    on the host with the callback thread's x64 setting, which rounds float64 to float32 where x64 is only on in a
+    local `jax.enable_x64` context (the scikit-learn estimators); the words travel exactly (`_float`)."""
+    x = jnp.asarray(x)
+    return lax.bitcast_convert_type(x, jnp.uint32) if x.dtype == jnp.float64 else x
+
+
+def _float(x) -> float:
+    """The float that `_bits` sent."""
+    x = np.asarray(x)
+    return float(x.view(np.float64)[0]) if x.dtype == np.uint32 and x.shape == (2,) else float(x)
+
+
 def _send(callback, name, step, value, statistic, done, code):
     from .solvers import ProgressInfo    # at call time: the root modules load before gkl_jax.solvers
-    callback(ProgressInfo(int(step), float(value), float(statistic), name, bool(done), int(code)))
+    callback(ProgressInfo(int(step), _float(value), _float(statistic), name, bool(done), int(code)))
 
 
 def report_step(progress, name: str, k, num_steps: int, value, statistic) -> None:
@@ -177,7 +193,8 @@ def report_step(progress, name: str, k, num_steps: int, value, statistic) -> Non
     """
     every = max(1, -(-num_steps // STEP_REPORTS))
     due = ((k + 1) % every == 0) | (k + 1 == num_steps)
-    lax.cond(due, lambda: jax.debug.callback(_send, progress, name, k + 1, value, statistic, False, -1),
+    lax.cond(due, lambda: jax.debug.callback(_send, progress, name, k + 1, _bits(value), _bits(statistic),
+                                                 False, -1),
              lambda: None)
 
 
@@ -190,4 +207,4 @@ def report_done(progress, name: str, num_steps, value, statistic, code) -> None:
         num_steps, value, statistic, code: scalars (arrays or numbers): the steps taken, the final objective, the
             final gradient statistic and the `RESULTS` code.
     """
-    jax.debug.callback(_send, progress, name, num_steps, value, statistic, True, code)
+    jax.debug.callback(_send, progress, name, num_steps, _bits(value), _bits(statistic), True, code)

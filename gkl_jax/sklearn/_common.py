@@ -306,7 +306,7 @@ class FitLog:
     """
 
     def __init__(self, estimator):
-        self.name, self.level = type(estimator).__name__, check_verbose(estimator.verbose)
+        self.name, self.level = type(estimator).__name__, check_verbose(getattr(estimator, "verbose", 0))
         self.start = time.perf_counter()
 
     @property
