@@ -175,7 +175,7 @@ def _float(x) -> float:
 
 
 def _send(callback, name, step, value, statistic, done, code):
-    from .solvers import ProgressInfo    # at call time: the root modules load before gkl_jax.solvers
+    from .solvers import ProgressInfo  # at call time: the root modules load before gkl_jax.solvers
     callback(ProgressInfo(int(step), _float(value), _float(statistic), name, bool(done), int(code)))
 
 

@@ -1,5 +1,5 @@
-"""`progress=` on the minibatch fits (`gk.gp.fit_sparse_minibatch`, `gk.stochastic.fit_minibatch`), `learn_likelihood` by
-name, and `verbose=` on the five scikit-learn estimators."""
+"""`progress=` on the minibatch fits (`gk.gp.fit_sparse_minibatch`, `gk.stochastic.fit_minibatch`),
+`learn_likelihood` by name, and `verbose=` on the five scikit-learn estimators."""
 
 import warnings
 

@@ -130,8 +130,9 @@ def fit_sparse_minibatch(kernel, X, likelihood: AbstractPotential, *, batch_size
                          num_inducing: int | None = None, num_steps: int | None = None,
                          num_epochs: float | None = None, optimizer: optax.GradientTransformation | None = None,
                          learning_rate: float = 3e-2, learn_kernel: bool = True, learn_inducing: bool = False,
-                         learn_likelihood=True, mean: float = 0.0, jitter: float = 1e-6, key=None,
-                         chunk_size: int | None = None, tol: float | None = None, progress=False) -> SparseGPFit:
+                         learn_likelihood: bool | tuple[str, ...] = True, mean: float = 0.0, jitter: float = 1e-6,
+                         key=None, chunk_size: int | None = None, tol: float | None = None,
+                         progress=False) -> SparseGPFit:
     """Fit a sparse GP to N data rows by stochastic gradients of the G-KL bound on minibatches of B rows.
 
     q(v) = N(m, C^T C) over the whitened inducing values v (u = mu_Z + L v), started at the prior mean with

@@ -38,10 +38,10 @@ from ..gp._predict import with_targets
 from ..kernels import AbstractKernel, SquaredExponential, median_distance
 from . import _ml2 as ml2
 from ._common import (
+    FitLog,
     HostState,
     binary_targets,
     check_choice,
-    FitLog,
     check_positive_float,
     check_steps,
     encode_labels,
