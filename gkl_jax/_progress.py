@@ -1,10 +1,16 @@
-"""Progress on stderr: the command line's status line (`gkl-jax demo` and `gkl-jax fit`, `Progress`) and a fit's
-progress (`FitProgress`, `resolve_progress`)."""
+"""Progress on stderr: the command line's status line (`gkl-jax demo` and `gkl-jax fit`, `Progress`), a fit's
+progress (`FitProgress`, `resolve_progress`) and the reports of a compiled loop of optimiser steps (`report_step`,
+`report_done`: the minibatch fits)."""
 
 import sys
 import threading
 import time
 from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
 
 
 class Progress:
@@ -147,3 +153,58 @@ def reraise_callback_error(progress, runtime_error) -> None:
     """Where `progress` is a user's callable that raised during the run, raise its exception (else return)."""
     if isinstance(progress, _Callback):
         progress.reraise(runtime_error)
+
+
+STEP_REPORTS = 100
+"""A compiled loop of `num_steps` optimiser steps (`report_step`) reports after every ceil(num_steps / 100)-th
+step and after the last one (`FitProgress` prints at most one of them per second off a terminal)."""
+
+
+def _bits(x):
+    """A float64 scalar as its two uint32 words (a float32 one as it is): `jax.debug.callback` puts its arguments
+    on the host with the callback thread's x64 setting, which rounds float64 to float32 where x64 is only on in a
+    local `jax.enable_x64` context (the scikit-learn estimators); the words travel exactly (`_float`)."""
+    x = jnp.asarray(x)
+    return lax.bitcast_convert_type(x, jnp.uint32) if x.dtype == jnp.float64 else x
+
+
+def _float(x) -> float:
+    """The float that `_bits` sent."""
+    x = np.asarray(x)
+    return float(x.view(np.float64)[0]) if x.dtype == np.uint32 and x.shape == (2,) else float(x)
+
+
+def _send(callback, name, step, value, statistic, done, code):
+    from .solvers import ProgressInfo  # at call time: the root modules load before gkl_jax.solvers
+    callback(ProgressInfo(int(step), _float(value), _float(statistic), name, bool(done), int(code)))
+
+
+def report_step(progress, name: str, k, num_steps: int, value, statistic) -> None:
+    """Inside a traced loop (`lax.scan`) over `num_steps` steps: send the `ProgressInfo` of step k + 1 to
+    `progress` (`jax.debug.callback`) where k + 1 is a multiple of ceil(num_steps / `STEP_REPORTS`) or the last.
+
+    Args:
+        progress: the callable of `resolve_progress` (not None).
+        name: the `ProgressInfo.solver` text.
+        k: int scalar array, the 0-based index of the step just taken.
+        num_steps: the loop's length (static int).
+        value: float scalar array, the objective after the step (a minibatch fit: the unbiased estimate).
+        statistic: float scalar array, the gradient statistic to show.
+    """
+    every = max(1, -(-num_steps // STEP_REPORTS))
+    due = ((k + 1) % every == 0) | (k + 1 == num_steps)
+    lax.cond(due, lambda: jax.debug.callback(_send, progress, name, k + 1, _bits(value), _bits(statistic),
+                                                 False, -1),
+             lambda: None)
+
+
+def report_done(progress, name: str, num_steps, value, statistic, code) -> None:
+    """Send the last `ProgressInfo` of a run (done, with its `RESULTS` code) to `progress`; traced or not.
+
+    Args:
+        progress: the callable of `resolve_progress` (not None).
+        name: the `ProgressInfo.solver` text.
+        num_steps, value, statistic, code: scalars (arrays or numbers): the steps taken, the final objective, the
+            final gradient statistic and the `RESULTS` code.
+    """
+    jax.debug.callback(_send, progress, name, num_steps, _bits(value), _bits(statistic), True, code)

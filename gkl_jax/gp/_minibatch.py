@@ -11,8 +11,10 @@ bound and of its gradient in (m, C, kernel, Z, likelihood). The fit ends with on
 `converged` is decided. Memory is O(N d + M^2 + (B + chunk) M) whatever N.
 """
 
+import dataclasses
 import functools
 import warnings
+from collections.abc import Callable
 
 import equinox as eqx
 import jax
@@ -24,7 +26,9 @@ from jaxtyping import ArrayLike, Float
 from .._gaussian import Gaussian
 from .._linalg import full_precision
 from .._program import program
+from .._progress import report_done, report_step, reraise_callback_error, resolve_progress
 from .._result import Result
+from .._status import RESULTS
 from .._typing import Inputs, Key, ScalarLike
 from .._validate import check_int, check_key, check_max_steps, check_tol, is_concrete
 from .._whiten import unwhitened_q
@@ -32,6 +36,7 @@ from ..factors import Full
 from ..kernels import AbstractKernel
 from ..potentials import AbstractPotential, Custom
 from ..priors import GP
+from ..solvers import ProgressInfo
 from ..stochastic import take_sites
 from ._models import inputs
 from ._streamed import (
@@ -83,15 +88,31 @@ def _default_optimizer(num_steps: int, learning_rate: float):
     return optax.adam(optax.cosine_decay_schedule(learning_rate, num_steps, alpha=1e-2))
 
 
-def _learnable_likelihood(likelihood):
-    """The filter of the likelihood's learnable leaves: its scalar inexact parameters other than the targets
-    (noise variance, scales, degrees of freedom: all positive, learned on the log scale); none for `Custom`."""
-    spec = jax.tree.map(lambda x: eqx.is_inexact_array(x) and x.ndim == 0, likelihood)
-    if isinstance(likelihood, Custom):
-        return jax.tree.map(lambda _: False, likelihood)
-    if getattr(likelihood, "y", None) is not None:
-        spec = eqx.tree_at(lambda p: p.y, spec, False)
-    return spec
+def _learnable_likelihood(likelihood, learn):
+    """The filter of the likelihood's learned leaves: with learn=True its scalar inexact parameters other than the
+    targets (noise variance, scales, degrees of freedom: all positive, learned on the log scale; none for
+    `Custom`), with False none, with a tuple of names those of its scalar parameters (ValueError naming
+    learn_likelihood for any other value)."""
+    none = jax.tree.map(lambda _: False, likelihood)
+    if learn is False or isinstance(likelihood, Custom):
+        return none
+    if learn is True:
+        spec = jax.tree.map(lambda x: eqx.is_inexact_array(x) and x.ndim == 0, likelihood)
+        if getattr(likelihood, "y", None) is not None:
+            spec = eqx.tree_at(lambda p: p.y, spec, False)
+        return spec
+    names = (learn,) if isinstance(learn, str) else learn
+    if not isinstance(names, (tuple, list)) or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"learn_likelihood must be True, False or a tuple of parameter names, got {learn!r}")
+    scalar = [f.name for f in dataclasses.fields(likelihood) if f.name != "y"
+              and eqx.is_inexact_array(getattr(likelihood, f.name)) and getattr(likelihood, f.name).ndim == 0]
+    unknown = [n for n in names if n not in scalar]
+    if unknown:
+        raise ValueError(f"learn_likelihood names {unknown}, not scalar parameters of {type(likelihood).__name__} "
+                         f"(those are {scalar})")
+    for name in names:
+        none = eqx.tree_at(lambda p, name=name: getattr(p, name), none, True)
+    return none
 
 
 def _inducing(X, Z, num_inducing, key):
@@ -115,9 +136,10 @@ def fit_sparse_minibatch(kernel: AbstractKernel, X: Inputs, likelihood: Abstract
                          num_inducing: int | None = None, num_steps: int | None = None,
                          num_epochs: float | None = None, optimizer: optax.GradientTransformation | None = None,
                          learning_rate: float = 3e-2, learn_kernel: bool = True, learn_inducing: bool = False,
-                         learn_likelihood: bool = True, mean: ScalarLike = 0.0, jitter: float = 1e-6,
-                         key: Key | None = None,
-                         chunk_size: int | None = None, tol: float | None = None) -> SparseGPFit:
+                         learn_likelihood: bool | tuple[str, ...] = True, mean: ScalarLike = 0.0,
+                         jitter: float = 1e-6, key: Key | None = None, chunk_size: int | None = None,
+                         tol: float | None = None,
+                         progress: bool | str | Callable[[ProgressInfo], object] = False) -> SparseGPFit:
     """Fit a sparse GP to N data rows by stochastic gradients of the G-KL bound on minibatches of B rows.
 
     q(v) = N(m, C^T C) over the whitened inducing values v (u = mu_Z + L v), started at the prior mean with
@@ -144,13 +166,20 @@ def fit_sparse_minibatch(kernel: AbstractKernel, X: Inputs, likelihood: Abstract
         learning_rate: the default optimiser's initial step size (default 3e-2).
         learn_kernel: learn the kernel's (log-)parameters (default True).
         learn_inducing: learn Z (default False).
-        learn_likelihood: learn the likelihood's positive scalar parameters on the log scale (default True;
-            `Custom` potentials have none).
+        learn_likelihood: learn the likelihood's positive scalar parameters on the log scale: True (default; all
+            of them, `Custom` potentials have none), False, or a tuple of their names (e.g. ("scale",): a
+            Student-t's scale learned, its dof fixed).
         mean: the constant prior mean c (default 0).
         jitter: added to K_zz's diagonal (default 1e-6).
         key: PRNG key for the inducing inputs and the batches (default `jax.random.key(0)`).
         chunk_size: rows per chunk of the final streamed pass (default 4096).
         tol: per-datum gradient tolerance for `converged` (default 1e-2).
+        progress: False (default), True (on stderr: the step, the minibatch estimate of the bound and
+            max|gradient estimate| / N, every ceil(num_steps / 100) steps at most once a second, then the
+            full-data bound and max|grad| / N), "auto" (True where stderr is a terminal) or a callable receiving
+            a `gkl_jax.solvers.ProgressInfo` (solver "minibatch") at those steps and once at the end, as in
+            `gkl_jax.fit`. Turning it on compiles the fit once more. A callable that raises stops the fit with
+            its exception.
 
     Returns:
         `SparseGPFit`.
@@ -158,9 +187,11 @@ def fit_sparse_minibatch(kernel: AbstractKernel, X: Inputs, likelihood: Abstract
     Raises:
         ValueError: a bad kernel, X, likelihood or Z (wrong width, more rows than X), num_inducing < 1 or > N,
             batch_size < 1 or > N, both or neither of num_steps/num_epochs, optimizer not an optax
-            transformation, a mean that is not a scalar, or learn_likelihood with a non-positive likelihood
-            parameter.
+            transformation, a mean that is not a scalar, learn_likelihood with a non-positive likelihood
+            parameter or a name that is not a scalar parameter, or a progress that is not True, False, "auto" or
+            callable.
     """
+    callback = resolve_progress(progress, "gkl_jax.gp.fit_sparse_minibatch")
     key = jax.random.key(0) if key is None else check_key(key)
     z_key, fit_key = jax.random.split(key)
     X = inputs(X, "X")
@@ -179,10 +210,10 @@ def fit_sparse_minibatch(kernel: AbstractKernel, X: Inputs, likelihood: Abstract
         optimizer = _default_optimizer(num_steps, check_tol(learning_rate, "learning_rate"))
     elif not isinstance(optimizer, optax.GradientTransformation):
         raise ValueError(f"optimizer must be an optax.GradientTransformation, got {type(optimizer).__name__}")
-    lik_spec = _learnable_likelihood(likelihood) if learn_likelihood else jax.tree.map(lambda _: False, likelihood)
+    lik_spec = _learnable_likelihood(likelihood, learn_likelihood)
     lik_dyn = eqx.filter(likelihood, lik_spec)
     if any(is_concrete(x) and not bool(x > 0) for x in jax.tree.leaves(lik_dyn)):
-        raise ValueError("learn_likelihood=True learns the likelihood's scalar parameters on the log scale; they "
+        raise ValueError("learn_likelihood learns the likelihood's scalar parameters on the log scale; they "
                          "must be positive (or pass learn_likelihood=False)")
     tol = 1e-2 if tol is None else check_tol(tol)
     if jnp.ndim(mean) != 0:
@@ -190,11 +221,20 @@ def fit_sparse_minibatch(kernel: AbstractKernel, X: Inputs, likelihood: Abstract
     mean = jnp.asarray(mean, X.dtype)
     kernel_spec = jax.tree.map(eqx.is_inexact_array if learn_kernel else (lambda _: False), kernel)
     spec = (kernel_spec, bool(learn_inducing), lik_spec)
-    fit = _fit_jit((kernel, Z, likelihood), X, mean, fit_key, spec, optimizer, b, num_steps, float(jitter),
-                   DEFAULT_CHUNK if chunk_size is None else check_int(chunk_size, "chunk_size", 1))
+    chunk = DEFAULT_CHUNK if chunk_size is None else check_int(chunk_size, "chunk_size", 1)
+    try:
+        fit = _fit_jit((kernel, Z, likelihood), X, mean, fit_key, spec, optimizer, b, num_steps, float(jitter),
+                       chunk, callback)
+    except jax.errors.JaxRuntimeError as e:     # a progress callable that raised: its own exception
+        reraise_callback_error(callback, e)
+        raise
     q_v, log_z, grad_max, bad, history, (kernel, Z, likelihood) = fit
     prior = inducing_prior(kernel, Z, mean, float(jitter))
     converged = (grad_max / n <= tol) & jnp.isfinite(log_z) & (bad == 0)
+    if callback is not None:
+        code = jnp.where(converged, RESULTS.successful,
+                         jnp.where(jnp.isfinite(log_z), RESULTS.max_steps_reached, RESULTS.nonfinite))
+        report_done(callback, "minibatch", num_steps, log_z, grad_max / n, code)
     if is_concrete(converged) and not bool(converged):
         why = f"{int(bad)} steps had a non-finite gradient estimate and were skipped; " if int(bad) else ""
         warnings.warn(f"gkl_jax.gp.fit_sparse_minibatch: after {num_steps} steps {why}the full-data gradient has "
@@ -221,7 +261,7 @@ def _start(kernel, Z, likelihood, X, mean, jitter, idx):
 
 
 @program
-def _fit_jit(hyper0, X, mean, key, spec, optimizer, b, num_steps, jitter, chunk):
+def _fit_jit(hyper0, X, mean, key, spec, optimizer, b, num_steps, jitter, chunk, progress=None):
     TRACE_COUNT["fit_sparse_minibatch"] += 1
     n = X.shape[0]
     kernel_spec, learn_z, lik_spec = spec
@@ -258,6 +298,9 @@ def _fit_jit(hyper0, X, mean, key, spec, optimizer, b, num_steps, jitter, chunk)
         ok = ok & jnp.all(jnp.array([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(new_phi)]))
         phi = jax.tree.map(lambda a, c: jnp.where(ok, a, c), new_phi, phi)
         opt_state = jax.tree.map(lambda a, c: jnp.where(ok, a, c), new_state, opt_state)
+        if progress is not None:
+            statistic = jnp.max(jnp.array([jnp.max(jnp.abs(x)) for x in jax.tree.leaves(g)])) / n
+            report_step(progress, "minibatch", k, num_steps, -v, statistic)
         return (phi, opt_state, perm, key, bad + (~ok).astype(jnp.int32)), -v
 
     carry0 = (phi0, optimizer.init(phi0), jnp.arange(n, dtype=jnp.int32), key, jnp.zeros((), jnp.int32))

@@ -13,6 +13,8 @@ those of the unpadded problem, while the data sets of cross-validation folds, gr
 """
 
 import contextlib
+import sys
+import time
 import warnings
 
 import jax
@@ -297,3 +299,40 @@ def warn_not_converged(estimator):
     from sklearn.exceptions import ConvergenceWarning
     warnings.warn(f"{type(estimator).__name__}: the fit did not converge; the fitted attributes are the last "
                   "iterate (converged_=False)", ConvergenceWarning, stacklevel=3)
+
+
+def check_verbose(verbose) -> int:
+    """`verbose` as an int level: False/0 silent, True/1 or more progress lines (ValueError naming verbose for
+    anything but a bool or a non-negative integer)."""
+    if isinstance(verbose, (bool, np.bool_)):
+        return int(verbose)
+    if isinstance(verbose, (int, np.integer)) and verbose >= 0:
+        return int(verbose)
+    raise ValueError(f"verbose must be a bool or a non-negative integer, got {verbose!r}")
+
+
+class FitLog:
+    """An estimator's progress lines on stderr (`verbose` >= 1), prefixed with its class name; `progress` is what
+    the estimator passes as `progress=` to the underlying fits that take it (`gkl_jax.fit`,
+    `gkl_jax.gp.fit_sparse_minibatch`).
+
+    Args:
+        estimator: the estimator being fitted (its `verbose` is checked here: ValueError naming verbose).
+    """
+
+    def __init__(self, estimator):
+        self.name, self.level = type(estimator).__name__, check_verbose(getattr(estimator, "verbose", 0))
+        self.start = time.perf_counter()
+
+    @property
+    def progress(self) -> bool:
+        return self.level >= 1
+
+    def __call__(self, text: str) -> None:
+        """Print `text` where verbose."""
+        if self.level >= 1:
+            print(f"{self.name}: {text}", file=sys.stderr, flush=True)
+
+    def done(self, text: str = "") -> None:
+        """Print the closing line: the time since the log began and `text`."""
+        self(f"fit done in {time.perf_counter() - self.start:.1f} s" + (f"; {text}" if text else ""))

@@ -16,9 +16,12 @@ Dense or sparse (`num_inducing`): the dense GP costs O(n^3) per inner fit; the s
 u = f(Z) (Titsias 2009; `gkl_jax.gp.sparse_model`) O(n M^2). By default the dense GP up to `DENSE_MAX` training
 rows and the sparse GP with `DEFAULT_INDUCING` inducing inputs above, never an O(n^3) fit of half an hour.
 
+Minibatch (`batch_size`): the sparse GP fitted by stochastic gradients on minibatches of B rows, hyperparameters
+jointly, the final bound the full-data bound streamed (`_gp_minibatch`; N up to 10^6 in bounded memory).
+
 Compilation: the training rows (and the test rows of a prediction) are padded to a bucket size with masked sites
 (`_gp_model`), so every data set of a bucket (cross-validation folds, grid-search points, refits) reuses one
-compiled fit; a masked site contributes exactly nothing.
+compiled fit; a masked site contributes exactly nothing. The minibatch route does not pad (`_gp_minibatch`).
 """
 
 import equinox as eqx
@@ -35,6 +38,7 @@ from ..gp._predict import with_targets
 from ..kernels import AbstractKernel, SquaredExponential, median_distance
 from . import _ml2 as ml2
 from ._common import (
+    FitLog,
     HostState,
     binary_targets,
     check_choice,
@@ -48,6 +52,7 @@ from ._common import (
     validate_predict,
     warn_not_converged,
 )
+from ._gp_minibatch import check_batch_size, check_num_epochs, fit_minibatch
 from ._gp_ml2 import fit_gkl_ml2
 from ._gp_model import DEFAULT_INDUCING, DENSE_MAX, GPBuild, inducing_inputs, pad_rows, rows_bucket
 from ._gp_start import ScaledBuild, fisher_factor, robust_scale, scaled_start
@@ -69,16 +74,21 @@ def _kernel(kernel, X=None):
 
 def _inducing(est, X):
     """The starting inducing inputs Z (M, d) of `est`'s fit on X, or None for the dense GP (module doc): with
-    num_inducing=None the dense GP up to DENSE_MAX rows (unless `inducing` is an array), `DEFAULT_INDUCING`
-    inducing inputs above; num_inducing="all" the dense GP at every size."""
+    num_inducing=None the dense GP up to DENSE_MAX rows (unless `inducing` is an array or `batch_size` is set),
+    `DEFAULT_INDUCING` inducing inputs (at most n) above; num_inducing="all" the dense GP at every size (an error
+    naming batch_size with a minibatch fit, which needs the sparse GP)."""
     M, n = est.num_inducing, X.shape[0]
     given = not isinstance(est.inducing, str)
+    minibatch = check_batch_size(est.batch_size, n) is not None
     if not given:
         check_choice(est.inducing, "inducing", INDUCING_INITS)
     if isinstance(M, str) and M == "all" and not given:
+        if minibatch:
+            raise ValueError("batch_size fits the sparse GP by minibatches; it needs num_inducing=None or an "
+                             "integer, not 'all' (or batch_size=None for the dense GP)")
         return None
     if M is None and not given:
-        if n <= DENSE_MAX:
+        if n <= DENSE_MAX and not minibatch:
             return None
         M = min(DEFAULT_INDUCING, n)
     if M is not None and (isinstance(M, bool) or not isinstance(M, (int, np.integer)) or not 1 <= M <= n):
@@ -96,11 +106,21 @@ def _padded_inputs(X):
     return pad_rows(X, n_pad), np.arange(n_pad) < X.shape[0]
 
 
-def _fit_gp(est, data, y, likelihood, noise, learn_noise, dof=1.0, kernel=None, Z=None, R=None):
+def _route(est, X, Z):
+    """The fit's route in words, for the verbose lines: dense, sparse with M inducing inputs, or minibatch."""
+    n = X.shape[0]
+    if Z is None:
+        return f"dense GP on n = {n} rows"
+    sparse = f"sparse GP with M = {Z.shape[0]} inducing inputs on n = {n} rows"
+    return sparse if est.batch_size is None else f"{sparse}, minibatches of {est.batch_size}"
+
+
+def _fit_gp(est, data, y, likelihood, noise, learn_noise, dof=1.0, kernel=None, Z=None, R=None, progress=False):
     """One GP fit of `est`'s settings on the padded inputs `data` = (X (n_pad, d), mask) and targets y (n,), ML-II
     from `kernel` (default `est.kernel`) over the kernel, the noise (`learn_noise`) and, sparse (Z (M, d) the
     starting inducing inputs), Z where `est.learn_inducing`; given `R` (`_gp_start.fisher_factor`, dense only),
-    ML-II of the kernel and the noise in u = R theta.
+    ML-II of the kernel and the noise in u = R theta. `progress` goes to `gkl_jax.fit` where the hyperparameters
+    are fixed (ML-II takes none yet).
 
     Returns:
         (Result, GP prior at the fitted parameters, params, converged, log Z of the unpadded problem).
@@ -136,8 +156,9 @@ def _fit_gp(est, data, y, likelihood, noise, learn_noise, dof=1.0, kernel=None, 
         result, prior, params, converged = fit_gkl_ml2(build, params, flags, check_steps(est.max_steps),
                                                          len(mask))
     else:
+        shown = {"progress": True} if progress and method is gk_fit and not any(flags.values()) else None
         result, params, converged = fit_hyperparameters_or_once(build, params, flags, method,
-                                                                 check_steps(est.max_steps))
+                                                                 check_steps(est.max_steps), shown)
         prior = build(params).prior
     return result, prior, params, converged, float(result.log_z) - build.padding_log_z()
 
@@ -184,18 +205,31 @@ class GPClassifier(ProbabilisticClassifierMixin, ClassifierMixin, HostState, Bas
         inducing: the starting inducing inputs: "kmeans++" (default; M training rows by k-means++ seeding, spread
             over the data), "random" (M distinct training rows), or an (M, d) array.
         learn_inducing: learn the inducing inputs in ML-II with the kernel (default False; M d more parameters).
-        random_state: None or an int, the seed of the inducing-input initialisation.
+        random_state: None or an int, the seed of the inducing-input initialisation (and of the minibatches).
+        batch_size: None (default): every fit sees all training rows; an int B in [1, n]: the sparse GP (M =
+            num_inducing, default min(500, n) at every n) fitted by stochastic gradients on minibatches of B rows
+            with the kernel learned jointly (`gkl_jax.gp.fit_sparse_minibatch`; Hensman et al. 2015), the
+            final bound the full-data bound streamed in chunks: n up to 10^6 in bounded memory. Compiled once per
+            (n, B, number of steps): no size buckets.
+        num_epochs: with batch_size, the passes over the training rows (a positive float; round(num_epochs n / B)
+            optimiser steps); None (default): 1000 steps. A fit whose full-data gradient misses the tolerance sets
+            converged_=False and warns (more epochs close the gap).
+        verbose: 0/False (default) silent; 1/True (or more): progress lines on stderr: the estimator's own (the
+            route, the problems, the time and bound at the end) and the underlying fit's steps where it reports
+            them (`gkl_jax.fit` at fixed hyperparameters, `gkl_jax.gp.fit_sparse_minibatch`; ML-II shows no steps
+            yet). Turning it on compiles those fits once more.
 
     Attributes (after `fit`): classes_, kernel_ (learned; a list one-vs-rest), log_evidence_ (the bound on
-    log p(y | X); an array one-vs-rest), converged_, inducing_inputs_ (the (M, d) inducing inputs, a list
-    one-vs-rest, or None for the dense GP).
+    log p(y | X); an array one-vs-rest; with batch_size the full-data bound at the final parameters), converged_,
+    inducing_inputs_ (the (M, d) inducing inputs, a list one-vs-rest, or None for the dense GP).
 
     Compilation: the fit compiles once per bucket of training-set sizes (eighth octaves from 32 rows: 1000 and
     1020 rows share the 1024-row fit), the predictions once per bucket of test-set sizes.
     """
 
     def __init__(self, kernel=None, *, likelihood="logistic", learn_hyperparameters=True, jitter=1e-6,
-                 max_steps=100, num_inducing=None, inducing="kmeans++", learn_inducing=False, random_state=0):
+                 max_steps=100, num_inducing=None, inducing="kmeans++", learn_inducing=False, random_state=0,
+                 batch_size=None, num_epochs=None, verbose=0):
         self.kernel = kernel
         self.likelihood = likelihood
         self.learn_hyperparameters = learn_hyperparameters
@@ -205,6 +239,9 @@ class GPClassifier(ProbabilisticClassifierMixin, ClassifierMixin, HostState, Bas
         self.inducing = inducing
         self.learn_inducing = learn_inducing
         self.random_state = random_state
+        self.batch_size = batch_size
+        self.num_epochs = num_epochs
+        self.verbose = verbose
 
     @float64
     def fit(self, X, y):
@@ -217,12 +254,20 @@ class GPClassifier(ProbabilisticClassifierMixin, ClassifierMixin, HostState, Bas
         Returns:
             self.
         """
+        log = FitLog(self)
         check_choice(self.likelihood, "likelihood", _LIKELIHOODS)
+        check_num_epochs(self.num_epochs)
         X, y = validate_fit(self, X, y, classifier=True)
         self.classes_, codes = encode_labels(y)
-        Z, data = _inducing(self, X), _padded_inputs(X)
-        fits = [_fit_gp(self, data, t, self.likelihood, 1.0, False, Z=Z)
-                for t in binary_targets(codes, len(self.classes_))]
+        Z, targets = _inducing(self, X), binary_targets(codes, len(self.classes_))
+        log(f"{len(targets)} binary problem(s), {_route(self, X, Z)}")
+        if self.batch_size is not None:
+            fits = [fit_minibatch(self, X, t, self.likelihood, _kernel(self.kernel), Z, progress=log.progress)
+                    for t in targets]
+        else:
+            data = _padded_inputs(X)
+            fits = [_fit_gp(self, data, t, self.likelihood, 1.0, False, Z=Z, progress=log.progress)
+                    for t in targets]
         self._fits = [(result, prior) for result, prior, _, _, _ in fits]
         kernels = [params["kernel"] for _, _, params, _, _ in fits]
         self.kernel_ = kernels[0] if len(kernels) == 1 else kernels
@@ -230,6 +275,7 @@ class GPClassifier(ProbabilisticClassifierMixin, ClassifierMixin, HostState, Bas
         self.inducing_inputs_ = inducing[0] if len(inducing) == 1 else inducing
         self.log_evidence_ = per_problem([log_z for _, _, _, _, log_z in fits])
         self.converged_ = all(converged for _, _, _, converged, _ in fits)
+        log.done(f"log_evidence_ {np.round(self.log_evidence_, 6)}, converged_ {self.converged_}")
         if not self.converged_:
             warn_not_converged(self)
         return self
@@ -262,11 +308,24 @@ class GPRegressor(StandardisedRegressorMixin, RegressorMixin, HostState, BaseEst
         inducing: the starting inducing inputs: "kmeans++" (default; M training rows by k-means++ seeding, spread
             over the data), "random" (M distinct training rows), or an (M, d) array.
         learn_inducing: learn the inducing inputs in ML-II with the kernel (default False; M d more parameters).
-        random_state: None or an int, the seed of the inducing-input initialisation.
+        random_state: None or an int, the seed of the inducing-input initialisation (and of the minibatches).
+        batch_size: None (default): every fit sees all training rows; an int B in [1, n]: the sparse GP (M =
+            num_inducing, default min(500, n) at every n) fitted by stochastic gradients on minibatches of B rows
+            with the kernel and the noise learned jointly (`gkl_jax.gp.fit_sparse_minibatch`; Hensman et al. 2015), the
+            final bound the full-data bound streamed in chunks: n up to 10^6 in bounded memory. Compiled once per
+            (n, B, number of steps): no size buckets.
+        num_epochs: with batch_size, the passes over the training rows (a positive float; round(num_epochs n / B)
+            optimiser steps); None (default): 1000 steps. A fit whose full-data gradient misses the tolerance sets
+            converged_=False and warns (more epochs close the gap).
+        verbose: 0/False (default) silent; 1/True (or more): progress lines on stderr: the estimator's own (the
+            route, the problems, the time and bound at the end) and the underlying fit's steps where it reports
+            them (`gkl_jax.fit` at fixed hyperparameters, `gkl_jax.gp.fit_sparse_minibatch`; ML-II shows no steps
+            yet). Turning it on compiles those fits once more.
 
     Attributes (after `fit`): kernel_, noise_ (standardised units), log_evidence_ (log p(y | X) for the Gaussian
-    likelihood, Titsias' collapsed bound sparse, else the bound; original units), converged_, inducing_inputs_
-    ((M, d), or None for the dense GP).
+    likelihood, Titsias' collapsed bound sparse, else the bound; with batch_size the full-data G-KL bound at the
+    final parameters, below the collapsed bound where q is not optimal; original units), converged_,
+    inducing_inputs_ ((M, d), or None for the dense GP).
 
     Compilation: as `GPClassifier`, once per bucket of training-set sizes and of test-set sizes.
     """
@@ -275,7 +334,7 @@ class GPRegressor(StandardisedRegressorMixin, RegressorMixin, HostState, BaseEst
 
     def __init__(self, kernel=None, *, likelihood="gaussian", noise=None, dof=4.0, learn_hyperparameters=True,
                  jitter=1e-6, max_steps=100, num_inducing=None, inducing="kmeans++", learn_inducing=False,
-                 random_state=0):
+                 random_state=0, batch_size=None, num_epochs=None, verbose=0):
         self.kernel = kernel
         self.likelihood = likelihood
         self.noise = noise
@@ -287,6 +346,9 @@ class GPRegressor(StandardisedRegressorMixin, RegressorMixin, HostState, BaseEst
         self.inducing = inducing
         self.learn_inducing = learn_inducing
         self.random_state = random_state
+        self.batch_size = batch_size
+        self.num_epochs = num_epochs
+        self.verbose = verbose
 
     @float64
     def fit(self, X, y):
@@ -300,28 +362,38 @@ class GPRegressor(StandardisedRegressorMixin, RegressorMixin, HostState, BaseEst
         Returns:
             self.
         """
+        log = FitLog(self)
         check_choice(self.likelihood, "likelihood", _REGRESSION_LIKELIHOODS)
+        check_num_epochs(self.num_epochs)
         noise = ((1.0 if self.likelihood == "gaussian" else 0.1) if self.noise is None
                  else check_positive_float(self.noise, "noise"))
         dof = check_positive_float(self.dof, "dof")
         X, y = validate_fit(self, X, y, classifier=False)
         z = self._standardise(y, np.mean)
         kernel, R = _kernel(self.kernel, X), None
-        Z, data = _inducing(self, X), _padded_inputs(X)
-        if self.likelihood == "student-t" and self.learn_hyperparameters and Z is None:   # from the data, scaled
-            jitter = check_positive_float(self.jitter, "jitter")
-            if self.noise is None:
-                gaussian = _fit_gp(self, data, z, "gaussian", 1.0, True, kernel=kernel)[2]
-                noise = robust_scale(gaussian, X, z, jitter)
-            R = fisher_factor(kernel, data[0], noise ** 2, jitter, dof, data[1])
-        result, prior, params, converged, log_z = _fit_gp(self, data, z, self.likelihood, noise, True, dof, kernel,
-                                                          Z, R)
+        Z = _inducing(self, X)
+        log(_route(self, X, Z))
+        if self.batch_size is not None:
+            result, prior, params, converged, log_z = fit_minibatch(self, X, z, self.likelihood, kernel, Z,
+                                                                    noise=noise, dof=dof, learn_noise=True,
+                                                                    progress=log.progress)
+        else:
+            data = _padded_inputs(X)
+            if self.likelihood == "student-t" and self.learn_hyperparameters and Z is None:   # from the data
+                jitter = check_positive_float(self.jitter, "jitter")
+                if self.noise is None:
+                    gaussian = _fit_gp(self, data, z, "gaussian", 1.0, True, kernel=kernel)[2]
+                    noise = robust_scale(gaussian, X, z, jitter)
+                R = fisher_factor(kernel, data[0], noise ** 2, jitter, dof, data[1])
+            result, prior, params, converged, log_z = _fit_gp(self, data, z, self.likelihood, noise, True, dof,
+                                                              kernel, Z, R, log.progress)
         self._fit = (result, prior)
         self.kernel_ = params["kernel"]
         self.inducing_inputs_ = None if Z is None else np.asarray(params["Z"])
         self.noise_ = float(jnp.exp(params["log_noise"]))
         self.log_evidence_ = log_z - len(y) * np.log(self._y_scale)
         self.converged_ = converged
+        log.done(f"log_evidence_ {self.log_evidence_:.6f}, converged_ {converged}")
         if not converged:
             warn_not_converged(self)
         return self

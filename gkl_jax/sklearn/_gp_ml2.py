@@ -15,8 +15,8 @@ import jax
 import numpy as np
 
 from .._linalg import full_precision
-from .._warm import warm_result
 from .._program import program
+from .._warm import warm_result
 from . import _ml2 as ml2
 
 QUICK_COMPILE = {"xla_backend_optimization_level": 0}

@@ -6,6 +6,7 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 
 from ..multiclass import GPClassifier as _MulticlassGP
 from ._common import (
+    FitLog,
     HostState,
     check_steps,
     encode_labels,
@@ -39,13 +40,18 @@ class MulticlassGPClassifier(ClassifierMixin, HostState, BaseEstimator):
         inducing: "random" (default; s latents f^c(x_i) at random) or "kmeans++" (rows x_i by k-means++ seeding,
             all C latents at each).
         random_state: the integer seed of that draw.
+        verbose: 0/False (default) silent; 1/True (or more): the estimator's progress lines on stderr
+            (`gkl_jax.multiclass` reports no steps yet).
+
+    No `batch_size`: the minibatch fits are for binary classification and regression (`GPClassifier`,
+    `GPRegressor`); the multinomial model has no minibatch route.
 
     Attributes (after `fit`): classes_, kernel_, log_evidence_ (the bound on log p(y | X)), converged_, estimator_
     (the underlying `gkl_jax.multiclass.GPClassifier`).
     """
 
     def __init__(self, kernel=None, *, learn_hyperparameters=True, jitter=1e-6, max_steps=50, tol=1e-8,
-                 num_inducing=None, inducing="random", random_state=0):
+                 num_inducing=None, inducing="random", random_state=0, verbose=0):
         self.kernel = kernel
         self.learn_hyperparameters = learn_hyperparameters
         self.jitter = jitter
@@ -54,6 +60,7 @@ class MulticlassGPClassifier(ClassifierMixin, HostState, BaseEstimator):
         self.num_inducing = num_inducing
         self.inducing = inducing
         self.random_state = random_state
+        self.verbose = verbose
 
     @float64
     def fit(self, X, y):
@@ -66,8 +73,10 @@ class MulticlassGPClassifier(ClassifierMixin, HostState, BaseEstimator):
         Returns:
             self.
         """
+        log = FitLog(self)
         X, y = validate_fit(self, X, y, classifier=True)
         classes, codes = encode_labels(y)
+        log(f"{len(classes)} classes, n = {X.shape[0]} rows, num_inducing={self.num_inducing!r}")
         with quiet_convergence():
             est = _MulticlassGP(self.kernel, learn_hyperparameters=bool(self.learn_hyperparameters),
                                 classes=np.arange(len(classes)), jitter=float(self.jitter),
@@ -76,6 +85,7 @@ class MulticlassGPClassifier(ClassifierMixin, HostState, BaseEstimator):
                                 random_state=self.random_state).fit(X, codes)
         self.estimator_, self.classes_ = est, classes
         self.kernel_, self.log_evidence_, self.converged_ = est.kernel_, float(est.log_z_), bool(est.converged_)
+        log.done(f"log_evidence_ {self.log_evidence_:.6f}, converged_ {self.converged_}")
         if not self.converged_:
             warn_not_converged(self)
         return self

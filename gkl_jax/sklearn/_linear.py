@@ -30,6 +30,7 @@ from .._fit import fit as gk_fit
 from .._predict import predict as gk_predict
 from . import _ml2 as ml2
 from ._common import (
+    FitLog,
     HostState,
     binary_targets,
     check_choice,
@@ -74,18 +75,19 @@ class _BayesianLinear(HostState, BaseEstimator):
     def _intercept_prior_variance(self):
         return check_positive_float(self.intercept_variance, "intercept_variance")
 
-    def _fit_each(self, H, ys, likelihood, noise, learn_noise, dof=1.0, v0=None):
+    def _fit_each(self, H, ys, likelihood, noise, learn_noise, dof=1.0, v0=None, progress=False):
         """The fits on the design H (n, D) of each target vector (n,) in `ys` (prior variance v0, default
-        `prior_variance`), all dispatched before any result is read (one-vs-rest: host work overlaps the fits).
+        `prior_variance`), all dispatched before any result is read (one-vs-rest: host work overlaps the fits);
+        `progress` goes to `gkl_jax.fit` at fixed hyperparameters (the ML-II loops take none yet).
 
         Returns:
             A list with, per target vector, (Result, prior variance, noise, log evidence of the unpadded problem,
             converged, (mean, covariance) of the real weights: the coefficients, then the intercept).
         """
-        pending = [self._dispatch(H, y, likelihood, noise, learn_noise, dof, v0) for y in ys]
+        pending = [self._dispatch(H, y, likelihood, noise, learn_noise, dof, v0, progress) for y in ys]
         return [self._collect(*fit) for fit in pending]
 
-    def _dispatch(self, H, y, likelihood, noise, learn_noise, dof, v0):
+    def _dispatch(self, H, y, likelihood, noise, learn_noise, dof, v0, progress=False):
         """Start one fit (`_fit_each`); returns (outputs, converged, real columns, ML-II scales)."""
         factor = _factor(self.factor)
         max_steps, tol = check_steps(self.max_steps), check_positive_float(self.tol, "tol")
@@ -119,7 +121,8 @@ class _BayesianLinear(HostState, BaseEstimator):
                 config = ml2.settings(max_steps, adaptive=method is gk_fit, gtol=tol)
                 out, converged, _ = ml2.run(objective, config, dyn, dynamic, _Finish(build, static))
             elif out is None:
-                fixed = dict(kwargs, tol=np.asarray(tol)) if method is gk_fit else kwargs
+                fixed = dict(kwargs, tol=np.asarray(tol), **({"progress": True} if progress else {})) \
+                    if method is gk_fit else kwargs
                 out, converged, _ = _fit_fixed(build, params, method, fixed, laplace)
         return out, converged, d, scales
 
@@ -166,6 +169,8 @@ class BayesianLogisticRegression(ProbabilisticClassifierMixin, ClassifierMixin, 
         max_steps: outer ML-II steps.
         tol: the fit of q stops where max_i |dB/dx_i| max(|x_i|, sigma0) <= tol (`gkl_jax.fit`'s test); ML-II at
             tol on the hyperparameters' gradient, q then to tol / 10. Default 1e-4, as LogisticRegression's.
+        verbose: 0/False (default) silent; 1/True (or more): progress lines on stderr (the estimator's, and the
+            steps of `gkl_jax.fit` where the hyperparameters are fixed; the ML-II loops show no steps yet).
 
     Attributes (after `fit`):
         classes_: the labels (any type); the second is the positive class of a binary problem.
@@ -182,7 +187,7 @@ class BayesianLogisticRegression(ProbabilisticClassifierMixin, ClassifierMixin, 
     """
 
     def __init__(self, prior_variance=1.0, *, factor="full", fit_intercept=True, intercept_variance=100.0,
-                 learn_prior_variance=False, max_steps=100, tol=1e-4):
+                 learn_prior_variance=False, max_steps=100, tol=1e-4, verbose=0):
         self.prior_variance = prior_variance
         self.factor = factor
         self.fit_intercept = fit_intercept
@@ -190,6 +195,7 @@ class BayesianLogisticRegression(ProbabilisticClassifierMixin, ClassifierMixin, 
         self.learn_prior_variance = learn_prior_variance
         self.max_steps = max_steps
         self.tol = tol
+        self.verbose = verbose
 
     @float64
     def fit(self, X, y):
@@ -202,15 +208,19 @@ class BayesianLogisticRegression(ProbabilisticClassifierMixin, ClassifierMixin, 
         Returns:
             self.
         """
+        log = FitLog(self)
         X, y = validate_fit(self, X, y, classifier=True)
         self.classes_, codes = encode_labels(y)
         H = self._design(X)
-        fits = self._fit_each(H, binary_targets(codes, len(self.classes_)), "logistic", 1.0, False)
+        targets = binary_targets(codes, len(self.classes_))
+        log(f"{len(targets)} binary problem(s), n = {H.shape[0]} rows, {H.shape[1]} weights")
+        fits = self._fit_each(H, targets, "logistic", 1.0, False, progress=log.progress)
         self._results = [f[0] for f in fits]
         self._set_coefficients([f[5] for f in fits])
         self.prior_variance_ = per_problem([f[1] for f in fits])
         self.log_evidence_ = per_problem([f[3] for f in fits])
         self.converged_ = all(f[4] for f in fits)
+        log.done(f"log_evidence_ {np.round(self.log_evidence_, 6)}, converged_ {self.converged_}")
         if not self.converged_:
             warn_not_converged(self)
         return self
@@ -262,6 +272,8 @@ class BayesianRegression(StandardisedRegressorMixin, RegressorMixin, _BayesianLi
             centre is not the mean, a weight with prior N(0, 100) in standardised units, integrated. A float:
             that prior variance, the intercept integrated, for every likelihood.
         learn_prior_variance, learn_noise: ML-II on the bound over each (default both, as BayesianRidge).
+        verbose: 0/False (default) silent; 1/True (or more): progress lines on stderr (the estimator's, and the
+            steps of `gkl_jax.fit` where the hyperparameters are fixed; the ML-II loops show no steps yet).
 
     Attributes (after `fit`): coef_ (d,), coef_std_ (d,), intercept_, intercept_std_, covariance_ (d + 1, d + 1),
     log_evidence_ (the bound on log p(y | X)), prior_variance_, noise_ (learned values, standardised units),
@@ -270,7 +282,7 @@ class BayesianRegression(StandardisedRegressorMixin, RegressorMixin, _BayesianLi
 
     def __init__(self, likelihood="gaussian", *, prior_variance=None, noise=None, dof=4.0, factor="full",
                  fit_intercept=True, intercept_variance=None, learn_prior_variance=True, learn_noise=True,
-                 max_steps=100, tol=1e-4):
+                 max_steps=100, tol=1e-4, verbose=0):
         self.likelihood = likelihood
         self.prior_variance = prior_variance
         self.noise = noise
@@ -282,6 +294,7 @@ class BayesianRegression(StandardisedRegressorMixin, RegressorMixin, _BayesianLi
         self.learn_noise = learn_noise
         self.max_steps = max_steps
         self.tol = tol
+        self.verbose = verbose
 
     @float64
     def fit(self, X, y):
@@ -294,6 +307,7 @@ class BayesianRegression(StandardisedRegressorMixin, RegressorMixin, _BayesianLi
         Returns:
             self.
         """
+        log = FitLog(self)
         check_choice(self.likelihood, "likelihood", LIKELIHOODS)
         noise = None if self.noise is None else check_positive_float(self.noise, "noise")
         v0 = None if self.prior_variance is None else check_positive_float(self.prior_variance, "prior_variance")
@@ -309,8 +323,9 @@ class BayesianRegression(StandardisedRegressorMixin, RegressorMixin, _BayesianLi
             v_start, noise_start = ml2.data_start(H, z, self.likelihood, self._intercept_column())
             noise = noise_start if noise is None else noise
             v0 = v_start if v0 is None else v0
+        log(f"{self.likelihood} likelihood, n = {H.shape[0]} rows, {H.shape[1]} weights")
         result, v, s, log_z, converged, (mean, cov) = self._fit_each(H, [z], self.likelihood, noise,
-                                                                      self.learn_noise, dof, v0)[0]
+                                                                      self.learn_noise, dof, v0, log.progress)[0]
         self._results = [result]
         self._intercept_noise = s / len(y) if plug_in else None     # Var(b | w), standardised units
         if plug_in:
@@ -323,6 +338,7 @@ class BayesianRegression(StandardisedRegressorMixin, RegressorMixin, _BayesianLi
         self.prior_variance_, self.noise_ = v, s
         self.log_evidence_ = log_z - len(y) * np.log(self._y_scale)
         self.converged_ = converged
+        log.done(f"log_evidence_ {self.log_evidence_:.6f}, converged_ {converged}")
         if not converged:
             warn_not_converged(self)
         return self

@@ -18,6 +18,7 @@ evaluates the exact full-data bound and gradient (`bound_chunked`).
 import functools
 import math
 import warnings
+from collections.abc import Callable
 
 import equinox as eqx
 import jax
@@ -32,8 +33,10 @@ from .._gaussian import Gaussian
 from .._linalg import full_precision
 from .._model import Model, check_fittable
 from .._program import program
+from .._progress import report_done, report_step, reraise_callback_error, resolve_progress
 from .._result import Result
 from .._start import initial_q as _initial_q
+from .._status import RESULTS
 from .._validate import as_int, check_indices, check_int, check_key, check_max_steps, check_tol, is_concrete
 from .._whiten import whitening
 from ..factors import AbstractFactor, Full
@@ -186,7 +189,8 @@ def _default_optimizer(num_steps: int, learning_rate: float):
 def fit_minibatch(model: Model, factor: AbstractFactor | None = None, *, batch_size, num_steps: int | None = None,
                   num_epochs: float | None = None, optimizer: optax.GradientTransformation | None = None,
                   learning_rate: float = 3e-2, key=None, q0: Gaussian | None = None, chunk_size: int | None = None,
-                  tol: float | None = None, whiten: bool = False) -> Result:
+                  tol: float | None = None, whiten: bool = False,
+                  progress: bool | str | Callable[..., object] = False) -> Result:
     """Maximise the G-KL bound (Challis & Barber 2013, eq. 7) by stochastic gradients on minibatches of sites.
 
     Without `q0` the start is the prior mean with variances min(v0, 1 / Lambda_jj), Lambda_jj a minibatch
@@ -214,6 +218,12 @@ def fit_minibatch(model: Model, factor: AbstractFactor | None = None, *, batch_s
         whiten: as in `gkl_jax.fit`, run in the basis w = mu + L v, L L^T = Sigma (Challis & Barber 2013,
             App. E; the sites become the dense H L), and report q in the original basis with a Full factor.
             Under a GP prior this is what lets Adam converge.
+        progress: False (default), True (on stderr: the step, the minibatch estimate of the bound and
+            max|gradient estimate| / N, every ceil(num_steps / 100) steps at most once a second, then the
+            full-data bound and max|grad| / N), "auto" (True where stderr is a terminal) or a callable receiving
+            a `gkl_jax.solvers.ProgressInfo` (solver "minibatch") at those steps and once at the end, as in
+            `gkl_jax.fit`. Turning it on compiles the fit once more. A callable that raises stops the fit with
+            its exception.
 
     Returns:
         `gkl_jax.Result`: `log_z` is the exact full-data bound at the final q (a valid lower bound on log Z,
@@ -224,10 +234,11 @@ def fit_minibatch(model: Model, factor: AbstractFactor | None = None, *, batch_s
 
     Raises:
         ValueError: a model that cannot be fitted, q0 or factor of the wrong type, both or neither of
-            num_steps/num_epochs, bad batch sizes, optimizer not an optax transformation, or an H that cannot
-            be subsampled.
+            num_steps/num_epochs, bad batch sizes, optimizer not an optax transformation, an H that cannot
+            be subsampled, or a progress that is not True, False, "auto" or callable.
     """
     check_fittable(model, "fit_minibatch")
+    callback = resolve_progress(progress, "gkl_jax.stochastic.fit_minibatch")
     q0 = q0.q if isinstance(q0, Result) else q0
     if q0 is not None and not isinstance(q0, Gaussian):
         raise ValueError(f"q0 must be a gkl_jax.Gaussian or Result, got {type(q0).__name__}")
@@ -254,9 +265,17 @@ def fit_minibatch(model: Model, factor: AbstractFactor | None = None, *, batch_s
     chunks = tuple(_chunk_sizes(model, chunk_size))
     q_init = _initial_q(model, factor, q0)
     tol = 1e-3 if tol is None else check_tol(tol)
-    q, log_z, grad_max, bad_steps, history = _fit_minibatch_jit(model, q_init, key, optimizer, sizes, chunks,
-                                                                num_steps, q0 is None)
+    try:
+        q, log_z, grad_max, bad_steps, history = _fit_minibatch_jit(model, q_init, key, optimizer, sizes, chunks,
+                                                                    num_steps, q0 is None, callback)
+    except jax.errors.JaxRuntimeError as e:     # a progress callable that raised: its own exception
+        reraise_callback_error(callback, e)
+        raise
     converged = (grad_max / total <= tol) & jnp.isfinite(log_z) & (bad_steps == 0)
+    if callback is not None:
+        code = jnp.where(converged, RESULTS.successful,
+                         jnp.where(jnp.isfinite(log_z), RESULTS.max_steps_reached, RESULTS.nonfinite))
+        report_done(callback, "minibatch", num_steps, log_z, grad_max / total, code)
     if is_concrete(converged) and not bool(converged):
         why = (f"{int(bad_steps)} steps had a non-finite gradient estimate and were skipped; "
                if int(bad_steps) else "")
@@ -296,7 +315,7 @@ def _scaled_start(model, q, key, sizes, estimate):
 
 
 @program
-def _fit_minibatch_jit(model, q_init, key, optimizer, sizes, chunks, num_steps, estimate):
+def _fit_minibatch_jit(model, q_init, key, optimizer, sizes, chunks, num_steps, estimate, progress=None):
     TRACE_COUNT["fit_minibatch"] += 1
     frozen, q_init = stop_gradients((model, q_init))
     key, start_key = jax.random.split(key)
@@ -333,6 +352,8 @@ def _fit_minibatch_jit(model, q_init, key, optimizer, sizes, chunks, num_steps, 
         ok = ok & jnp.all(jnp.isfinite(phi_new))
         phi = jnp.where(ok, phi_new, phi)
         opt_state = jax.tree.map(lambda a, b: jnp.where(ok, a, b), new_state, opt_state)
+        if progress is not None:
+            report_step(progress, "minibatch", k, num_steps, -v, jnp.max(jnp.abs(g)) / sum(counts))
         return (phi, opt_state, tuple(new_perms), key, bad + (~ok).astype(jnp.int32)), -v
 
     phi0 = flat0 / units
