@@ -130,3 +130,17 @@ def test_verbose_prints_the_estimator_and_the_fit_lines(capsys):
         warnings.simplefilter("ignore")
         GPClassifier(KERNEL, learn_hyperparameters=False).fit(X, y)
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.slow
+def test_verbose_shows_the_ml2_steps_of_the_gp_estimators(capsys):
+    """With ML-II (the default) the outer steps are shown, and the fit equals the silent one."""
+    X, f, y = _data(60)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        quiet = GPClassifier(max_steps=5).fit(X, y)
+        capsys.readouterr()
+        loud = GPClassifier(max_steps=5, verbose=1).fit(X, y)
+    err = capsys.readouterr().err
+    assert "gkl_jax.sklearn ML-II: HyperSolver step 1 " in err and "(max_steps_reached)" in err
+    assert loud.log_evidence_ == quiet.log_evidence_

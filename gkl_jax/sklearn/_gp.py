@@ -150,11 +150,12 @@ def _fit_gp(est, data, y, likelihood, noise, learn_noise, dof=1.0, kernel=None, 
         # the inner fits: ML-II's default there, the site-precision solver from the last optimum (`_gp_start`)
         scaled = ScaledBuild(build, jnp.asarray(np.linalg.inv(R)), params["kernel"])
         start = scaled_start(params["kernel"], float(params["log_noise"]), R)
-        result, prior, u, converged = fit_gkl_ml2(scaled, start, {"u": True}, check_steps(est.max_steps), len(mask))
+        result, prior, u, converged = fit_gkl_ml2(scaled, start, {"u": True}, check_steps(est.max_steps), len(mask),
+                                                      progress)
         params = scaled.params(u["u"])
     elif method is gk_fit and any(jax.tree.leaves(flags)):     # G-KL ML-II in one program (`_gp_ml2`)
         result, prior, params, converged = fit_gkl_ml2(build, params, flags, check_steps(est.max_steps),
-                                                         len(mask))
+                                                         len(mask), progress)
     else:
         shown = {"progress": True} if progress and method is gk_fit and not any(flags.values()) else None
         result, params, converged = fit_hyperparameters_or_once(build, params, flags, method,

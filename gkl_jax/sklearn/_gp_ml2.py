@@ -16,6 +16,7 @@ import numpy as np
 
 from .._linalg import full_precision
 from .._program import program
+from .._progress import resolve_progress
 from .._warm import warm_result
 from . import _ml2 as ml2
 
@@ -47,7 +48,7 @@ class _Finish(eqx.Module):
 
 
 @full_precision
-def fit_gkl_ml2(build, params, learn, max_steps, rows):
+def fit_gkl_ml2(build, params, learn, max_steps, rows, progress=False):
     """ML-II of G-KL on `build(params)` over the leaves selected by `learn`, as `gkl_jax.gp.fit_hyperparameters`
     with its default settings (the same iterations and optimum), in one compiled program.
 
@@ -58,6 +59,8 @@ def fit_gkl_ml2(build, params, learn, max_steps, rows):
         learn: dict of bools, the same keys, at least one True.
         max_steps: outer ML-II steps.
         rows: the padded training rows (which compiler options, `QUICK_COMPILE_MAX_ROWS`).
+        progress: False, or True for a line per accepted outer step on stderr (a second compiled program the first
+            time it is on).
 
     Returns:
         (Result, the prior of build(params) at the end, params at the end, converged: the ML-II stopping rule and
@@ -70,8 +73,9 @@ def fit_gkl_ml2(build, params, learn, max_steps, rows):
     objective, dyn, static, dynamic, warm = ml2.gp_objective(build, learn, params,
                                                              eqx.filter_eval_shape(build, params))
     run = _run_quick if rows <= QUICK_COMPILE_MAX_ROWS else ml2.run
+    callback = resolve_progress(progress, "gkl_jax.sklearn ML-II")
     (result, prior, dyn), converged, steps = run(objective, ml2.settings(max_steps, adaptive=warm), dyn, dynamic,
-                                                 _Finish(build, static, warm))
+                                                 _Finish(build, static, warm), callback)
     if int(steps) < 0:
         raise FloatingPointError("the G-KL bound is not finite at the starting hyperparameters")
     return result, prior, eqx.combine(dyn, static), bool(converged) and bool(result.converged)

@@ -176,7 +176,7 @@ def gp_objective(build, learn, params, model, gtol=GTOL):
     return objective, dyn, static, {"tol": np.asarray(0.1 * gtol)}, warm
 
 
-def run_and_finish(objective, config: HyperSolver, dyn, dynamic_kwargs, finish):
+def run_and_finish(objective, config: HyperSolver, dyn, dynamic_kwargs, finish, progress=None):
     """One ML-II run and the fitted outputs (compiled as one program by `run`).
 
     Args:
@@ -186,12 +186,14 @@ def run_and_finish(objective, config: HyperSolver, dyn, dynamic_kwargs, finish):
         dyn: the starting values of the learned parameters.
         dynamic_kwargs: array options of the inner method.
         finish: (dyn at the end, the inner result there) -> any pytree of outputs.
+        progress: None, or a callable receiving a `gkl_jax.solvers.ProgressInfo` after each accepted outer step
+            (static: a new callable compiles the program anew).
 
     Returns:
         (finish's outputs, converged: bool array, accepted outer steps: int array, -1 where the objective was
         not finite at the starting parameters).
     """
-    solution, state = run_ml2(objective, config, dyn, dynamic_kwargs)
+    solution, state = run_ml2(objective, config, dyn, dynamic_kwargs, progress)
     steps = jnp.where(solution.status == RESULTS.nonfinite, -1, solution.num_steps)
     return finish(solution.x, state.res), solution.converged, steps
 
