@@ -288,6 +288,7 @@ def separated(model, mean):
     # from d = m and no rows pinned: a round wherever d leaves rows uncleared that are not yet pinned and has not
     # collapsed (a proper target: one round, a complete separation by m: none)
     nothing = tuple(jnp.zeros(op.shape[0], bool) for op, _ in binary)
+    # separate loop: a bounded geometric refinement before the fit, not an iteration of a solver
     d = lax.while_loop(unsettled, refine, (0, nothing, mean, uncleared(mean)))[2]
     nonnegative = jnp.array(True)
     for op in gaussian:       # d is flat for the Gaussian sites (to the projection's accuracy)

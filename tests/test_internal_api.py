@@ -9,8 +9,6 @@ name one package needs from another is made public in its (internal) module inst
 import ast
 import pathlib
 
-import pytest
-
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "gkl_jax"
 DRIVER = "gkl_jax/solvers/_iterate.py"
 
@@ -108,7 +106,6 @@ def _while_loops(with_driver=False):
     return out
 
 
-@pytest.mark.xfail(strict=False, reason="until the s3 driver branches merge")
 def test_every_while_loop_outside_the_driver_says_why_it_is_separate():
     """Issue 60's target: at most 5 `lax.while_loop`s outside `solvers/_iterate.py`, each with a comment within
     the three lines above it (or on its line) containing "separate loop"."""

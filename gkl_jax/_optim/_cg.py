@@ -48,4 +48,5 @@ def conjugate_gradient(matvec, b, *, max_iters, rtol, precond=None):
         return x_new, keep(r, r_new), keep(z, z_new), keep(d, d_new), keep(rz, rz_new), i + 1, bad | small
 
     init = (jnp.zeros_like(b), b, z0, z0, b @ z0, 0, bnorm == 0)
+    # separate loop: the one CG of the package, a building block nested in solver steps
     return lax.while_loop(cond, body, init)[0]

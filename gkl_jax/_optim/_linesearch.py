@@ -81,6 +81,7 @@ def backtrack(trial, accept, init, *, dtype, max_halvings, skip=False, t0=1.0):
         t = jnp.where(k == 0, t, 0.5 * t)
         return t, trial(t), k + 1
 
+    # separate loop: the one backtracking line search of the package, nested in solver steps
     t, aux, _ = lax.while_loop(cond, body, (jnp.asarray(t0, dtype), init, 0))
     return t, aux, skip | accept(t, aux)
 

@@ -228,7 +228,7 @@ def fixed_point(model, to_q, flat0, tol, max_cg=100, scale=1.0):
 
         init = _Trials(jnp.zeros((), jnp.int32), jnp.ones((), dtype), jnp.zeros((), jnp.int32), zero, s2s_x,
                        q.mean, moms_x, zero, jnp.zeros_like(q.mean), zero, jnp.zeros((), jnp.int32))
-        # the trials of one outer step: an inner loop of `iterate`'s iteration, not a solver loop of its own
+        # separate loop: the trials of one outer step, an inner loop of `iterate`'s iteration, not a solver of its own
         st = lax.while_loop(lambda st: st.phase < 2, body, init)
         return st.mean, q.factor.interpolate(target, st.rho), st.moms, st.s2s
 

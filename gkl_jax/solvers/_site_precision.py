@@ -28,6 +28,7 @@ prior covariance; second derivatives through the implicit q, `site_precision_env
 """
 
 import functools
+from typing import Callable
 
 import equinox as eqx
 import jax
@@ -235,31 +236,65 @@ def _step(model, state, tol, scale):
 _MAX_MEAN_STEPS = 20
 
 
-def _mean_steps(terms, x0, start, precond, tol, noise):
-    """Quasi-Newton ascent m <- m + t S g on m -> B(m) at a fixed factor (concave for log-concave sites), with the fixed
-    preconditioner S (the inverse Hessian up to the change of Gamma) and halving until the value does not
-    decrease by more than its round-off `noise`; stops at max|g| <= tol, when a step neither raises the value
-    nor lowers max|g|, or after _MAX_MEAN_STEPS. The mean is a pytree x (here (m, alpha)) moving along
-    precond(g) (here (S g, Sigma^{-1} S g)); `terms(x)` = (value, gradient in m, aux) and `start` = terms(x0);
-    returns the last accepted x and its terms."""
+class _MeanState(eqx.Module):
+    """The carry of `_MeanSteps`: the mean x, its terms (value, gradient in m, aux) and whether the last step made
+    progress."""
 
-    def cond(state):
-        x, (f, g, _), k, go = state
-        return go & (k < _MAX_MEAN_STEPS) & (jnp.max(jnp.abs(g)) > tol)
+    x: tuple
+    current: tuple
+    go: jax.Array
 
-    def body(state):
-        x, current, k, _ = state
+
+class _MeanSteps(AbstractIterativeSolver):
+    """The mean step of one outer step (module doc) as a nested `iterate` loop: quasi-Newton ascent m <- m + t S g
+    on m -> B(m) at a fixed factor (concave for log-concave sites), with the fixed preconditioner S (the inverse
+    Hessian up to the change of Gamma) and halving until the value does not decrease by more than its round-off
+    `noise`. Stops at max|g| <= tol, when a step neither raises the value nor lowers max|g|, or at the step
+    limit. The mean is a pytree x (here (m, alpha)) moving along precond(g) (here (S g, Sigma^{-1} S g)).
+
+    Attributes:
+        terms: x -> (value, gradient in m, aux).
+        precond: g -> the direction (a pytree like x).
+        noise: the round-off of the value (scalar).
+    """
+
+    terms: Callable = eqx.field(kw_only=True)     # keyword-only: after the solver fields tol, max_steps
+    precond: Callable = eqx.field(kw_only=True)
+    noise: jax.Array = eqx.field(kw_only=True)
+    start_in_loop = False
+    stop_on_nonfinite = False   # a non-finite trial fails the halving (no progress), which stops the loop
+
+    def init(self, problem, tol, max_steps):
+        """From `problem` = (x0, terms(x0))."""
+        x0, start = problem
+        return _MeanState(x0, start, jnp.array(True)), start[0]
+
+    def step(self, problem, state, tol):
+        x, current = state.x, state.current
         f, g, _ = current
-        p = precond(g)
+        p = self.precond(g)
         step = lambda t: jax.tree.map(lambda a, b: a + t * b, x, p)
 
         # t = 1, 1/2, ...: the first trial is made inside the loop, so the quadrature has one call site here
-        t, trial, ok = backtrack(lambda t: terms(step(t)), lambda t, out: no_decrease(out[0], f, noise), current,
-                                 dtype=f.dtype, max_halvings=_MAX_HALVINGS)
+        t, trial, ok = backtrack(lambda t: self.terms(step(t)), lambda t, out: no_decrease(out[0], f, self.noise),
+                                 current, dtype=f.dtype, max_halvings=_MAX_HALVINGS)
         progress = ok & ((trial[0] > f) | (jnp.max(jnp.abs(trial[1])) < jnp.max(jnp.abs(g))))
-        kept = jax.tree.map(lambda a, b: jnp.where(ok, a, b), (step(t), trial), (x, current))
-        return *kept, k + 1, progress
+        x_new, current_new = jax.tree.map(lambda a, b: jnp.where(ok, a, b), (step(t), trial), (x, current))
+        return _MeanState(x_new, current_new, progress), Step(current_new[0], jnp.asarray(True),
+                                                              jnp.asarray(True), jnp.max(jnp.abs(current_new[1])))
 
-    # an inner loop of one outer step (nested in `iterate`'s), not an iteration of its own
-    x, current, _, _ = lax.while_loop(cond, body, (x0, start, 0, jnp.array(True)))
-    return x, current
+    def terminate(self, problem, state, tol):
+        # not (max|g| > tol): a NaN gradient stops the loop
+        return ~(jnp.max(jnp.abs(state.current[1])) > tol), ~state.go
+
+    def point(self, state):
+        return state.x
+
+
+def _mean_steps(terms, x0, start, precond, tol, noise):
+    """Up to _MAX_MEAN_STEPS steps of `_MeanSteps` from x0 (`terms(x)` = (value, gradient in m, aux), `start` =
+    terms(x0)); returns the last accepted x and its terms."""
+    solver = _MeanSteps(terms=terms, precond=precond, noise=noise)
+    # a nested `iterate` (inside the outer one's step), as `gkl_jax.baselines`' double loop runs its inner Newton
+    _, state = iterate(solver, (x0, start), tol, _MAX_MEAN_STEPS, postprocess=False)
+    return state.x, state.current
