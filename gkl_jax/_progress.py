@@ -7,11 +7,6 @@ import threading
 import time
 from typing import Optional
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-from jax import lax
-
 
 class Progress:
     """A status line on stderr: rewritten in place on a terminal (with a running clock), one line per step
@@ -164,12 +159,17 @@ def _bits(x):
     """A float64 scalar as its two uint32 words (a float32 one as it is): `jax.debug.callback` puts its arguments
     on the host with the callback thread's x64 setting, which rounds float64 to float32 where x64 is only on in a
     local `jax.enable_x64` context (the scikit-learn estimators); the words travel exactly (`_float`)."""
+    import jax.numpy as jnp  # here, not at the top: the command line imports this module before JAX
+    from jax import lax
+
     x = jnp.asarray(x)
     return lax.bitcast_convert_type(x, jnp.uint32) if x.dtype == jnp.float64 else x
 
 
 def _float(x) -> float:
     """The float that `_bits` sent."""
+    import numpy as np
+
     x = np.asarray(x)
     return float(x.view(np.float64)[0]) if x.dtype == np.uint32 and x.shape == (2,) else float(x)
 
@@ -191,6 +191,9 @@ def report_step(progress, name: str, k, num_steps: int, value, statistic) -> Non
         value: float scalar array, the objective after the step (a minibatch fit: the unbiased estimate).
         statistic: float scalar array, the gradient statistic to show.
     """
+    import jax
+    from jax import lax
+
     every = max(1, -(-num_steps // STEP_REPORTS))
     due = ((k + 1) % every == 0) | (k + 1 == num_steps)
     lax.cond(due, lambda: jax.debug.callback(_send, progress, name, k + 1, _bits(value), _bits(statistic),
@@ -207,4 +210,6 @@ def report_done(progress, name: str, num_steps, value, statistic, code) -> None:
         num_steps, value, statistic, code: scalars (arrays or numbers): the steps taken, the final objective, the
             final gradient statistic and the `RESULTS` code.
     """
+    import jax
+
     jax.debug.callback(_send, progress, name, num_steps, _bits(value), _bits(statistic), True, code)

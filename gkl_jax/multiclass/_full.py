@@ -92,9 +92,9 @@ class Posterior(FitOutcome):
         site: "theorem6" or "knowles_minka", the site bound (static).
         covariance_family: "full" or "class_factorised" (static).
 
-    Args:
-        the attributes by name; `status`, or (where it is None) `converged`, a bool scalar from which the status
-        follows as the loop's (`gkl_jax._status.status`, with the step limit len(history) - 1).
+    Construct it with the attributes by name, and `status`, or (where it is None) `converged`, a bool scalar
+    from which the status follows as the loop's (`gkl_jax._status.status`, with the step limit
+    len(history) - 1).
     """
 
     Y: jax.Array

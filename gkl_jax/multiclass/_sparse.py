@@ -81,8 +81,7 @@ class SparsePosterior(FitOutcome):
         noise: float variance added to each inducing variable (static).
         jitter: float added to the latent prior's diagonal (static).
 
-    Args:
-        the attributes by name; `status`, or (where it is None) `converged`, as `Posterior`'s.
+    Construct it with the attributes by name, and `status`, or (where it is None) `converged`, as `Posterior`.
     """
 
     Y: jax.Array
