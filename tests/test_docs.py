@@ -3,7 +3,9 @@ fresh process; the results pages against their committed result files; and (wher
 `mkdocs build --strict`.
 
 A block is not executed when the line before its opening fence is `<!-- docs-test: skip (reason) -->`; the
-reason says where the same code does run (a notebook, a test). Blocks of one page share a namespace, in order.
+reason says where the same code does run (a notebook, a test). A block marked `<!-- docs-test: extended (reason)
+-->` (minutes of compiling) runs in the extended tier only, after its page's other blocks. Blocks of one page share
+a namespace, in order.
 """
 
 import importlib.util
@@ -17,11 +19,12 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FENCE = re.compile(r"^```(\w*)\s*$")
-SKIP = re.compile(r"^<!-- docs-test: skip \((.+)\) -->$")
+SKIP = re.compile(r"^<!-- docs-test: (skip|extended) \((.+)\) -->$")
 
 
 def python_blocks(path):
-    """[(first line number, code, skip reason or None)] of the ```python blocks of a markdown file."""
+    """[(first line number, code, skip reason or None)] of the ```python blocks of a markdown file; the reason of
+    an extended-tier block starts with "extended: "."""
     with open(path, encoding="utf-8") as fh:
         lines = fh.read().splitlines()
     blocks, i = [], 0
@@ -33,7 +36,9 @@ def python_blocks(path):
                 j += 1
             if m.group(1) == "python":
                 skip = SKIP.match(lines[i - 1].strip()) if i else None
-                blocks.append((i + 1, "\n".join(lines[i + 1:j]) + "\n", skip.group(1) if skip else None))
+                reason = None if not skip else (skip.group(2) if skip.group(1) == "skip" else
+                                                "extended: " + skip.group(2))
+                blocks.append((i + 1, "\n".join(lines[i + 1:j]) + "\n", reason))
             i = j + 1
         else:
             i += 1
@@ -84,6 +89,27 @@ def test_page_python_blocks_run_as_written_in_a_fresh_process(page):
               if skip is None and code not in in_readme]  # the home page repeats the README's quickstart
     if not blocks:
         pytest.skip(f"{page} has no executed Python block of its own")
+    _run_blocks(blocks)
+
+
+def _extended(reason):
+    return reason is not None and reason.startswith("extended: ")
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize("page", [p for p in snippet_pages()
+                                  if any(_extended(s) for _, _, s in python_blocks(os.path.join(ROOT, p)))])
+def test_page_python_blocks_with_the_extended_ones_run_as_written(page):
+    """A page's blocks marked `docs-test: extended` run as written, after the page's other blocks, in a fresh
+    interpreter (the extended tier: they compile for minutes)."""
+    in_readme = set() if page == "README.md" else {code for _, code, _ in readme_blocks()}
+    blocks = [(f"{page}:{line}", code) for line, code, skip in python_blocks(os.path.join(ROOT, page))
+              if (skip is None or _extended(skip)) and code not in in_readme]
+    _run_blocks(blocks)
+
+
+def _run_blocks(blocks):
+    """Run [(name, code)] in order in one fresh interpreter without x64 pre-enabled; fail with its traceback."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_ENABLE_X64")}
     env["PYTHONPATH"] = ROOT
     env.setdefault("MPLBACKEND", "Agg")
@@ -99,7 +125,8 @@ def test_every_skipped_block_says_why():
             for number, line in enumerate(fh, 1):
                 if "docs-test:" in line:
                     markers += 1
-                    assert SKIP.match(line.strip()), f"{path}:{number}: write <!-- docs-test: skip (reason) -->"
+                    assert SKIP.match(line.strip()), (f"{path}:{number}: write <!-- docs-test: skip (reason) --> "
+                                                      "or <!-- docs-test: extended (reason) -->")
     assert markers >= 1
 
 
