@@ -148,7 +148,7 @@ class CodeKey:
 
 
 _TRACED: dict = {}
-"""By-value part of a traced key -> the distinct identity parts traced with it (`note_trace`)."""
+"""By-value part of a traced key -> the distinct identity parts (`_Identity` tuples) traced with it (`note_trace`)."""
 _NOTED: set = set()
 
 
@@ -168,9 +168,12 @@ def note_trace(key: CodeKey) -> None:
         seen = _TRACED.setdefault(shape, set())
     except TypeError:           # an unhashable by-value part: nothing to compare
         return
-    seen.add(tuple(id(i.obj) for i in identities))
+    # the captured objects themselves (compared by identity), not their ids: an id is reused once its object is
+    # freed, and a loop creating a new object per call often gets the same id back (at most 2 kept per code)
+    seen.add(tuple(identities))
     if len(seen) >= 3 and shape not in _NOTED:
         _NOTED.add(shape)
+        _TRACED.pop(shape, None)
         code = getattr(key.fn, "__code__", None)
         where = f" (defined at {code.co_filename}:{code.co_firstlineno})" if code is not None else ""
         kinds = ", ".join(sorted({type(i.obj).__qualname__ for i in identities}))
