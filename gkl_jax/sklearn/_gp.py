@@ -54,7 +54,16 @@ from ._common import (
 )
 from ._gp_minibatch import check_batch_size, check_num_epochs, fit_minibatch
 from ._gp_ml2 import fit_gkl_ml2
-from ._gp_model import DEFAULT_INDUCING, DENSE_MAX, GPBuild, inducing_inputs, pad_rows, rows_bucket
+from ._gp_model import (
+    DEFAULT_INDUCING,
+    DENSE_MAX,
+    GPBuild,
+    inducing_inputs,
+    pad_rows,
+    padded_inputs,
+    route_text,
+    rows_bucket,
+)
 from ._gp_start import ScaledBuild, fisher_factor, robust_scale, scaled_start
 from ._outputs import ProbabilisticClassifierMixin, StandardisedRegressorMixin
 
@@ -98,21 +107,6 @@ def _inducing(est, X):
     if given and M is not None and Z.shape[0] != M:
         raise ValueError(f"num_inducing={M} but inducing holds {Z.shape[0]} inducing inputs")
     return Z
-
-
-def _padded_inputs(X):
-    """(X padded to `rows_bucket(n)` rows, (n_pad,) mask True on the real rows)."""
-    n_pad = rows_bucket(X.shape[0])
-    return pad_rows(X, n_pad), np.arange(n_pad) < X.shape[0]
-
-
-def _route(est, X, Z):
-    """The fit's route in words, for the verbose lines: dense, sparse with M inducing inputs, or minibatch."""
-    n = X.shape[0]
-    if Z is None:
-        return f"dense GP on n = {n} rows"
-    sparse = f"sparse GP with M = {Z.shape[0]} inducing inputs on n = {n} rows"
-    return sparse if est.batch_size is None else f"{sparse}, minibatches of {est.batch_size}"
 
 
 def _fit_gp(est, data, y, likelihood, noise, learn_noise, dof=1.0, kernel=None, Z=None, R=None, progress=False):
@@ -261,12 +255,12 @@ class GPClassifier(ProbabilisticClassifierMixin, ClassifierMixin, HostState, Bas
         X, y = validate_fit(self, X, y, classifier=True)
         self.classes_, codes = encode_labels(y)
         Z, targets = _inducing(self, X), binary_targets(codes, len(self.classes_))
-        log(f"{len(targets)} binary problem(s), {_route(self, X, Z)}")
+        log(f"{len(targets)} binary problem(s), {route_text(self, X, Z)}")
         if self.batch_size is not None:
             fits = [fit_minibatch(self, X, t, self.likelihood, _kernel(self.kernel), Z, progress=log.progress)
                     for t in targets]
         else:
-            data = _padded_inputs(X)
+            data = padded_inputs(X)
             fits = [_fit_gp(self, data, t, self.likelihood, 1.0, False, Z=Z, progress=log.progress)
                     for t in targets]
         self._fits = [(result, prior) for result, prior, _, _, _ in fits]
@@ -373,13 +367,13 @@ class GPRegressor(StandardisedRegressorMixin, RegressorMixin, HostState, BaseEst
         z = self._standardise(y, np.mean)
         kernel, R = _kernel(self.kernel, X), None
         Z = _inducing(self, X)
-        log(_route(self, X, Z))
+        log(route_text(self, X, Z))
         if self.batch_size is not None:
             result, prior, params, converged, log_z = fit_minibatch(self, X, z, self.likelihood, kernel, Z,
                                                                     noise=noise, dof=dof, learn_noise=True,
                                                                     progress=log.progress)
         else:
-            data = _padded_inputs(X)
+            data = padded_inputs(X)
             if self.likelihood == "student-t" and self.learn_hyperparameters and Z is None:   # from the data
                 jitter = check_positive_float(self.jitter, "jitter")
                 if self.noise is None:

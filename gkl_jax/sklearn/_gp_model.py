@@ -210,3 +210,35 @@ def inducing_inputs(X, num_inducing, inducing, random_state):
     if not np.all(np.isfinite(Z)):
         raise ValueError("inducing contains NaN or inf")
     return Z
+
+
+def route_text(est, X, Z):
+    """The fit's route in words, for the estimators' verbose lines: dense, sparse with M inducing inputs, or
+    minibatch.
+
+    Args:
+        est: the GP estimator (its `batch_size`).
+        X: (n, d) training inputs.
+        Z: (M, d) starting inducing inputs, or None for the dense GP.
+
+    Returns:
+        str.
+    """
+    n = X.shape[0]
+    if Z is None:
+        return f"dense GP on n = {n} rows"
+    sparse = f"sparse GP with M = {Z.shape[0]} inducing inputs on n = {n} rows"
+    return sparse if est.batch_size is None else f"{sparse}, minibatches of {est.batch_size}"
+
+
+def padded_inputs(X):
+    """X padded to `rows_bucket(n)` rows, with the mask of the real rows.
+
+    Args:
+        X: (n, d) float array.
+
+    Returns:
+        ((n_pad, d) array, (n_pad,) bool mask, True on the first n rows).
+    """
+    n_pad = rows_bucket(X.shape[0])
+    return pad_rows(X, n_pad), np.arange(n_pad) < X.shape[0]
