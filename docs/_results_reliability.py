@@ -9,7 +9,7 @@ from _results_format import HEADER, load_json, missing, provenance
 
 RELIABILITY_JSON = "benchmarks/results/reliability.json"
 RELIABILITY_CMDS = ["python benchmarks/robust_defaults.py --hard 40",
-                    "GKL_EXTENDED=1 python -m pytest -n 0 tests/test_reliability.py -k rotated_sets",
+                    "GKL_EXTENDED=1 python -m pytest tests/test_reliability.py -k rotated_sets",
                     "GKL_EXTENDED=1 GKL_PROPERTY_TALLY=tally.jsonl python -m pytest -n 0 tests/test_nightly_budget.py"]
 
 

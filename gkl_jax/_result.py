@@ -7,11 +7,11 @@ from jaxtyping import Array, ArrayLike, Bool, Float, Int
 
 from ._gaussian import Gaussian
 from ._repr import format_value
-from ._status import RESULTS
+from ._status import RESULTS, HasStatus
 from ._typing import ScalarLike
 
 
-class Result(eqx.Module):
+class Result(HasStatus):
     """A fitted Gaussian and its evidence estimate.
 
     An L-BFGS or optax G-KL fit that stops short of `tol` returns the best iterate it saw, so `log_z` is then
@@ -62,16 +62,6 @@ class Result(eqx.Module):
         self.status = jnp.asarray(status, jnp.int32)
         self.method, self.is_bound = method, is_bound
 
-    @property
-    def converged(self):
-        """bool scalar array: whether the stopping rule (max |gradient| <= tol, or the method's own) was met
-        (`status == RESULTS.successful`)."""
-        return self.status == RESULTS.successful
-
-    @property
-    def message(self) -> str:
-        """Why the method stopped, in words (`RESULTS.message(status)`; '?' under tracing)."""
-        return RESULTS.message(self.status)
 
     def __repr__(self):
         return (f"Result(method={self.method!r}, log_z={format_value(self.log_z)}, "

@@ -1,5 +1,6 @@
 """One status vocabulary for every result: `RESULTS`, the codes of why an iteration stopped, each with a message."""
 
+import equinox as eqx
 import jax.numpy as jnp
 
 from ._validate import is_concrete
@@ -108,3 +109,19 @@ def status_from(converged, *, max_steps_reached=None, nonfinite=None, breakdown=
         if flag is not None:
             code = jnp.where(flag, value, code)
     return jnp.where(converged, RESULTS.successful, code).astype(jnp.int32)
+
+
+class HasStatus(eqx.Module):
+    """The status properties every result shares: `converged` and `message`, derived from its `status` field (a
+    `RESULTS` code; the class says which stopping test it records)."""
+
+    @property
+    def converged(self):
+        """bool (scalar array where `status` is an array): whether the stopping test was met
+        (`status == RESULTS.successful`)."""
+        return self.status == RESULTS.successful
+
+    @property
+    def message(self) -> str:
+        """Why the run stopped, in words (`RESULTS.message(status)`; '?' under tracing)."""
+        return RESULTS.message(self.status)

@@ -144,3 +144,21 @@ def test_verbose_shows_the_ml2_steps_of_the_gp_estimators(capsys):
     err = capsys.readouterr().err
     assert "gkl_jax.sklearn ML-II: HyperSolver step 1 " in err and "(max_steps_reached)" in err
     assert loud.log_evidence_ == quiet.log_evidence_
+    X3 = np.c_[X[:30], X[:30] ** 2]
+    y3 = (f[:30] > 0.5).astype(int) + (f[:30] > -0.5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        quiet = MulticlassGPClassifier(max_steps=2).fit(X3, y3)
+        capsys.readouterr()
+        loud = MulticlassGPClassifier(max_steps=2, verbose=1).fit(X3, y3)
+    err = capsys.readouterr().err
+    assert "gkl_jax.multiclass.fit_hyperparameters" in err and "step 1 " in err
+    assert loud.log_evidence_ == quiet.log_evidence_
+    for est, target in ((BayesianLogisticRegression(learn_prior_variance=True), y),
+                        (BayesianRegression(likelihood="student-t"), f), (BayesianRegression(), f)):
+        quiet = est.fit(X, target).log_evidence_
+        capsys.readouterr()
+        loud = est.set_params(verbose=1).fit(X, target).log_evidence_
+        err = capsys.readouterr().err
+        assert "gkl_jax.sklearn ML-II:" in err and "step 1 " in err and "(successful)" in err
+        assert loud == pytest.approx(quiet, abs=1e-9)     # another compiled program: round-off apart

@@ -110,7 +110,9 @@ def test_gradient_of_a_non_finite_fit_is_nan_also_under_jit():
 
 
 ROTATED_SETS, ROTATED_CHUNK = 200, 20
-"""The extended budget: 200 rotated sets per factor, in chunks of 20 (one test each, a minute or two apiece)."""
+"""The extended budget: 200 rotated sets per factor, in chunks of 20 (one test each, a minute or two apiece; the
+factor_analysis chunks 0.5-3 minutes with XLA's default compiler options, XLA_FLAGS=--xla_backend_optimization_level=3,
+several times that at the suite's level 0: their improper Probit fits run all 2000 L-BFGS iterations)."""
 
 
 @pytest.mark.extended

@@ -20,7 +20,6 @@ std(w) / (sqrt(R) mean(w)). Chains are `jax.vmap`ped, temperatures are a `lax.sc
 
 import warnings
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -33,7 +32,7 @@ from .._model import Model
 from .._program import program
 from .._result import Result
 from .._start import check_start
-from .._status import RESULTS, status_from
+from .._status import HasStatus, status_from
 from .._typing import Key
 from .._validate import check_int, check_key, check_tol, is_concrete
 from ..factors import Full
@@ -42,7 +41,7 @@ from . import _common as C
 TRACE_COUNT = {"ais": 0}
 
 
-class AISResult(eqx.Module):
+class AISResult(HasStatus):
     """The outcome of `ais` (Neal 2001; Nickisch 2010, Ch. 4.10).
 
     Attributes:
@@ -62,15 +61,6 @@ class AISResult(eqx.Module):
     ess: jax.Array
     status: jax.Array
 
-    @property
-    def converged(self):
-        """bool scalar array: `status == RESULTS.successful` (AIS has no stopping test: the estimate is finite)."""
-        return self.status == RESULTS.successful
-
-    @property
-    def message(self) -> str:
-        """Why the run ended as it did, in words (`RESULTS.message(status)`; '?' under tracing)."""
-        return RESULTS.message(self.status)
 
 
 @full_precision

@@ -52,7 +52,7 @@ from .._progress import reraise_callback_error, resolve_progress
 from .._repr import format_value
 from .._result import Result
 from .._start import model_dtype
-from .._status import RESULTS
+from .._status import RESULTS, HasStatus
 from .._typing import Key
 from .._validate import check_int, check_max_steps, check_nonnegative, strongly_typed
 from .._warm import fit_warm, ml2_solver, warm_fit_applies, warm_result
@@ -61,7 +61,7 @@ from ..solvers import ProgressInfo
 from ._hyper_loop import OUTER_LBFGS, HyperSolver, Objective, run, run_jit
 
 
-class HyperResult(eqx.Module):
+class HyperResult(HasStatus):
     """Outcome of `fit_hyperparameters`.
 
     Attributes:
@@ -91,15 +91,6 @@ class HyperResult(eqx.Module):
     wall_time: float = eqx.field(static=True)
     status: int = eqx.field(static=True, default=0)
 
-    @property
-    def converged(self) -> bool:
-        """Whether the best run's stopping rule was met (`status == RESULTS.successful`)."""
-        return self.status == RESULTS.successful
-
-    @property
-    def message(self) -> str:
-        """Why the best run stopped, in words (`RESULTS.message(status)`)."""
-        return RESULTS.message(self.status)
 
     def __repr__(self):
         learned = ", ".join(f"{k}={format_value(v)}" for k, v in _named_leaves(self.params))

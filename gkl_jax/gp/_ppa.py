@@ -26,7 +26,7 @@ from jaxtyping import Array, ArrayLike, Float
 from .._linalg import full_precision, tdot
 from .._program import program
 from .._progress import reraise_callback_error, resolve_progress
-from .._status import RESULTS
+from .._status import RESULTS, HasStatus
 from .._typing import Inputs, ScalarLike
 from .._validate import as_float_array, check_finite, check_int, check_nonnegative, check_positive, strongly_typed
 from ..kernels import AbstractKernel
@@ -47,7 +47,7 @@ SWEEP_TOL = 1e-8
 """The E-step's tolerance on the change of <f> between sweeps."""
 
 
-class PPAResult(eqx.Module):
+class PPAResult(HasStatus):
     """Outcome of `ppa` (King & Lawrence 2006).
 
     Attributes:
@@ -75,15 +75,6 @@ class PPAResult(eqx.Module):
     wall_time: float = eqx.field(static=True)
     corrected_m_step: bool = eqx.field(static=True)
 
-    @property
-    def converged(self):
-        """bool scalar array: whether the monitored bound settled to `tol` (`status == RESULTS.successful`)."""
-        return self.status == RESULTS.successful
-
-    @property
-    def message(self) -> str:
-        """Why the iterations stopped, in words (`RESULTS.message(status)`)."""
-        return RESULTS.message(self.status)
 
 
 class _State(eqx.Module):

@@ -181,12 +181,14 @@ class GPClassifier:
         return host_arrays(self.__dict__)
 
     @in_float64
-    def fit(self, X, y):
+    def fit(self, X, y, progress=False):
         """Fit the variational posterior (and, by default, the kernel hyper-parameters).
 
         Args:
             X: (n, d) inputs.
             y: (n,) class labels.
+            progress: False (default), True (a line per outer ML-II step on stderr: the bound and the largest
+                gradient entry), "auto" or a callable, as `gk.multiclass.fit_hyperparameters` takes it.
 
         Returns:
             self.
@@ -198,7 +200,8 @@ class GPClassifier:
         kernel = SquaredExponential(1.0, median_distance(X)) if self.kernel is None else self.kernel
         res = fit_hyperparameters(kernel, X, Y, fixed=self.fixed, jitter=self.jitter, site=self.site,
                                   covariance=self.covariance, inner_tol=self.tol, ftol=OUTER_FTOL,
-                                  max_steps=self.max_steps if self.learn_hyperparameters else 0, inducing=inducing)
+                                  max_steps=self.max_steps if self.learn_hyperparameters else 0, inducing=inducing,
+                                  progress=progress)
         self.kernel_ = res.kernel
         post = res.posterior
         self.converged_ = bool(res.converged) and bool(post.converged)

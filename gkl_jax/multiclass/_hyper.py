@@ -37,7 +37,7 @@ import numpy as np
 from .._linalg import full_precision
 from .._program import program
 from .._progress import resolve_progress
-from .._status import RESULTS
+from .._status import RESULTS, HasStatus
 from .._validate import (
     check_indices,
     check_int,
@@ -90,7 +90,7 @@ def _t_matrix(st, P=None):
     return T if P is None else lift_contrasts(T, P)
 
 
-class HyperResult(eqx.Module):
+class HyperResult(HasStatus):
     """Outcome of `fit_hyperparameters` (the fields of `gk.gp.HyperResult` that apply here).
 
     Attributes:
@@ -119,15 +119,6 @@ class HyperResult(eqx.Module):
     num_inner_fits: int = eqx.field(static=True, default=0)
     wall_time: float = eqx.field(static=True, default=0.0)
 
-    @property
-    def converged(self) -> jax.Array:
-        """Whether the outer loop settled (bool scalar array, `status == RESULTS.successful`)."""
-        return self.status == RESULTS.successful
-
-    @property
-    def message(self) -> str:
-        """Why the outer loop stopped, in words (`RESULTS.message(status)`)."""
-        return RESULTS.message(self.status)
 
     @property
     def params(self):

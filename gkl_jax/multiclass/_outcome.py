@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from .._repr import format_value
-from .._status import RESULTS, status
+from .._status import RESULTS, HasStatus, status
 
 
 def set_fields(obj, status_code, converged, values) -> None:
@@ -49,7 +49,7 @@ def set_fields(obj, status_code, converged, values) -> None:
     obj.status = jnp.asarray(status_code, jnp.int32)
 
 
-class FitOutcome(eqx.Module):
+class FitOutcome(HasStatus):
     """The status protocol shared by `Posterior` and `SparsePosterior` (their fields below)."""
 
     Y: eqx.AbstractVar[jax.Array]
@@ -59,15 +59,6 @@ class FitOutcome(eqx.Module):
     history: eqx.AbstractVar[jax.Array]
     stationarity: eqx.AbstractVar[jax.Array]
 
-    @property
-    def converged(self):
-        """bool scalar array: whether the sweeps settled to `tol` (`status == RESULTS.successful`)."""
-        return self.status == RESULTS.successful
-
-    @property
-    def message(self) -> str:
-        """Why the fit stopped, in words (`RESULTS.message(status)`; '?' under tracing)."""
-        return RESULTS.message(self.status)
 
     def _repr_items(self):
         n, C = self.Y.shape

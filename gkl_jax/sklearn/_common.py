@@ -311,6 +311,10 @@ def check_verbose(verbose) -> int:
     raise ValueError(f"verbose must be a bool or a non-negative integer, got {verbose!r}")
 
 
+PADDED_NOTE = " (step lines: the bound of the design padded with zero rows, a constant below log_evidence_)"
+"""The linear estimators' verbose route line: their step lines report the padded problem's bound (`pad_design`)."""
+
+
 class FitLog:
     """An estimator's progress lines on stderr (`verbose` >= 1), prefixed with its class name; `progress` is what
     the estimator passes as `progress=` to the underlying fits that take it (`gkl_jax.fit`,

@@ -40,8 +40,8 @@ class MulticlassGPClassifier(ClassifierMixin, HostState, BaseEstimator):
         inducing: "random" (default; s latents f^c(x_i) at random) or "kmeans++" (rows x_i by k-means++ seeding,
             all C latents at each).
         random_state: the integer seed of that draw.
-        verbose: 0/False (default) silent; 1/True (or more): the estimator's progress lines on stderr
-            (`gkl_jax.multiclass` reports no steps yet).
+        verbose: 0/False (default) silent; 1/True (or more): progress lines on stderr, the estimator's own and
+            one per outer ML-II step (the bound and the largest gradient entry).
 
     No `batch_size`: the minibatch fits are for binary classification and regression (`GPClassifier`,
     `GPRegressor`); the multinomial model has no minibatch route.
@@ -82,7 +82,7 @@ class MulticlassGPClassifier(ClassifierMixin, HostState, BaseEstimator):
                                 classes=np.arange(len(classes)), jitter=float(self.jitter),
                                 max_steps=check_steps(self.max_steps), tol=float(self.tol),
                                 num_inducing=_num_inducing(self.num_inducing), inducing=self.inducing,
-                                random_state=self.random_state).fit(X, codes)
+                                random_state=self.random_state).fit(X, codes, progress=log.progress)
         self.estimator_, self.classes_ = est, classes
         self.kernel_, self.log_evidence_, self.converged_ = est.kernel_, float(est.log_z_), bool(est.converged_)
         log.done(f"log_evidence_ {self.log_evidence_:.6f}, converged_ {self.converged_}")

@@ -68,7 +68,7 @@ def scaled_model(build, u):
 
 @full_precision
 @program
-def joint_fit(build, params, learn, forcing, tol, max_steps, finish):
+def joint_fit(build, params, learn, forcing, tol, max_steps, finish, progress=None):
     """ML-II over the learned hyperparameters jointly with the Full-factor G-KL posterior (see the module doc),
     from the Laplace approximation at the starting hyperparameters.
 
@@ -81,6 +81,7 @@ def joint_fit(build, params, learn, forcing, tol, max_steps, finish):
         max_steps: the most Newton steps, static.
         finish: (params at the optimum, Result over the original weights w) -> any pytree of outputs, as for
             `_ml2.run`.
+        progress: None, or a callable receiving each Newton step's `ProgressInfo` (static).
 
     Returns:
         (finish's outputs, converged: bool array, Newton steps: int array).
@@ -107,7 +108,7 @@ def joint_fit(build, params, learn, forcing, tol, max_steps, finish):
 
     x0 = jnp.concatenate([u0[index], problem.x0])
     x, steps, converged, history = newton_cg(objective, x0, tol=tol, max_steps=max_steps, forcing=forcing,
-                                             scale=scale, preconditioner=preconditioner)
+                                             scale=scale, preconditioner=preconditioner, progress=progress)
     u, q = split(x)
     result = Result(q=q, log_z=history[steps], converged=converged, num_steps=steps, history=history)
     return finish(dict(zip(KEYS, u)), result), converged, steps

@@ -28,8 +28,10 @@ from .. import factors as F
 from .._buckets import bucket
 from .._fit import fit as gk_fit
 from .._predict import predict as gk_predict
+from .._progress import resolve_progress
 from . import _ml2 as ml2
 from ._common import (
+    PADDED_NOTE,
     FitLog,
     HostState,
     binary_targets,
@@ -78,7 +80,8 @@ class _BayesianLinear(HostState, BaseEstimator):
     def _fit_each(self, H, ys, likelihood, noise, learn_noise, dof=1.0, v0=None, progress=False):
         """The fits on the design H (n, D) of each target vector (n,) in `ys` (prior variance v0, default
         `prior_variance`), all dispatched before any result is read (one-vs-rest: host work overlaps the fits);
-        `progress` goes to `gkl_jax.fit` at fixed hyperparameters (the ML-II loops take none yet).
+        `progress` (bool) shows the steps of whichever loop runs: the joint Newton fit, the outer ML-II loop, or
+        `gkl_jax.fit` at fixed hyperparameters.
 
         Returns:
             A list with, per target vector, (Result, prior variance, noise, log evidence of the unpadded problem,
@@ -108,18 +111,20 @@ class _BayesianLinear(HostState, BaseEstimator):
         method, kwargs = _method(likelihood, factor)
         laplace = method is gk_fit and isinstance(factor, F.Full)
         out = None
+        callback = resolve_progress(progress, "gkl_jax.sklearn ML-II") if any(learn.values()) else None
         with quiet_convergence():
             if any(learn.values()) and laplace and likelihood in JOINT:   # ML-II jointly with q
                 out, converged, _ = joint_fit(build, params, (learn["prior"], learn["noise"]),
                                               kwargs["solver"].forcing, np.asarray(0.1 * tol),
-                                              min(max_steps, JOINT_MAX_STEPS), _Finish(build, dict.fromkeys(params)))
+                                              min(max_steps, JOINT_MAX_STEPS), _Finish(build, dict.fromkeys(params)),
+                                              callback)
                 if not (bool(converged) and np.isfinite(float(out[2]))):
                     out = None    # not settled (tiny or degenerate problems): the outer loop from the start
             if out is None and any(learn.values()):   # ML-II, one program (`_ml2`); the padding's constant removed
                 objective, dyn, static, dynamic = ml2.linear_objective(build, method, kwargs, learn, params, laplace,
                                                                        tol)
                 config = ml2.settings(max_steps, adaptive=method is gk_fit, gtol=tol)
-                out, converged, _ = ml2.run(objective, config, dyn, dynamic, _Finish(build, static))
+                out, converged, _ = ml2.run(objective, config, dyn, dynamic, _Finish(build, static), callback)
             elif out is None:
                 fixed = dict(kwargs, tol=np.asarray(tol), **({"progress": True} if progress else {})) \
                     if method is gk_fit else kwargs
@@ -170,7 +175,7 @@ class BayesianLogisticRegression(ProbabilisticClassifierMixin, ClassifierMixin, 
         tol: the fit of q stops where max_i |dB/dx_i| max(|x_i|, sigma0) <= tol (`gkl_jax.fit`'s test); ML-II at
             tol on the hyperparameters' gradient, q then to tol / 10. Default 1e-4, as LogisticRegression's.
         verbose: 0/False (default) silent; 1/True (or more): progress lines on stderr (the estimator's, and the
-            steps of `gkl_jax.fit` where the hyperparameters are fixed; the ML-II loops show no steps yet).
+            steps of the ML-II loop, or of `gkl_jax.fit` where the hyperparameters are fixed).
 
     Attributes (after `fit`):
         classes_: the labels (any type); the second is the positive class of a binary problem.
@@ -213,7 +218,7 @@ class BayesianLogisticRegression(ProbabilisticClassifierMixin, ClassifierMixin, 
         self.classes_, codes = encode_labels(y)
         H = self._design(X)
         targets = binary_targets(codes, len(self.classes_))
-        log(f"{len(targets)} binary problem(s), n = {H.shape[0]} rows, {H.shape[1]} weights")
+        log(f"{len(targets)} binary problem(s), n = {H.shape[0]} rows, {H.shape[1]} weights{PADDED_NOTE}")
         fits = self._fit_each(H, targets, "logistic", 1.0, False, progress=log.progress)
         self._results = [f[0] for f in fits]
         self._set_coefficients([f[5] for f in fits])
@@ -273,7 +278,7 @@ class BayesianRegression(StandardisedRegressorMixin, RegressorMixin, _BayesianLi
             that prior variance, the intercept integrated, for every likelihood.
         learn_prior_variance, learn_noise: ML-II on the bound over each (default both, as BayesianRidge).
         verbose: 0/False (default) silent; 1/True (or more): progress lines on stderr (the estimator's, and the
-            steps of `gkl_jax.fit` where the hyperparameters are fixed; the ML-II loops show no steps yet).
+            steps of the ML-II loop, or of `gkl_jax.fit` where the hyperparameters are fixed).
 
     Attributes (after `fit`): coef_ (d,), coef_std_ (d,), intercept_, intercept_std_, covariance_ (d + 1, d + 1),
     log_evidence_ (the bound on log p(y | X)), prior_variance_, noise_ (learned values, standardised units),
@@ -323,7 +328,7 @@ class BayesianRegression(StandardisedRegressorMixin, RegressorMixin, _BayesianLi
             v_start, noise_start = ml2.data_start(H, z, self.likelihood, self._intercept_column())
             noise = noise_start if noise is None else noise
             v0 = v_start if v0 is None else v0
-        log(f"{self.likelihood} likelihood, n = {H.shape[0]} rows, {H.shape[1]} weights")
+        log(f"{self.likelihood} likelihood, n = {H.shape[0]} rows, {H.shape[1]} weights{PADDED_NOTE}")
         result, v, s, log_z, converged, (mean, cov) = self._fit_each(H, [z], self.likelihood, noise,
                                                                       self.learn_noise, dof, v0, log.progress)[0]
         self._results = [result]

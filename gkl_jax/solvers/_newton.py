@@ -59,7 +59,7 @@ def armijo_search(f, x, fx, g, p, *, max_halvings=40, c=ARMIJO_C, skip=False):
 
 
 def newton_cg(f, x0, *, tol, max_steps, max_cg=100, scale=1.0, preconditioner=None, forcing=None,
-              max_halvings=40):
+              max_halvings=40, progress=None):
     """Maximise f by truncated Newton-CG with Hessian-vector products and a backtracking (Armijo) line search.
 
     One loop, one evaluation per iteration: each iteration linearises the value and gradient at a trial point
@@ -84,12 +84,13 @@ def newton_cg(f, x0, *, tol, max_steps, max_cg=100, scale=1.0, preconditioner=No
         forcing: CG's relative residual per step (a float in (0, 1)), or None for min(0.5, sqrt(|grad f|))
             (Nocedal & Wright 2006, Section 7.1).
         max_halvings: the most halvings of t = 1 in a step's line search.
+        progress: None, or a callable receiving a `ProgressInfo` after each step (`iterate`'s `progress`).
 
     Returns:
         (x, num_steps, converged, history), history[k] the objective after step k (NaN past the last).
     """
     solution = iterate(Newton(max_cg=max_cg, forcing=forcing, max_halvings=max_halvings),
-                       ObjectiveProblem(f, x0, scale, preconditioner), tol, max_steps)[0]
+                       ObjectiveProblem(f, x0, scale, preconditioner), tol, max_steps, progress=progress)[0]
     return solution.x, solution.num_steps, solution.converged, solution.history
 
 
