@@ -152,7 +152,7 @@ def test_verbose_shows_the_ml2_steps_of_the_gp_estimators(capsys):
         capsys.readouterr()
         loud = MulticlassGPClassifier(max_steps=2, verbose=1).fit(X3, y3)
     err = capsys.readouterr().err
-    assert "gkl_jax.multiclass.fit_hyperparameters" in err and "step 1 " in err
+    assert "gkl_jax.multiclass.fit_hyperparameters: " in err
     assert loud.log_evidence_ == quiet.log_evidence_
     for est, target in ((BayesianLogisticRegression(learn_prior_variance=True), y),
                         (BayesianRegression(likelihood="student-t"), f), (BayesianRegression(), f)):
@@ -160,5 +160,5 @@ def test_verbose_shows_the_ml2_steps_of_the_gp_estimators(capsys):
         capsys.readouterr()
         loud = est.set_params(verbose=1).fit(X, target).log_evidence_
         err = capsys.readouterr().err
-        assert "gkl_jax.sklearn ML-II:" in err and "step 1 " in err and "(successful)" in err
+        assert "gkl_jax.sklearn ML-II:" in err and "(successful)" in err     # off a terminal: <= a line a second
         assert loud == pytest.approx(quiet, abs=1e-9)     # another compiled program: round-off apart

@@ -114,7 +114,7 @@ def _fit_gp(est, data, y, likelihood, noise, learn_noise, dof=1.0, kernel=None, 
     from `kernel` (default `est.kernel`) over the kernel, the noise (`learn_noise`) and, sparse (Z (M, d) the
     starting inducing inputs), Z where `est.learn_inducing`; given `R` (`_gp_start.fisher_factor`, dense only),
     ML-II of the kernel and the noise in u = R theta. `progress` goes to `gkl_jax.fit` where the hyperparameters
-    are fixed (ML-II takes none yet).
+    are fixed, and to the ML-II loop (its outer steps).
 
     Returns:
         (Result, GP prior at the fitted parameters, params, converged, log Z of the unpadded problem).
