@@ -211,8 +211,8 @@ class GPClassifier(ProbabilisticClassifierMixin, ClassifierMixin, HostState, Bas
             converged_=False and warns (more epochs close the gap).
         verbose: 0/False (default) silent; 1/True (or more): progress lines on stderr: the estimator's own (the
             route, the problems, the time and bound at the end) and the underlying fit's steps where it reports
-            them (`gkl_jax.fit` at fixed hyperparameters, `gkl_jax.gp.fit_sparse_minibatch`; ML-II shows no steps
-            yet). Turning it on compiles those fits once more.
+            them (the ML-II loop's outer steps, `gkl_jax.fit` at fixed hyperparameters,
+            `gkl_jax.gp.fit_sparse_minibatch`). Turning it on compiles those fits once more.
 
     Attributes (after `fit`): classes_, kernel_ (learned; a list one-vs-rest), log_evidence_ (the bound on
     log p(y | X); an array one-vs-rest; with batch_size the full-data bound at the final parameters), converged_,
@@ -314,8 +314,8 @@ class GPRegressor(StandardisedRegressorMixin, RegressorMixin, HostState, BaseEst
             converged_=False and warns (more epochs close the gap).
         verbose: 0/False (default) silent; 1/True (or more): progress lines on stderr: the estimator's own (the
             route, the problems, the time and bound at the end) and the underlying fit's steps where it reports
-            them (`gkl_jax.fit` at fixed hyperparameters, `gkl_jax.gp.fit_sparse_minibatch`; ML-II shows no steps
-            yet). Turning it on compiles those fits once more.
+            them (the ML-II loop's outer steps, `gkl_jax.fit` at fixed hyperparameters,
+            `gkl_jax.gp.fit_sparse_minibatch`). Turning it on compiles those fits once more.
 
     Attributes (after `fit`): kernel_, noise_ (standardised units), log_evidence_ (log p(y | X) for the Gaussian
     likelihood, Titsias' collapsed bound sparse, else the bound; with batch_size the full-data G-KL bound at the

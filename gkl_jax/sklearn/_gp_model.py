@@ -17,7 +17,6 @@ Inducing inputs (`inducing_inputs`): rows of X by k-means++ seeding or a random 
 (`gkl_jax._inducing`), or the user's array.
 """
 
-from typing import ClassVar
 
 import equinox as eqx
 import jax
@@ -29,13 +28,15 @@ from .._buckets import bucket
 from .._inducing import inducing_rows
 from .._model import Model, Sites
 from ..gp import sparse_projection
-from ..potentials import AbstractPotential
+from ..potentials._masked import MaskedConcave, MaskedNonConcave, masked
 from ..priors import GP, Dense
 
 ROW_BUCKET_MIN, ROW_BUCKET_STEPS = 32, 8
 """Smallest padded training (and test) size and sizes per octave: the dense fit costs O(n^3), so eighth-octave
 buckets (at most 12.5% padding, at most 1.42 times the arithmetic) rather than the linear estimators' quarters;
 the five folds of a 5-fold cross-validation (sizes within 1 of 4n/5) share one bucket."""
+
+_MaskedConcave, _MaskedNonConcave = MaskedConcave, MaskedNonConcave   # their names before (pickles)
 
 DENSE_MAX = 2000
 """With num_inducing=None, the largest training set fitted with the dense GP (O(n^3) per fit: about a minute of
@@ -66,40 +67,6 @@ def pad_rows(A, n_pad: int, fill=0.0):
     out = np.full((n_pad,) + A.shape[1:], fill, np.float64)
     out[:A.shape[0]] = A
     return out
-
-
-class _MaskedConcave(AbstractPotential):
-    """phi_n = inner phi_n on the rows where `mask` is True, phi_n = 1 (log phi_n = 0) elsewhere."""
-
-    inner: AbstractPotential
-    mask: jax.Array
-    log_concave: ClassVar[bool] = True
-
-    def log_phi(self, x):
-        return jnp.where(self.mask, self.inner.log_phi(x), 0.0)
-
-    def expected_log_phi(self, m, s2):
-        return jnp.where(self.mask, self.inner.expected_log_phi(m, s2), 0.0)
-
-    def expected_log_phi_moments(self, m, s2):
-        return jnp.where(self.mask[None], self.inner.expected_log_phi_moments(m, s2), 0.0)
-
-
-class _MaskedNonConcave(_MaskedConcave):
-    log_concave: ClassVar[bool] = False
-
-
-def masked(potential: AbstractPotential, mask) -> AbstractPotential:
-    """`potential` on the sites where `mask` is True and the constant phi_n = 1 on the others (exactly zero in the
-    bound and its derivatives), log-concave when `potential` is.
-
-    Args:
-        potential: a `gkl_jax.potentials` potential with N sites; mask: (N,) bool array.
-
-    Returns:
-        An `AbstractPotential` with N sites.
-    """
-    return (_MaskedConcave if potential.log_concave else _MaskedNonConcave)(potential, jnp.asarray(mask))
 
 
 @eqx.filter_jit

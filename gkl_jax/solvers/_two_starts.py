@@ -19,6 +19,7 @@ from ..factors import Full
 from ..factors._full import upper_factor_of_inverse
 from ..potentials import Cauchy, StudentT
 from ..potentials import Gaussian as GaussianSites
+from ..potentials._masked import unmasked
 from ._base import AbstractSolver, Problem, Solution
 
 INFLATION = 100.0
@@ -30,7 +31,8 @@ ROBUST_SITES = (StudentT, Cauchy)
 
 def two_starts_apply(model) -> bool:
     """Whether `inflated_noise_start` is defined for `model`: a prior, every site group Gaussian, Student-t or
-    Cauchy, and at least one group Student-t or Cauchy.
+    Cauchy (also restricted to some sites by a mask: the estimators' padded rows), and at least one group Student-t
+    or Cauchy.
 
     Args:
         model: a `Model`.
@@ -38,7 +40,7 @@ def two_starts_apply(model) -> bool:
     Returns:
         bool.
     """
-    kinds = [type(s.potential) for s in model.sites]
+    kinds = [type(unmasked(s.potential)[0]) for s in model.sites]
     return (model.prior is not None and all(k in ROBUST_SITES + (GaussianSites,) for k in kinds)
             and any(k in ROBUST_SITES for k in kinds))
 
@@ -46,9 +48,9 @@ def two_starts_apply(model) -> bool:
 def inflated_noise_start(model) -> Gaussian:
     """The exact posterior N(m, C^T C) of `model` with every Student-t or Cauchy site replaced by a Gaussian site
     N(y_n | h_n^T w + offset_n, v) of inflated variance v = max(var(y - offset) / 4, `INFLATION` scale_n^2)
-    (Gaussian sites kept): precision A = Sigma^{-1} + sum_n h_n h_n^T / v_n, mean A^{-1} (Sigma^{-1} mu +
-    sum_n h_n (y_n - offset_n) / v_n) (Rasmussen & Williams 2006, eq. 2.23-2.24 in weight space), C the
-    upper-triangular factor of A^{-1}. One O(D^3) factorisation.
+    (Gaussian sites kept; the sites a mask leaves out, none): precision A = Sigma^{-1} + sum_n h_n h_n^T / v_n,
+    mean A^{-1} (Sigma^{-1} mu + sum_n h_n (y_n - offset_n) / v_n) (Rasmussen & Williams 2006, eq. 2.23-2.24 in
+    weight space), C the upper-triangular factor of A^{-1}. One O(D^3) factorisation.
 
     Args:
         model: a `Model` for which `two_starts_apply` holds.
@@ -61,15 +63,18 @@ def inflated_noise_start(model) -> Gaussian:
     rhs = prior.precision_mv(prior.mean)
     for sites in model.sites:
         op = sites.operator(model.dim)
-        pot = sites.potential
+        pot, mask = unmasked(sites.potential)
         n = op.shape[0]
-        target = jnp.broadcast_to(pot.y, (n,)) - sites.offset
+        real = jnp.ones((n,), bool) if mask is None else jnp.broadcast_to(mask, (n,))
+        target = jnp.where(real, jnp.broadcast_to(pot.y, (n,)) - sites.offset, 0.0)
         if isinstance(pot, GaussianSites):
             variance = jnp.broadcast_to(pot.variance, (n,))
         else:
-            spread = 0.25 * jnp.var(target)
+            count = jnp.maximum(jnp.sum(real), 1)
+            centred = jnp.where(real, target - jnp.sum(target) / count, 0.0)
+            spread = 0.25 * jnp.sum(centred ** 2) / count
             variance = jnp.maximum(spread, INFLATION * jnp.broadcast_to(jnp.square(pot.scale), (n,)))
-        precision = 1.0 / variance
+        precision = jnp.where(real, 1.0 / variance, 0.0)     # a masked site: no likelihood
         lam = lam + op.weighted_gram(precision)
         rhs = rhs + op.rmv(precision * target)
     C = upper_factor_of_inverse(lam)
