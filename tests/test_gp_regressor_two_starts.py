@@ -33,7 +33,7 @@ def hard_case(seed):
 @pytest.mark.slow
 def test_regressor_at_fixed_hyperparameters_matches_the_unpadded_default_fit():
     worse_by_one_start = 0
-    for seed in (121, 104, 116):
+    for seed in (121,):     # one start alone ends 38 nats short here (two more such seeds: 104, 116)
         X, y, s, lengthscale = hard_case(seed)
         shift, sd = np.mean(y), np.std(y)
         kernel = gk.kernels.SquaredExponential(1.0 / sd ** 2, lengthscale)
