@@ -7,6 +7,7 @@ emitted with a transposed left operand and runs far below the speed of the same 
 fast form, so only hand-written transposed products need this. On accelerators the rewrite costs at most one copy.
 """
 
+import contextlib
 import functools
 import warnings
 
@@ -19,6 +20,44 @@ from jax import lax
 # Below this many columns of B, materialising A^T (a copy of A) costs more than the slow product saves
 # (A of shape (5000, 1000): B with 50 columns 17 ms as is, 29 ms with the copy; with 1000 columns 272 -> 166 ms).
 _COPY_MIN_COLUMNS = 128
+
+
+def _flat_state():
+    """A JAX configuration state that turns the blocked algorithms below (`solve_lower`, `invert_lower`,
+    `lower_gram`) into one LAPACK call or product each, part of every jit cache key (so a program traced with it on
+    never reuses a trace made with it off); None where this JAX version lacks the internal API."""
+    try:
+        from jax._src import config as jax_config
+        return jax_config.bool_state(
+            "gkl_jax_flat_linalg", False, "gkl-jax: unblocked triangular solves, inverses and Gram products",
+            include_in_jit_key=True, include_in_trace_context=True)
+    except Exception:    # pragma: no cover - another JAX's internals: keep the blocked algorithms
+        return None
+
+
+_FLAT = _flat_state()
+
+
+def flat_active() -> bool:
+    """Whether `flat_linalg` is on (at trace time)."""
+    return _FLAT is not None and bool(_FLAT.value)
+
+
+@contextlib.contextmanager
+def flat_linalg():
+    """Context: the programs traced inside it use unblocked linear algebra. For programs compiled at LLVM
+    optimisation level 0 (the GP estimators' first fits up to 512 padded rows), where the blocks' extra products,
+    slices and concatenations cost more than they save and enlarge the program: at n = 500, XLA compiled the
+    classifier's ML-II in 0.7 s instead of 1.1-1.25 s and it ran in 0.87 s instead of 1.1 s (design-decisions page).
+
+    Yields:
+        None.
+    """
+    if _FLAT is None:
+        yield
+        return
+    with _FLAT(True):
+        yield
 
 
 def in_float64(method):
@@ -114,7 +153,7 @@ def solve_lower(L, B, levels: int = 3):
     to blocks of 64): the off-diagonal blocks become matrix products, which XLA's CPU backend runs twice as fast
     as its triangular solve (design-decisions page)."""
     n = L.shape[0]
-    if levels == 0 or n < 64:
+    if levels == 0 or n < 64 or flat_active():
         return jsl.solve_triangular(L, B, lower=True)
     h = n // 2
     top = solve_lower(L[:h, :h], B[:h], levels - 1)
@@ -132,7 +171,7 @@ def invert_lower(L, base: int = 64):
     spent in matrix products, which XLA's CPU backend runs faster per flop than its triangular solve (the
     measurements, and the choice of `base`, are on the design-decisions page)."""
     n = L.shape[0]
-    if n <= base:
+    if n <= base or flat_active():
         return jsl.solve_triangular(L, jnp.eye(n, dtype=L.dtype), lower=True)
     h = n // 2
     top = invert_lower(L[:h, :h], base)
@@ -148,7 +187,7 @@ def lower_gram(G, levels: int = 3):
 
     recursively on A^T A and C^T C (down to blocks of 64), which skips the products with the zero block."""
     n = G.shape[0]
-    if levels == 0 or n < 64:
+    if levels == 0 or n < 64 or flat_active():
         return tdot(G, G)
     h = n // 2
     A, B, C = G[:h, :h], G[h:, :h], G[h:, h:]
