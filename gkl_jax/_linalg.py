@@ -47,8 +47,8 @@ def flat_active() -> bool:
 def flat_linalg():
     """Context: the programs traced inside it use unblocked linear algebra. For programs compiled at LLVM
     optimisation level 0 (the GP estimators' first fits up to 512 padded rows), where the blocks' extra products,
-    slices and concatenations cost more than they save and enlarge the program: at n = 500, XLA compiled the
-    classifier's ML-II in 0.7 s instead of 1.1-1.25 s and it ran in 0.87 s instead of 1.1 s (design-decisions page).
+    slices and concatenations cost more than they save and enlarge the program: both the compilation and the run
+    of the classifier's ML-II were shorter without them (the measurements are on the design-decisions page).
 
     Yields:
         None.

@@ -31,9 +31,8 @@ QUICK_COMPILE_MAX_ROWS = 512
 instead of 12.9 s. At 1024 rows it compiled in 0.28 of the time and ran 1.2x as long, but the five folds of
 `cross_val_score` (832 rows) then cost 2.16 first fits (1.37 before): the run time, paid once per fold, is the
 larger part there, so larger buckets keep the default level. The arithmetic is the same IEEE arithmetic (no
-fast-math). These programs also run with `_linalg.flat_linalg` (unblocked triangular solves and inverses): at
-n = 500 (idle, fresh processes) XLA compiled in 0.63-0.68 s instead of 1.04-1.25 s and the fit ran in 0.87-0.91 s
-instead of 1.0-1.25 s, the first fit 2.00 s instead of 2.60 s."""
+fast-math). These programs are also traced under `_linalg.flat_linalg` (unblocked triangular solves and
+inverses), which shortens both their compilation and their run at level 0 (design-decisions page)."""
 
 _run_quick = program(ml2.run_and_finish, cpu_options=QUICK_COMPILE)
 
