@@ -197,7 +197,7 @@ def test_float32_default_converges_where_lbfgs_does_on_separable_sets_with_a_vag
 # appends one JSON line per case (kind and the invariants it checked), as the property tests' extended tier does.
 
 RELIABILITY_CASES = int(os.environ.get("GKL_RELIABILITY_CASES", "1000"))
-KINDS = ("improper", "poisson_prior_mean", "estimator_scale", "estimator_targets", "gaussian_evidence")
+KINDS = ("improper", "poisson_prior_mean", "estimator_scale", "estimator_targets", "gaussian_evidence", "robust_hard")
 
 
 def _estimator_scale_case(rng, tally):
@@ -254,6 +254,15 @@ def _reliability_case(index, tally):
         with pytest.raises(ValueError, match="^y must hold numbers"):
             est.fit(X, target)
         tally.update(value_error_names_argument=1)
+    elif kind == "robust_hard":     # the hard robust-GP tier: the default is the best of its alternatives
+        from test_robust_two_starts import _alternatives, hard_model
+
+        model = hard_model(int(rng.integers(1 << 30)))
+        res = _quiet(gk.fit, model)
+        best = max(_alternatives(model).values())
+        assert bool(res.converged) and float(res.log_z) >= best - 1e-3, (index, float(res.log_z), best)
+        assert abs(float(gk.bound(model, res.q)) - float(res.log_z)) <= 1e-9 * abs(float(res.log_z)), index
+        tally.update(converged_optimal=1, bound_matches=1)
     else:
         from _helpers_properties import Case, exact_gaussian_evidence
 
