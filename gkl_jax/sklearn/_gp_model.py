@@ -28,15 +28,13 @@ from .._buckets import bucket
 from .._inducing import inducing_rows
 from .._model import Model, Sites
 from ..gp import sparse_projection
-from ..potentials._masked import MaskedConcave, MaskedNonConcave, masked
+from ..potentials._masked import masked
 from ..priors import GP, Dense
 
 ROW_BUCKET_MIN, ROW_BUCKET_STEPS = 32, 8
 """Smallest padded training (and test) size and sizes per octave: the dense fit costs O(n^3), so eighth-octave
 buckets (at most 12.5% padding, at most 1.42 times the arithmetic) rather than the linear estimators' quarters;
 the five folds of a 5-fold cross-validation (sizes within 1 of 4n/5) share one bucket."""
-
-_MaskedConcave, _MaskedNonConcave = MaskedConcave, MaskedNonConcave   # their names before (pickles)
 
 DENSE_MAX = 2000
 """With num_inducing=None, the largest training set fitted with the dense GP (O(n^3) per fit: about a minute of
