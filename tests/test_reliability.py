@@ -70,6 +70,23 @@ def test_no_factor_calls_a_rotated_quasi_separable_target_converged(factor):
     assert bool(res.converged)
 
 
+@pytest.mark.slow
+def test_lbfgs_stops_on_idle_steps_in_round_off_of_an_improper_target():
+    """A prior-free Probit fit of quasi-separated labels under FactorAnalysis (L-BFGS): after about 100 steps the
+    mean's norm is ~5e9 and the bound constant to 13 digits. The steps accepted in round-off that move neither the
+    bound nor the gradient count as stalls, so the fit stops there (it ran all 2000 steps, 17 s), reporting the
+    improper target, with the bound at the returned q."""
+    model, d = rotated_quasi_separable(63100)
+    assert isinstance(model.sites[0].potential, gk.potentials.Probit)
+    factor = factor_of("factor_analysis", QUASI_DIM)
+    res = _quiet(gk.fit, model, factor)
+    assert not bool(res.converged) and int(res.status) == int(gk.RESULTS.improper_target)
+    assert int(res.num_steps) < 300
+    m = np.asarray(res.q.mean)
+    assert m @ d > 0.5 * np.linalg.norm(m)
+    np.testing.assert_allclose(float(res.log_z), float(gk.bound(model, res.q)), rtol=1e-10)
+
+
 def poisson_with_a_prior_mean(seed, dim=3, num_sites=20):
     """A proper Poisson model whose prior mean (0.5-1.5 per weight) puts the projections at hundreds: inputs of
     order 400, counts ~ Poisson(3), Isotropic(1) prior."""
