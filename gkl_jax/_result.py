@@ -62,7 +62,6 @@ class Result(HasStatus):
         self.status = jnp.asarray(status, jnp.int32)
         self.method, self.is_bound = method, is_bound
 
-
     def __repr__(self):
         return (f"Result(method={self.method!r}, log_z={format_value(self.log_z)}, "
                 f"status={RESULTS.name(self.status)}, num_steps={format_value(self.num_steps)}, "

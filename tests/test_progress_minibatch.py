@@ -132,33 +132,31 @@ def test_verbose_prints_the_estimator_and_the_fit_lines(capsys):
     assert capsys.readouterr().err == ""
 
 
+def _quiet_and_loud(capsys, make, X, y):
+    """(log evidence of make(verbose=0).fit, that of make(verbose=1).fit, what the loud fit wrote on stderr)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        quiet = make(verbose=0).fit(X, y).log_evidence_
+        capsys.readouterr()
+        loud = make(verbose=1).fit(X, y).log_evidence_
+    return quiet, loud, capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_verbose_shows_the_ml2_steps_of_the_gp_estimators(capsys):
     """With ML-II (the default) the outer steps are shown, and the fit equals the silent one."""
     X, f, y = _data(60)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        quiet = GPClassifier(max_steps=5).fit(X, y)
-        capsys.readouterr()
-        loud = GPClassifier(max_steps=5, verbose=1).fit(X, y)
-    err = capsys.readouterr().err
+    quiet, loud, err = _quiet_and_loud(capsys, lambda verbose: GPClassifier(max_steps=5, verbose=verbose), X, y)
     assert "gkl_jax.sklearn ML-II: HyperSolver step 1 " in err and "(max_steps_reached)" in err
-    assert loud.log_evidence_ == quiet.log_evidence_
+    assert loud == quiet
     X3 = np.c_[X[:30], X[:30] ** 2]
     y3 = (f[:30] > 0.5).astype(int) + (f[:30] > -0.5)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        quiet = MulticlassGPClassifier(max_steps=2).fit(X3, y3)
-        capsys.readouterr()
-        loud = MulticlassGPClassifier(max_steps=2, verbose=1).fit(X3, y3)
-    err = capsys.readouterr().err
+    quiet, loud, err = _quiet_and_loud(capsys, lambda verbose: MulticlassGPClassifier(max_steps=2, verbose=verbose),
+                                       X3, y3)
     assert "gkl_jax.multiclass.fit_hyperparameters: " in err
-    assert loud.log_evidence_ == quiet.log_evidence_
+    assert loud == quiet
     for est, target in ((BayesianLogisticRegression(learn_prior_variance=True), y),
                         (BayesianRegression(likelihood="student-t"), f), (BayesianRegression(), f)):
-        quiet = est.fit(X, target).log_evidence_
-        capsys.readouterr()
-        loud = est.set_params(verbose=1).fit(X, target).log_evidence_
-        err = capsys.readouterr().err
+        quiet, loud, err = _quiet_and_loud(capsys, lambda verbose: est.set_params(verbose=verbose), X, target)
         assert "gkl_jax.sklearn ML-II:" in err and "(successful)" in err     # off a terminal: <= a line a second
         assert loud == pytest.approx(quiet, abs=1e-9)     # another compiled program: round-off apart
