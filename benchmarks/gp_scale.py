@@ -1,12 +1,14 @@
 """Sparse GP classification and regression at N = 10^4, 10^5, 10^6: gkl-jax's minibatch fit
-(`gk.gp.fit_sparse_minibatch`) beside GPJax's SVGP (`gpjax.fit` on the uncollapsed ELBO) in the same run.
+(`gk.gp.fit_sparse_minibatch`) beside GPJax's SVGP (`gpjax.fit` on the uncollapsed ELBO) and GPflow's (`SVGP`,
+whitened, Adam through `tf.function`; where `--gpflow-python` exists) in the same run.
 
     python benchmarks/gp_scale.py                       # synthetic 10^4, 10^5 and the bundled sets
     python benchmarks/gp_scale.py --sizes 1000000       # the 10^6 cases (minutes each)
     python benchmarks/gp_scale.py --peer-python /work/venv-peers/bin/python
 
 Each fit runs in its own subprocess (peak RSS from getrusage), ours with this interpreter and GPJax with
-`--peer-python` (a separate virtual environment: `python -m venv venv-peers && venv-peers/bin/pip install gpjax`).
+`--peer-python` (a separate virtual environment: `python -m venv venv-peers && venv-peers/bin/pip install gpjax`),
+GPflow with `--gpflow-python` (`pip install gpflow tensorflow-cpu tensorflow-probability tf-keras` in another).
 Both use the same data, M inducing inputs drawn at random from the training rows (each its own draw), minibatches
 of B rows, the same number of Adam steps and learn the kernel (squared exponential) and the likelihood's noise
 jointly. GPJax's binary likelihood is the probit (Bernoulli), so the synthetic labels are probit-generated (P(y = 1
@@ -16,7 +18,7 @@ RMSE and peak RSS; for ours also the warm time of a fit with a quarter of the st
 warm time of the cheapest of our two budgets whose test LL is at least the peer's final one. `gpjax.fit` traces and
 compiles on every call, so its warm time includes compilation; its loop time is estimated from a second budget (a
 quarter of the steps) as (t(S) - t(S/4)) * S / (S - S/4).
-Results: printed as a Markdown table and written to benchmarks/RESULTS_gp_scale.json.
+Results: printed as a Markdown table and written to benchmarks/results/gp_scale.json (the docs' results page).
 """
 
 import argparse
@@ -160,9 +162,52 @@ def run_gpjax(data, task, M, B, steps, fits="full"):
             **{k: v for k, v in warm.items() if k != "seconds"}}
 
 
+def run_gpflow(data, task, M, B, steps, fits="full"):
+    """GPflow's SVGP (whitened, its default), Bernoulli (probit) or Gaussian likelihood, Adam(1e-2) on the ELBO of
+    minibatches of B rows, the training step a `tf.function` (compiled once per fit)."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"      # GPflow 2 needs the Keras 2 optimisers (tf-keras)
+    import gpflow
+    import tensorflow as tf
+    from scipy.special import log_ndtr
+    gpflow.config.set_default_float(np.float64)
+    X, y, Xt, yt = (data[k] for k in ("X", "y", "Xt", "yt"))
+    target = ((y > 0).astype(float) if task == "classification" else y)[:, None]
+    Z = X[np.random.default_rng(0).permutation(len(y))[:M]]
+
+    def fit(num_steps):
+        start = time.perf_counter()
+        tf.random.set_seed(0)
+        lik = gpflow.likelihoods.Bernoulli() if task == "classification" else gpflow.likelihoods.Gaussian(1.0)
+        model = gpflow.models.SVGP(gpflow.kernels.SquaredExponential(), lik, Z.copy(), num_data=len(y))
+        batches = iter(tf.data.Dataset.from_tensor_slices((X, target)).repeat().shuffle(len(y), seed=0).batch(B))
+        optimizer = tf.keras.optimizers.Adam(1e-2)
+        loss = model.training_loss_closure(batches, compile=True)
+        step = tf.function(lambda: optimizer.minimize(loss, model.trainable_variables))
+        for _ in range(num_steps):
+            step()
+        seconds = time.perf_counter() - start
+        mean, var = (np.asarray(a).ravel() for a in model.predict_f(Xt))
+        if task == "classification":
+            ld = log_ndtr(yt * mean / np.sqrt(1 + var))
+        else:
+            noise = float(model.likelihood.variance.numpy())
+            ld = -0.5 * (np.log(2 * np.pi * (var + noise)) + (yt - mean) ** 2 / (var + noise))
+        out = _summary(task, mean, var, yt, ld)
+        out.update(seconds=seconds, elbo_per_datum=float(model.elbo((X, target)).numpy()) / len(y))
+        return out
+
+    first = fit(steps)
+    if fits == "first":
+        return {"first_fit_s": first["seconds"], **{k: v for k, v in first.items() if k != "seconds"}}
+    warm = fit(steps)
+    return {"first_fit_s": first["seconds"], "warm_s": warm["seconds"], **{k: v for k, v in warm.items()
+            if k != "seconds"}}
+
+
 def worker(args):
     data = dict(np.load(args.data))
-    run = run_ours if args.worker == "ours" else run_gpjax
+    run = {"ours": run_ours, "gpjax": run_gpjax, "gpflow": run_gpflow}[args.worker]
     out = run(data, args.task, args.M, args.B, args.steps, args.fits)
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print("RESULT " + json.dumps(out), flush=True)
@@ -192,10 +237,12 @@ def main():
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--peer-python", default="/work/venv-peers/bin/python")
     parser.add_argument("--timeout", type=int, default=1800)
-    parser.add_argument("--out", default=str(HERE / "RESULTS_gp_scale.json"))
+    parser.add_argument("--out", default=str(HERE / "results" / "gp_scale.json"))
     parser.add_argument("--fits", choices=["full", "first"], default="full",
                         help="first: only the first fit of each (for the 10^6 cases)")
-    parser.add_argument("--worker", choices=["ours", "gpjax"])
+    parser.add_argument("--gpflow-python", default="/work/venv-gpflow/bin/python",
+                        help="GPflow's interpreter (skipped where it does not exist)")
+    parser.add_argument("--worker", choices=["ours", "gpjax", "gpflow"])
     parser.add_argument("--data")
     parser.add_argument("--task")
     args = parser.parse_args()
@@ -217,42 +264,63 @@ def main():
             row["gpjax"] = _subprocess(args.peer_python, path, "gpjax", task, M, B, args.steps, args.timeout,
                                        args.fits)
             row["ours"] = _subprocess(sys.executable, path, "ours", task, M, B, args.steps, args.timeout, args.fits)
+            if Path(args.gpflow_python).exists():
+                row["gpflow"] = _subprocess(args.gpflow_python, path, "gpflow", task, M, B, args.steps,
+                                            args.timeout, args.fits)
             ours, peer = row["ours"], row["gpjax"]
             if "error" not in ours and "error" not in peer and args.fits == "full":
-                rungs = [(ours["quarter"]["warm_s"], ours["quarter"]["test_ll"]), (ours["warm_s"], ours["test_ll"])]
-                hits = [t for t, ll in rungs if ll >= peer["test_ll"]]
-                row["time_to_peer_ll_s"] = min(hits) if hits else None
-                row["time_ratio_vs_peer_warm"] = None if not hits else min(hits) / peer["warm_s"]
-                row["time_ratio_vs_peer_loop"] = None if not hits else min(hits) / peer["loop_s_estimate"]
+                row["time_to_peer_ll_s"] = _time_to(ours, peer["test_ll"])
+                hit = row["time_to_peer_ll_s"]
+                row["time_ratio_vs_peer_warm"] = None if hit is None else hit / peer["warm_s"]
+                row["time_ratio_vs_peer_loop"] = None if hit is None else hit / peer["loop_s_estimate"]
+            flow = row.get("gpflow", {"error": "not run"})
+            if "error" not in ours and "error" not in flow and args.fits == "full":
+                row["time_to_gpflow_ll_s"] = _time_to(ours, flow["test_ll"])
+                hit = row["time_to_gpflow_ll_s"]
+                row["time_ratio_vs_gpflow_warm"] = None if hit is None else hit / flow["warm_s"]
             results[f"{task}/{name}"] = row
             print(json.dumps(row), flush=True)
             Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
     print(table(results))
 
 
+def _time_to(ours, test_ll):
+    """The warm time of the cheaper of our two budgets whose test LL is at least `test_ll`, or None."""
+    rungs = [(ours["quarter"]["warm_s"], ours["quarter"]["test_ll"]), (ours["warm_s"], ours["test_ll"])]
+    hits = [t for t, ll in rungs if ll >= test_ll]
+    return min(hits) if hits else None
+
+
 def table(results):
-    lines = ["| task | data | N | M | ours test LL | GPJax test LL | ours acc/RMSE | GPJax acc/RMSE | "
-             "ours first / warm (s) | GPJax first / warm / loop (s) | ours time to GPJax's LL (s) | "
-             "ours / GPJax peak RSS (MB) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    """The results as a Markdown table (GPflow's columns "-" where it was not run)."""
+    lines = ["| task | data | N | M | test LL: ours / GPJax / GPflow | acc or RMSE: ours / GPJax / GPflow | "
+             "first / warm (s): ours | GPJax (loop) | GPflow | ours to GPJax's / GPflow's LL (s) | "
+             "peak RSS (MB): ours / GPJax / GPflow |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    nan = float("nan")
     for row in results.values():
-        o, p = row["ours"], row["gpjax"]
+        o, p, g = row["ours"], row["gpjax"], row.get("gpflow", {"error": "not run"})
         if "error" in o or "error" in p:
             lines.append(f"| {row['task']} | {row['data']} | {row['n_train']} | {row['M']} | "
-                         f"{o.get('error', '')} | {p.get('error', '')} |||||||")
+                         f"{o.get('error', '')} {p.get('error', '')} |||||||")
             continue
         metric = "accuracy" if row["task"] == "classification" else "rmse"
-        ttl = row.get("time_to_peer_ll_s")
-        ttl = "-" if "warm_s" not in o else "not reached" if ttl is None else f"{ttl:.1f}"
-        if "warm_s" not in o:     # --fits first
-            o, p = {**o, "warm_s": float("nan")}, {**p, "warm_s": float("nan"), "loop_s_estimate": float("nan")}
-        lines.append(f"| {row['task']} | {row['data']} | {row['n_train']} | {row['M']} | {o['test_ll']:.4f} | "
-                     f"{p['test_ll']:.4f} | {o[metric]:.4f} | {p[metric]:.4f} | {o['first_fit_s']:.1f} / "
-                     f"{o['warm_s']:.1f} | {p['first_fit_s']:.1f} / {p['warm_s']:.1f} / {p['loop_s_estimate']:.1f} | "
-                     f"{ttl} | {o['peak_rss_mb']:.0f} / "
-                     f"{p['peak_rss_mb']:.0f} |")
-    return "\n".join(lines)
+        g = {} if "error" in g else g
 
+        def to(key):
+            value = row.get(key)
+            return "-" if "warm_s" not in o or key not in row else "not reached" if value is None else f"{value:.1f}"
+
+        lines.append(f"| {row['task']} | {row['data']} | {row['n_train']} | {row['M']} | "
+                     f"{o['test_ll']:.4f} / {p['test_ll']:.4f} / {g.get('test_ll', nan):.4f} | "
+                     f"{o[metric]:.4f} / {p[metric]:.4f} / {g.get(metric, nan):.4f} | "
+                     f"{o['first_fit_s']:.1f} / {o.get('warm_s', nan):.1f} | "
+                     f"{p['first_fit_s']:.1f} / {p.get('warm_s', nan):.1f} "
+                     f"(loop {p.get('loop_s_estimate', nan):.1f}) | "
+                     f"{g.get('first_fit_s', nan):.1f} / {g.get('warm_s', nan):.1f} | "
+                     f"{to('time_to_peer_ll_s')} / {to('time_to_gpflow_ll_s')} | "
+                     f"{o['peak_rss_mb']:.0f} / {p['peak_rss_mb']:.0f} / {g.get('peak_rss_mb', nan):.0f} |")
+    return "\n".join(lines)
 
 if __name__ == "__main__":
     main()

@@ -19,6 +19,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # its helpers beside it (run as a script)
 from _results_format import HEADER, ROOT, literal, load_json, mean_se, missing, pm, provenance, split  # noqa: E402
+from _results_gp_scale import GP_SCALE_JSON, gp_scale_page  # noqa: E402
 from _results_pages import (  # noqa: E402
     CHAI_JSON,
     GPC_JSON,
@@ -236,10 +237,12 @@ PAGES = {
     "king-lawrence.md": king_lawrence_page,
     "thesis-ch4.md": thesis_page,
     "reliability.md": reliability_page,
+    "gp-scale.md": gp_scale_page,
 }
 SOURCES = {"tables-2-4.md": TABLES_JSON, "table-1.md": TABLE1_JSON, "figures-8-10.md": SED_SYN_JSON,
            "chai-tables-3-5.md": CHAI_JSON, "chai-figure-5.md": None, "king-lawrence.md": KL_JSON,
-           "thesis-ch4.md": GPC_JSON, "reliability.md": RELIABILITY_JSON}
+           "thesis-ch4.md": GPC_JSON, "reliability.md": RELIABILITY_JSON,
+           "gp-scale.md": GP_SCALE_JSON}
 
 
 def index_page():
